@@ -1,0 +1,180 @@
+"""The `edgettt` command line. Each command is a thin layer over the Python API.
+
+Bad input raises `EdgetttError`; the group turns it into a one-line `Error: ...` and exit code 1,
+without a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .errors import EdgetttError
+
+
+class Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except EdgetttError as exc:
+            raise click.ClickException(str(exc)) from None
+
+
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="edgettt")
+def cli():
+    """Take TTT-KV language models (TTT-Linear, TTT-MLP) to the edge as linear attention.
+
+    \b
+    edgettt create OUT            a random TTT checkpoint, to try the pipeline
+    edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
+    edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
+    """
+
+
+@cli.command()
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
+              help="TTT-Linear or TTT-MLP.")
+@click.option("--hidden-size", default=64, show_default=True)
+@click.option("--layers", default=2, show_default=True)
+@click.option("--heads", default=4, show_default=True)
+@click.option("--intermediate-size", default=None, type=int, help="SwiGLU width [default: 2.75 x hidden].")
+@click.option("--vocab-size", default=256, show_default=True, help="256 = byte-level.")
+@click.option("--mini-batch-size", default=16, show_default=True)
+@click.option("--share-qk", is_flag=True, help="Mamba-style backbone: shared q/k projection with convs.")
+@click.option("--pre-conv", is_flag=True, help="Mamba-style backbone: conv before the TTT layer.")
+@click.option("--use-gate", is_flag=True, help="Mamba-style backbone: gelu gate on the output.")
+@click.option("--untied", is_flag=True, help="Separate lm_head instead of tied embeddings.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
+              show_default=True)
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_size, mini_batch_size,
+           share_qk, pre_conv, use_gate, untied, seed, weights_format, force):
+    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT."""
+    from .checkpoint import check_output, save_model
+    from .config import ModelConfig
+    from .random_init import random_model
+
+    check_output(out, force)
+    config = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size,
+                         intermediate_size=intermediate_size or int(2.75 * hidden_size),
+                         num_hidden_layers=layers, num_attention_heads=heads, ttt_layer_type=family,
+                         mini_batch_size=mini_batch_size, share_qk=share_qk, pre_conv=pre_conv,
+                         use_gate=use_gate, tie_word_embeddings=not untied)
+    config.validate("--options")
+    model = random_model(config, seed)
+    save_model(model, out, force=force, weights_format=weights_format)
+    click.echo(f"wrote {out}: random {config.family}, {model.num_parameters():,} parameters")
+
+
+@cli.command()
+@click.argument("src", type=click.Path())
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
+              help="exact: equals the original; parallel: fully parallel, values at the initial state.")
+@click.option("--data", default=None, metavar="TEXT",
+              help="Text to measure on: a file, '-' for stdin [default: built-in python-docs sample].")
+@click.option("--ctx", default=256, show_default=True, help="Tokens per measured window.")
+@click.option("--max-tokens", default=4096, show_default=True, help="Measure at most this many tokens.")
+@click.option("--no-report", is_flag=True, help="Convert without measuring.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def convert(src, out, form, data, ctx, max_tokens, no_report, as_json, force):
+    """Convert the TTT checkpoint SRC into a linear-attention model in OUT.
+
+    The report (printed, and saved as OUT/convert_report.json) gives, for the exact form, the
+    error of logits against SRC; for the parallel form, the drift: perplexity of both, KL
+    divergence and top-1 agreement.
+    """
+    from . import convert as convert_model
+    from . import load
+    from .checkpoint import check_output, save_model
+    from .data import read_text
+    from .evaluate import conversion_report
+
+    check_output(out, force)
+    original = load(src)
+    converted = convert_model(original, form)
+    report = None
+    if not no_report:
+        report = conversion_report(original, converted, read_text(data), ctx, max_tokens)
+        report["source"] = str(src)
+    extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
+    save_model(converted, out, force=force, extra_files=extra)
+    if as_json:
+        click.echo(json.dumps(report, indent=2))
+    else:
+        click.echo(f"wrote {out}: {converted.config.family}, form {form}")
+        if report:
+            click.echo(format_conversion_report(report))
+
+
+def format_conversion_report(r: dict) -> str:
+    text = r["text"]
+    lines = [f"measured on {text['name']} ({text['bytes']} bytes, sha256 {text['sha256']}), "
+             f"{r['windows']} x {r['ctx']} tokens",
+             f"  logits vs {r['source_form']}: max abs error {r['max_abs_error']:.3e}, "
+             f"relative error {r['rel_error']:.3e}"]
+    if r["form"] == "parallel":
+        bpb = ""
+        if "bits_per_byte" in r["ref"]:
+            bpb = f"   bits/byte {r['ref']['bits_per_byte']:.4f} -> {r['model']['bits_per_byte']:.4f}"
+        lines += [
+            f"  perplexity  {r['ref']['ppl']:.4f} -> {r['model']['ppl']:.4f}  "
+            f"({100 * (r['ppl_ratio'] - 1):+.2f}%){bpb}",
+            f"  KLD         mean {r['kld_mean']:.5f} +/- {r['kld_stderr']:.5f}   median {r['kld_median']:.5f}   "
+            f"p99 {r['kld_p99']:.5f}   max {r['kld_max']:.5f}",
+            f"  top-1 agreement {100 * r['top1']:.2f}%   RMS dp {100 * r['rms_dp']:.3f}%",
+        ]
+    return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+def info(model_path, as_json):
+    """Family, form, sizes, parameter count and decode-state bytes of MODEL."""
+    from . import load
+
+    model = load(model_path)
+    c = model.config
+    state = model.init_state(1)
+    facts = {
+        "path": str(model_path),
+        "family": c.family,
+        "form": c.form,
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "layers": c.num_hidden_layers,
+        "heads": c.num_attention_heads,
+        "head_dim": c.head_dim,
+        "mini_batch_size": c.mini_batch_size,
+        "options": {k: getattr(c, k) for k in ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")},
+        "parameters": model.num_parameters(),
+        "weights_bytes": sum(t.numel() * t.element_size() for t in model.weights().values()),
+        "decode_state_bytes_per_sequence": state.nbytes_per_sequence(),
+        "decode_state_tensors": {k: list(t.shape[1:]) for k, t in state.layers[0].items()},
+        "tokenizer": model.tokenizer.name if model.tokenizer else None,
+    }
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    options = ", ".join(k for k, v in facts["options"].items() if v) or "none"
+    per_layer = ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in facts["decode_state_tensors"].items())
+    click.echo("\n".join([
+        f"{facts['path']}: {c.family}, form {c.form}",
+        f"  vocab {c.vocab_size}, hidden {c.hidden_size}, intermediate {c.intermediate_size}, "
+        f"{c.num_hidden_layers} layers, {c.num_attention_heads} heads of {c.head_dim}, mini-batch {c.mini_batch_size}",
+        f"  options: {options}; tokenizer: {facts['tokenizer']}",
+        f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB)",
+        f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence "
+        f"(per layer: {per_layer})",
+    ]))
+
+
+def main():
+    cli(prog_name="edgettt")

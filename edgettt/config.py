@@ -1,0 +1,128 @@
+"""Model configuration: the ttt-lm-pytorch `config.json` keys (DESIGN 3.1) and edgettt's additions.
+
+One dataclass serves both the original TTT checkpoints and edgettt's converted models. A converted
+model's config.json carries the same keys plus `edgettt_format` and `form`, so the numbers that
+define the architecture are written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from .errors import EdgetttError
+
+TTT_MODEL_TYPE = "ttt"
+CONVERTED_MODEL_TYPE = "edgettt-linear-attention"
+FORMAT_VERSION = 1
+FORMS = ("ttt", "exact", "parallel")  # "ttt" = the original mini-batch TTT computation
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    vocab_size: int = 32000
+    hidden_size: int = 2048
+    intermediate_size: int = 5504
+    num_hidden_layers: int = 24
+    num_attention_heads: int = 32
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    rope_theta: float = 10000.0
+    use_gate: bool = False
+    share_qk: bool = False
+    ttt_layer_type: str = "linear"
+    ttt_base_lr: float = 1.0
+    mini_batch_size: int = 16
+    pre_conv: bool = False
+    conv_kernel: int = 4
+    pad_token_id: int | None = None
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    # edgettt's own: which computation the weights are laid out for
+    form: str = "ttt"
+    # keys we do not use, kept so that a round trip loses nothing
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def family(self) -> str:
+        return "ttt-" + self.ttt_layer_type
+
+    @property
+    def inner_dim(self) -> int:
+        """Width of the first fast-weight level: d for TTT-Linear, 4d for TTT-MLP."""
+        return self.head_dim * (4 if self.ttt_layer_type == "mlp" else 1)
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "ModelConfig":
+        model_type = raw.get("model_type")
+        if model_type not in (TTT_MODEL_TYPE, CONVERTED_MODEL_TYPE):
+            raise EdgetttError(
+                f"{source}: model_type is {model_type!r}, expected 'ttt' (a ttt-lm-pytorch checkpoint) "
+                f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model)"
+            )
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form"}
+        known = {k: v for k, v in raw.items() if k in names}
+        extra = {k: v for k, v in raw.items() if k not in names and k not in ("model_type", "form", "edgettt_format")}
+        form = "ttt"
+        if model_type == CONVERTED_MODEL_TYPE:
+            version = raw.get("edgettt_format")
+            if version != FORMAT_VERSION:
+                raise EdgetttError(
+                    f"{source}: edgettt_format is {version!r}, this edgettt reads version {FORMAT_VERSION}; "
+                    "convert the original checkpoint again"
+                )
+            form = raw.get("form")
+            if form not in ("exact", "parallel"):
+                raise EdgetttError(f"{source}: form is {form!r}, expected 'exact' or 'parallel'")
+        config = cls(**known, form=form, extra=extra)
+        config.validate(source)
+        return config
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.extra)
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra", "form")})
+        if self.form == "ttt":
+            out["model_type"] = TTT_MODEL_TYPE
+        else:
+            out.update(model_type=CONVERTED_MODEL_TYPE, edgettt_format=FORMAT_VERSION, form=self.form)
+        return out
+
+    def validate(self, source: str = "config.json") -> None:
+        def bad(what: str) -> EdgetttError:
+            return EdgetttError(f"{source}: {what}; fix the config")
+
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                    "num_attention_heads", "mini_batch_size", "conv_kernel"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(f"{key} must be a positive integer, got {value!r}")
+        if self.hidden_size % self.num_attention_heads:
+            raise bad(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                      f"{self.num_attention_heads}")
+        if self.head_dim % 2:
+            raise bad(f"head dim {self.head_dim} is odd; rotary embedding needs an even head dim")
+        if self.ttt_layer_type not in ("linear", "mlp"):
+            raise bad(f"ttt_layer_type is {self.ttt_layer_type!r}, expected 'linear' or 'mlp'")
+        if self.hidden_act != "silu":
+            raise bad(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
+        if self.form not in FORMS:
+            raise bad(f"form {self.form!r} is not one of {FORMS}")
+
+    @classmethod
+    def load(cls, path: Path) -> "ModelConfig":
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise EdgetttError(f"{path}: missing; a model directory needs config.json") from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise EdgetttError(f"{path}: not readable JSON ({exc}); check the file") from None
+        if not isinstance(raw, dict):
+            raise EdgetttError(f"{path}: expected a JSON object")
+        return cls.from_dict(raw, source=str(path))

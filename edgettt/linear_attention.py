@@ -1,0 +1,117 @@
+"""The linear-attention form of a TTT layer (DESIGN section 4), in plain torch.
+
+A level of fast weights is a linear attention with queries `qa = [q, 1]`, keys `ka = [k, 1]`,
+values `vh` and a chunk-structured causal mask: inside a mini-batch token i weighs every earlier
+token of its mini-batch by `eta_tok[i]`; every token of an earlier mini-batch weighs `eta_tok[b]`.
+The state is the pair (S, A): S the boundary state, A the sum of `ka^T vh` inside the current
+mini-batch. Three computations share one signature (as in flash-linear-attention):
+
+    fn(qa, ka, vh, S, A, eta_tok, start) -> (Zbar, S, A)
+    qa, ka: [B, H, T, Dk]   vh: [B, H, T, Dv]   S, A: [B, H, Dk, Dv]   eta_tok: [b]
+    start: position of the first token (only start % b matters)
+
+- `naive`: the whole-sequence matrix form `Qa S + ((Qa Ka^T) * M) Vh`, for tests;
+- `chunk`: parallel inside each mini-batch and across mini-batches (prefix sums of chunk states);
+- `recurrent`: one token at a time, the decode step.
+
+The value maps (`linear_values`, `mlp_values`) turn (k, v, lr) into effective values at a given
+state: the closed-form LN-L2 gradient, negated and scaled by the learning rate.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from .ops import gelu_tanh, gelu_tanh_grad, ln_l2_grad
+
+
+def augment(x: torch.Tensor) -> torch.Tensor:
+    """[..., D] -> [..., D+1] with a constant 1 feature (the bias row of the state)."""
+    return torch.cat((x, torch.ones_like(x[..., :1])), dim=-1)
+
+
+def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per token: its mini-batch number (counted from the first token's) and index inside it."""
+    pos = torch.arange(start, start + length, device=device)
+    return pos // block - start // block, pos % block
+
+
+def naive(qa, ka, vh, S, A, eta_tok, start):
+    T, b = qa.shape[2], eta_tok.shape[0]
+    chunk, inner = chunk_index(start, T, b, qa.device)
+    same = chunk[:, None] == chunk[None, :]
+    causal = torch.arange(T, device=qa.device)[:, None] >= torch.arange(T, device=qa.device)[None, :]
+    row_eta = eta_tok[inner]  # [T]
+    mask = torch.where(same, row_eta[:, None], eta_tok[-1]) * causal  # [T, T]
+    # A (the unfinished mini-batch before `start`) is weighed like a token of the first mini-batch
+    prev_eta = torch.where(chunk == 0, row_eta, eta_tok[-1])[:, None]
+    zbar = qa @ S + ((qa @ ka.transpose(-1, -2)) * mask) @ vh + prev_eta * (qa @ A)
+    # final state: every finished mini-batch is committed to S, the unfinished one stays in A
+    finished_last = bool(inner[-1] == b - 1)
+    done = ((chunk < chunk[-1]) | finished_last).to(qa.dtype)[:, None]  # [T, 1]
+    prev_done = float(finished_last or bool(chunk[-1] > 0))
+    kt = ka.transpose(-1, -2)
+    S_new = S + eta_tok[-1] * (kt @ (vh * done) + prev_done * A)
+    A_new = kt @ (vh * (1 - done)) + (1 - prev_done) * A
+    return zbar, S_new, A_new
+
+
+def chunk(qa, ka, vh, S, A, eta_tok, start):
+    B, H, T, Dk = qa.shape
+    b = eta_tok.shape[0]
+    front = start % b
+    back = (-(front + T)) % b
+    # pad so that every chunk is a whole mini-batch; padded keys/values are zero and add nothing
+    qa_, ka_, vh_ = (F.pad(x, (0, 0, front, back)) for x in (qa, ka, vh))
+    N = (front + T + back) // b
+    qa_, ka_, vh_ = (x.reshape(B, H, N, b, x.shape[-1]) for x in (qa_, ka_, vh_))
+    U = ka_.transpose(-1, -2) @ vh_  # [B, H, N, Dk, Dv]: each mini-batch's sum of ka^T vh
+    U = torch.cat((U[:, :, :1] + A[:, :, None], U[:, :, 1:]), dim=2)  # the unfinished sum joins chunk 0
+    committed = torch.cumsum(U, dim=2) - U  # exclusive prefix sum
+    S_chunks = S[:, :, None] + eta_tok[-1] * committed  # [B, H, N, Dk, Dv] boundary states
+    scores = torch.tril(qa_ @ ka_.transpose(-1, -2))  # [B, H, N, b, b]
+    zbar = qa_ @ S_chunks + eta_tok[:, None] * (scores @ vh_)
+    # A's readout by the first chunk's tokens (the later chunks see it through S_chunks)
+    zbar[:, :, 0] += eta_tok[:, None] * (qa_[:, :, 0] @ A)
+    zbar = zbar.reshape(B, H, N * b, -1)[:, :, front:front + T]
+    if back == 0:  # the last mini-batch is complete: commit everything
+        return zbar, S_chunks[:, :, -1] + eta_tok[-1] * U[:, :, -1], torch.zeros_like(A)
+    return zbar, S_chunks[:, :, -1], U[:, :, -1]
+
+
+def recurrent(qa, ka, vh, S, A, eta_tok, start):
+    b = eta_tok.shape[0]
+    outputs = []
+    for t in range(qa.shape[2]):
+        inner = (start + t) % b
+        A = A + ka[:, :, t, :, None] * vh[:, :, t, None, :]
+        outputs.append((qa[:, :, t, None] @ (S + eta_tok[inner] * A)))
+        if inner == b - 1:  # end of a mini-batch: commit
+            S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
+    return torch.cat(outputs, dim=2), S, A
+
+
+def linear_values(ka, k, v, lr, S, gamma, beta):
+    """TTT-Linear effective values `vh = -lr * dloss/dZ` at state S.
+
+    ka: [B, H, T, d+1]; k, v: [B, H, T, d]; lr: [B, H, T]; S: [B, H, d+1, d] or [H, d+1, d];
+    gamma, beta: [H, 1, d].
+    """
+    g = ln_l2_grad(ka @ S, v - k, gamma, beta)
+    return -lr[..., None] * g
+
+
+def mlp_values(ka, k, v, lr, S1, S2, gamma, beta):
+    """TTT-MLP effective values of both levels at state (S1, S2), and the level-2 keys [X2, 1].
+
+    S1: [.., d+1, 4d]; S2: [.., 4d+1, d]. Returns (vh1 [B,H,T,4d], vh2 [B,H,T,d], ka2 [B,H,T,4d+1]).
+    """
+    z1 = ka @ S1
+    ka2 = augment(gelu_tanh(z1))
+    g2 = ln_l2_grad(ka2 @ S2, v - k, gamma, beta)
+    g1 = (g2 @ S2[..., :-1, :].transpose(-1, -2)) * gelu_tanh_grad(z1)
+    return -lr[..., None] * g1, -lr[..., None] * g2, ka2
+
+
+FORMS = {"naive": naive, "chunk": chunk, "recurrent": recurrent}

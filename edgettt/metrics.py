@@ -1,0 +1,69 @@
+"""Accuracy drift between a model and a reference, in llama.cpp's perplexity-tool conventions (DESIGN 7).
+
+All functions take logits [N, T, V] (N windows of T positions) and targets [N, T] (the next token
+of each position); position t of every window is counted in position bucket t * buckets // T.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def nll(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Negative log-likelihood (nats) of each target: [N, T]."""
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return -logp.gather(-1, targets[..., None])[..., 0]
+
+
+def perplexity(logits: torch.Tensor, targets: torch.Tensor, n_bytes: int | None = None) -> dict:
+    losses = nll(logits, targets)
+    mean = losses.mean().item()
+    out = {"ppl": math.exp(mean), "nll": mean, "tokens": losses.numel()}
+    if n_bytes:
+        out["bits_per_byte"] = losses.sum().item() / math.log(2) / n_bytes
+    return out
+
+
+def drift(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
+          n_bytes: int | None = None, buckets: int = 8) -> dict:
+    """Perplexity of both, KL(ref || model) statistics, top-1 agreement, RMS dp, KLD by position."""
+    ref_logp = torch.log_softmax(ref_logits.double(), dim=-1)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    kld = (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0)  # [N, T]
+    ref_top = ref_logp.argmax(-1)
+    top1 = (logp.argmax(-1) == ref_top).double()
+    dp = logp.gather(-1, ref_top[..., None]).exp() - ref_logp.gather(-1, ref_top[..., None]).exp()
+    flat = kld.flatten()
+    q = torch.quantile(flat, torch.tensor([0.5, 0.9, 0.99, 0.999], dtype=flat.dtype)).tolist()
+    stderr = flat.std().item() / math.sqrt(flat.numel()) if flat.numel() > 1 else 0.0
+    ref, test = perplexity(ref_logits, targets, n_bytes), perplexity(logits, targets, n_bytes)
+    T = kld.shape[1]
+    bucket_of = torch.arange(T) * buckets // T
+    by_position = [kld[:, bucket_of == i].mean().item() for i in range(min(buckets, T))]
+    return {
+        "ref": ref,
+        "model": test,
+        "ppl_ratio": test["ppl"] / ref["ppl"],
+        "ppl_diff": test["ppl"] - ref["ppl"],
+        "kld_mean": flat.mean().item(),
+        "kld_stderr": stderr,
+        "kld_median": q[0],
+        "kld_p90": q[1],
+        "kld_p99": q[2],
+        "kld_p999": q[3],
+        "kld_max": flat.max().item(),
+        "top1": top1.mean().item(),
+        "rms_dp": dp.pow(2).mean().sqrt().item(),
+        "kld_by_position": by_position,
+    }
+
+
+def logit_error(ref_logits: torch.Tensor, logits: torch.Tensor) -> dict:
+    """Max absolute error and relative error (Frobenius norms) of logits."""
+    diff = (logits.double() - ref_logits.double())
+    return {
+        "max_abs_error": diff.abs().max().item(),
+        "rel_error": (diff.norm() / ref_logits.double().norm()).item(),
+    }

@@ -1,0 +1,163 @@
+"""The language model around the sequence mixers (DESIGN 3.3), for every form.
+
+    block: [h += dwconv(RMSNorm_conv(h))]; h += Mixer(RMSNorm_seq(h)); h += SwiGLU(RMSNorm_ffn(h))
+    model: embed -> blocks -> RMSNorm -> lm_head
+
+The mixer is the original TTT layer (form "ttt") or the converted linear attention ("exact",
+"parallel"). Module names follow the ttt-lm-pytorch state dict (`model.layers.{i}.seq_modeling_block`),
+so an original checkpoint loads with `load_state_dict` as it is.
+
+API: `model(ids) -> logits`; `model.prefill(ids, state) -> (logits, state)`;
+`model.init_state(batch)`; `model.step(ids[:, t], state) -> (logits, state)`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from .config import ModelConfig
+from .converted import LinearAttentionLayer
+from .mixer import depthwise_conv
+from .ops import causal_conv, rms_norm, swiglu
+from .ttt import TTTLayer
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x):
+        return rms_norm(x, self.weight, self.eps)
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, hidden: int, intermediate: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x):
+        return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+
+
+class PreConv(nn.Module):
+    """`pre_conv`: a causal depthwise conv over the RMS-normed hidden state."""
+
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.conv = depthwise_conv(config.hidden_size, config.conv_kernel)
+
+    def forward(self, h, state: dict):
+        y, state["conv"] = causal_conv(self.norm(h), self.conv.weight, self.conv.bias, state.get("conv"))
+        return y
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        C, eps = config.hidden_size, config.rms_norm_eps
+        if config.pre_conv:
+            self.conv = PreConv(config)
+        mixer = TTTLayer if config.form == "ttt" else LinearAttentionLayer
+        self.seq_modeling_block = mixer(config)
+        self.mlp = SwiGLU(C, config.intermediate_size)
+        self.seq_norm = RMSNorm(C, eps)
+        self.ffn_norm = RMSNorm(C, eps)
+
+    def init_state(self, batch_size: int) -> dict:
+        state = self.seq_modeling_block.init_state(batch_size)
+        if hasattr(self, "conv"):
+            state["conv"] = self.conv.conv.weight.new_zeros(batch_size, self.conv.conv.weight.shape[-1] - 1,
+                                                            self.conv.conv.weight.shape[0])
+        return state
+
+    def forward(self, h, state: dict, start: int, decode: bool):
+        if hasattr(self, "conv"):
+            h = h + self.conv(h, state)
+        h = h + self.seq_modeling_block(self.seq_norm(h), state, start, decode)
+        return h + self.mlp(self.ffn_norm(h))
+
+
+class Backbone(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+
+@dataclasses.dataclass
+class State:
+    """Decode state of a batch: the position reached and, per layer, named tensors."""
+
+    pos: int
+    layers: list[dict[str, torch.Tensor]]
+
+    def nbytes_per_sequence(self) -> int:
+        batch = next(iter(self.layers[0].values())).shape[0]
+        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.values()) // batch
+
+    def clone(self) -> "State":
+        return State(self.pos, [{k: t.clone() for k, t in layer.items()} for layer in self.layers])
+
+
+class CausalLM(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.tokenizer = None  # set by `load`
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def form(self) -> str:
+        return self.config.form
+
+    def init_state(self, batch_size: int) -> State:
+        return State(0, [layer.init_state(batch_size) for layer in self.model.layers])
+
+    def prefill(self, input_ids: torch.Tensor, state: State | None = None,
+                decode: bool = False) -> tuple[torch.Tensor, State]:
+        """Logits [B, T, V] for input ids [B, T], continuing from `state` (a fresh one when None)."""
+        if state is None:
+            state = self.init_state(input_ids.shape[0])
+        h = self.model.embed_tokens(input_ids)
+        for layer, layer_state in zip(self.model.layers, state.layers):
+            h = layer(h, layer_state, state.pos, decode)
+        state.pos += input_ids.shape[1]
+        return self.lm_head(self.model.norm(h)).float(), state
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.prefill(input_ids)[0]
+
+    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """One decode step: ids [B] -> logits [B, V]; the state is updated in place and returned."""
+        logits, state = self.prefill(input_ids[:, None], state, decode=True)
+        return logits[:, 0], state
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The state dict as saved: `lm_head.weight` left out when tied to the embedding."""
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def num_parameters(self) -> int:
+        return sum(t.numel() for t in self.weights().values())
+
+    def save(self, path, force: bool = False) -> None:
+        from .checkpoint import save_model
+
+        save_model(self, path, force=force)

@@ -1,0 +1,108 @@
+"""Plain-torch building blocks shared by the original TTT layers and the converted ones (DESIGN 3.3-3.4).
+
+Everything here is pointwise or per-row; the sequence mixing lives in `ttt.py` (the original
+mini-batch computation) and `linear_attention.py` (the converted form).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+LN_EPS = 1e-6
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """`w * x / sqrt(mean(x^2) + eps)`, the normalisation computed in float32."""
+    dtype = x.dtype
+    x = x.float()
+    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x.to(dtype)
+
+
+def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = LN_EPS) -> torch.Tensor:
+    """LayerNorm over the last dim with biased variance (the TTT inner LN)."""
+    mu = x.mean(-1, keepdim=True)
+    var = x.var(-1, keepdim=True, unbiased=False)
+    return gamma * (x - mu) / torch.sqrt(var + eps) + beta
+
+
+def ln_l2_grad(z: torch.Tensor, target: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor,
+               eps: float = LN_EPS) -> torch.Tensor:
+    """d/dz of `0.5 * |LN(z) - target|^2`: the closed form of DESIGN 3.4.
+
+    `e = (gamma*xh + beta - y) * gamma`, `g = (e - mean(e) - xh * mean(e * xh)) / s`.
+    """
+    mu = z.mean(-1, keepdim=True)
+    s = torch.sqrt(z.var(-1, keepdim=True, unbiased=False) + eps)
+    xh = (z - mu) / s
+    e = (gamma * xh + beta - target) * gamma
+    return (e - e.mean(-1, keepdim=True) - xh * (e * xh).mean(-1, keepdim=True)) / s
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
+    """Derivative of gelu_tanh, with the constants the TTT reference uses."""
+    t = torch.tanh(0.79788456 * x * (1 + 0.044715 * x * x))
+    return 0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t)
+
+
+def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
+    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
+
+
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Rotate interleaved pairs (x[2j], x[2j+1]) by `position * theta^(-2j/d)`.
+
+    x: [B, H, T, d]; positions: [T] (already reduced mod the mini-batch size).
+    """
+    d = x.shape[-1]
+    inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d))
+    angles = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)
+
+
+def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
+                tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv1d over time, continuing from `tail` (the last K-1 inputs, zeros at start).
+
+    x: [B, T, C]; weight: [C, 1, K]; tail: [B, K-1, C] or None. Returns (y [B, T, C], new tail).
+    """
+    kernel = weight.shape[-1]
+    if tail is None:
+        tail = x.new_zeros(x.shape[0], kernel - 1, x.shape[2])
+    full = torch.cat((tail, x), dim=1)  # [B, K-1+T, C]
+    y = F.conv1d(full.transpose(1, 2), weight, bias, groups=x.shape[2]).transpose(1, 2)
+    return y, full[:, full.shape[1] - (kernel - 1):]
+
+
+def segments(start: int, length: int, block: int) -> list[tuple[int, int, int]]:
+    """Cut positions start..start+length-1 at multiples of `block`.
+
+    Returns (offset in the input, count, index of the first token inside its mini-batch).
+    """
+    out, offset = [], 0
+    while offset < length:
+        inner = (start + offset) % block
+        count = min(block - inner, length - offset)
+        out.append((offset, count, inner))
+        offset += count
+    return out
+
+
+def mini_batch_etas(learnable_token_idx: torch.Tensor) -> torch.Tensor:
+    """`eta_tok[i] = max(0, 1/i + tau[i])`, i = 1..b: the chunk mask coefficients."""
+    b = learnable_token_idx.shape[0]
+    base = 1.0 / torch.arange(1, b + 1, device=learnable_token_idx.device, dtype=learnable_token_idx.dtype)
+    return torch.clamp_min(base + learnable_token_idx, 0.0)
+
+
+
+    return 1.0 / math.sqrt(fan_in)

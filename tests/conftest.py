@@ -1,0 +1,40 @@
+"""Shared helpers: tiny random configurations and the relative-error measure tests compare by."""
+
+import itertools
+
+import pytest
+import torch
+
+from edgettt import ModelConfig, random_model
+
+# named tolerances (relative RMS error), as in flash-linear-attention's tests
+FP32_EXACT = 1e-5
+
+
+def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """||actual - expected|| / ||expected|| (Frobenius), in float64."""
+    a, e = actual.double(), expected.double()
+    return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    base = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                num_attention_heads=4, mini_batch_size=8)
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+OPTION_NAMES = ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")
+ALL_OPTIONS = [dict(zip(OPTION_NAMES, values)) for values in itertools.product([False, True], repeat=4)]
+
+
+def option_id(options: dict) -> str:
+    return "-".join(name for name, on in options.items() if on) or "plain"
+
+
+@pytest.fixture
+def tiny_model():
+    def make(family="linear", seed=0, **overrides):
+        return random_model(tiny_config(ttt_layer_type=family, **overrides), seed)
+
+    return make

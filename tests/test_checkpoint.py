@@ -1,0 +1,122 @@
+"""Reading and writing checkpoints in the ttt-lm-pytorch layout, and refusing bad ones."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from conftest import tiny_config
+from edgettt import EdgetttError, ModelConfig, load, random_model
+from edgettt.checkpoint import save_model
+
+PREFIX = "model.layers.0.seq_modeling_block."
+
+
+@pytest.fixture
+def checkpoint(tmp_path):
+    model = random_model(tiny_config(ttt_layer_type="mlp", share_qk=True, pre_conv=True, use_gate=True), 1)
+    save_model(model, tmp_path / "ckpt")
+    return model, tmp_path / "ckpt"
+
+
+def test_layout_has_the_published_key_names(checkpoint):
+    _, path = checkpoint
+    names = set(load_file(path / "model.safetensors"))
+    for leaf in ("q_proj.weight", "v_proj.weight", "o_proj.weight", "g_proj.weight", "conv_q.weight",
+                 "conv_k.bias", "learnable_token_idx", "learnable_ttt_lr_weight", "learnable_ttt_lr_bias",
+                 "ttt_norm_weight", "ttt_norm_bias", "post_norm.weight", "W1", "b1", "W2", "b2"):
+        assert PREFIX + leaf in names
+    assert PREFIX + "k_proj.weight" not in names  # share_qk
+    assert "model.layers.0.conv.conv.weight" in names and "model.layers.0.conv.norm.weight" in names
+    assert "lm_head.weight" not in names  # tied
+    config = json.loads((path / "config.json").read_text())
+    assert config["model_type"] == "ttt" and config["ttt_layer_type"] == "mlp"
+
+
+@pytest.mark.parametrize("fmt", ["safetensors", "bin"])
+def test_round_trip(tmp_path, fmt):
+    model = random_model(tiny_config(tie_word_embeddings=False), 2)
+    save_model(model, tmp_path / "m", weights_format=fmt)
+    loaded = load(tmp_path / "m")
+    ids = torch.randint(0, 61, (2, 13))
+    with torch.no_grad():
+        assert torch.equal(loaded(ids), model(ids))
+
+
+def test_unknown_config_keys_are_kept_and_missing_keys_default(tmp_path, checkpoint):
+    _, path = checkpoint
+    raw = json.loads((path / "config.json").read_text())
+    raw["architectures"] = ["TTTForCausalLM"]
+    del raw["rope_theta"]
+    config = ModelConfig.from_dict(raw)
+    assert config.rope_theta == 10000.0 and config.to_dict()["architectures"] == ["TTTForCausalLM"]
+
+
+def test_tied_checkpoint_may_carry_an_equal_lm_head(tmp_path, checkpoint):
+    model, path = checkpoint
+    weights = load_file(path / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, path / "model.safetensors")
+    load(path)
+    weights["lm_head.weight"] += 1
+    save_file(weights, path / "model.safetensors")
+    with pytest.raises(EdgetttError, match="differs from the embedding"):
+        load(path)
+
+
+def edit_weights(path, change):
+    weights = load_file(path / "model.safetensors")
+    change(weights)
+    save_file(weights, path / "model.safetensors")
+
+
+def edit_config(path, change):
+    raw = json.loads((path / "config.json").read_text())
+    change(raw)
+    (path / "config.json").write_text(json.dumps(raw))
+
+
+BAD_CHECKPOINTS = {
+    "missing tensor": (lambda p: edit_weights(p, lambda w: w.pop(PREFIX + "W2")), f"missing tensors: {PREFIX}W2"),
+    "extra tensor": (lambda p: edit_weights(p, lambda w: w.update(stray=torch.zeros(2))), "unexpected tensors: stray"),
+    "mis-shaped": (lambda p: edit_weights(p, lambda w: w.update({PREFIX + "b1": torch.zeros(4, 1, 5)})),
+                   rf"mis-shaped tensors: {PREFIX}b1 \(4, 1, 5\) \(expected \(4, 1, 32\)\)"),
+    "non-finite": (lambda p: edit_weights(p, lambda w: w[PREFIX + "W1"].view(-1).__setitem__(3, float("nan"))),
+                   f"non-finite values .* in {PREFIX}W1"),
+    "wrong model_type": (lambda p: edit_config(p, lambda c: c.update(model_type="llama")), "model_type is 'llama'"),
+    "inconsistent sizes": (lambda p: edit_config(p, lambda c: c.update(num_attention_heads=5)),
+                           "not divisible by num_attention_heads"),
+    "bad layer type": (lambda p: edit_config(p, lambda c: c.update(ttt_layer_type="conv")), "ttt_layer_type"),
+    "broken json": (lambda p: (p / "config.json").write_text("{oops"), "not readable JSON"),
+    "no weights": (lambda p: (p / "model.safetensors").unlink(), "weights are missing"),
+    "corrupt weights": (lambda p: (p / "model.safetensors").write_bytes(b"garbage" * 10), "not a readable safetensors"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_CHECKPOINTS)
+def test_bad_checkpoints_are_refused_with_a_named_reason(checkpoint, case):
+    _, path = checkpoint
+    spoil, message = BAD_CHECKPOINTS[case]
+    spoil(path)
+    with pytest.raises(EdgetttError, match=message):
+        load(path)
+
+
+class Payload:
+    """Not a tensor: a weights-only unpickler must refuse it."""
+
+
+def test_pickle_with_code_is_refused(tmp_path):
+    model = random_model(tiny_config(), 0)
+    save_model(model, tmp_path / "m", weights_format="bin")
+    weights = torch.load(tmp_path / "m" / "pytorch_model.bin", weights_only=True)
+    weights["evil"] = Payload()
+    torch.save(weights, tmp_path / "m" / "pytorch_model.bin")
+    with pytest.raises(EdgetttError, match="not a weights-only pickle"):
+        load(tmp_path / "m")
+
+
+def test_missing_directory(tmp_path):
+    with pytest.raises(EdgetttError, match="no such directory"):
+        load(tmp_path / "nowhere")

@@ -1,0 +1,157 @@
+"""The command line through click's runner: the main job, and every bad input of the foundation issue."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors.torch import load_file, save_file
+
+from edgettt import load
+from edgettt.cli import cli
+
+
+def run(*args, input=None):
+    return CliRunner().invoke(cli, [str(a) for a in args], input=input)
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    path = tmp_path_factory.mktemp("c") / "ttt"
+    result = run("create", path, "--family", "mlp", "--hidden-size", "32", "--share-qk", "--pre-conv",
+                 "--use-gate", "--mini-batch-size", "8")
+    assert result.exit_code == 0, result.output
+    return path
+
+
+def test_convert_exact_reports_error_against_the_original(ckpt, tmp_path):
+    result = run("convert", ckpt, tmp_path / "out", "--form", "exact", "--max-tokens", "600", "--ctx", "100")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
+    assert report["form"] == "exact" and report["rel_error"] < 1e-5 and report["windows"] == 6
+    assert "relative error" in result.output
+    assert load(tmp_path / "out").form == "exact"
+
+
+def test_convert_parallel_reports_drift(ckpt, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("def f(x):\n    return x + 1\n" * 20)
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--data", text, "--json")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["text"]["bytes"] == len(text.read_bytes())
+    for key in ("kld_mean", "kld_median", "kld_p99", "kld_max", "top1"):
+        assert key in report
+    assert report["ref"]["ppl"] > 1 and report["model"]["ppl"] > 1 and 0 <= report["top1"] <= 1
+
+
+def test_convert_reads_stdin(ckpt, tmp_path):
+    result = run("convert", ckpt, tmp_path / "out", "--data", "-", "--json", input="hello world, " * 30)
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["text"]["name"] == "<stdin>"
+
+
+def test_info(ckpt, tmp_path):
+    result = run("info", ckpt, "--json")
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.output)
+    model = load(ckpt)
+    assert facts["family"] == "ttt-mlp" and facts["form"] == "ttt"
+    assert facts["parameters"] == sum(p.numel() for p in model.parameters())
+    H, d, K = 4, 8, 4  # per layer: W1, GW1 [d, 4d]; b1, Gb1 [1, 4d]; W2, GW2 [4d, d]; b2, Gb2 [1, d]; 2 conv tails
+    per_layer = 2 * H * (d * 4 * d + 4 * d + 4 * d * d + d) + 2 * (K - 1) * 32
+    assert facts["decode_state_bytes_per_sequence"] == 2 * per_layer * 4
+    assert "decode state" in run("info", ckpt).output
+
+
+def test_existing_output_needs_force(ckpt, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run("convert", ckpt, out, "--no-report")
+    assert result.exit_code == 1 and "already exists; pass --force" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    assert run("convert", ckpt, out, "--no-report", "--force").exit_code == 0
+    assert not (out / "keep.txt").exists() and load(out).form == "exact"
+
+
+def spoil_weights(src, dst, change):
+    import shutil
+
+    shutil.copytree(src, dst)
+    weights = load_file(dst / "model.safetensors")
+    change(weights)
+    save_file(weights, dst / "model.safetensors")
+    return dst
+
+
+BAD = {
+    "missing dir": (lambda c, t: t / "nowhere", "no such directory"),
+    "not a dir": (lambda c, t: (t / "f").write_text("x") and t / "f", "not a directory"),
+    "wrong model_type": (lambda c, t: spoil_config(c, t / "b", model_type="mamba"), "model_type is 'mamba'"),
+    "inconsistent sizes": (lambda c, t: spoil_config(c, t / "b", hidden_size=30), "not divisible"),
+    "missing tensor": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.pop("model.norm.weight")),
+                       "missing tensors: model.norm.weight"),
+    "extra tensor": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.update(junk=torch.ones(1))),
+                     "unexpected tensors: junk"),
+    "mis-shaped": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.update({"model.norm.weight": torch.ones(3)})),
+                   "mis-shaped tensors: model.norm.weight"),
+    "non-finite": (lambda c, t: spoil_weights(c, t / "b", lambda w: w["model.norm.weight"].fill_(float("inf"))),
+                   "non-finite values"),
+}
+
+
+def spoil_config(src, dst, **changes):
+    import shutil
+
+    shutil.copytree(src, dst)
+    raw = json.loads((dst / "config.json").read_text())
+    raw.update(changes)
+    (dst / "config.json").write_text(json.dumps(raw))
+    return dst
+
+
+@pytest.mark.parametrize("case", BAD)
+@pytest.mark.parametrize("command", ["convert", "info"])
+def test_bad_input_is_one_line_nonzero_and_leaves_nothing(ckpt, tmp_path, case, command):
+    make, message = BAD[case]
+    src = make(ckpt, tmp_path)
+    out = tmp_path / "out"
+    args = ("convert", src, out) if command == "convert" else ("info", src)
+    result = run(*args)
+    assert result.exit_code == 1, result.output
+    assert message in result.output
+    assert result.output.count("\n") == 1 and "Traceback" not in result.output
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]  # no temporary leftovers
+
+
+def test_pickle_that_is_not_weights_only(tmp_path):
+    assert run("create", tmp_path / "m", "--weights-format", "bin").exit_code == 0
+    weights = torch.load(tmp_path / "m" / "pytorch_model.bin", weights_only=True)
+    weights["code"] = print  # a pickled function: only a full unpickler would run such things
+    torch.save(weights, tmp_path / "m" / "pytorch_model.bin")
+    result = run("convert", tmp_path / "m", tmp_path / "out")
+    assert result.exit_code == 1 and "not a weights-only pickle" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_empty_text_is_an_error(ckpt, tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    result = run("convert", ckpt, tmp_path / "out", "--data", tmp_path / "empty.txt")
+    assert result.exit_code == 1 and "the text is empty" in result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_small_vocabulary_without_tokenizer_needs_no_report(tmp_path):
+    assert run("create", tmp_path / "m", "--vocab-size", "100").exit_code == 0
+    result = run("convert", tmp_path / "m", tmp_path / "out")
+    assert result.exit_code == 1 and "--no-report" in result.output
+    assert run("convert", tmp_path / "m", tmp_path / "out", "--no-report").exit_code == 0
+
+
+def test_python_dash_m_entry_point():
+    result = subprocess.run([sys.executable, "-m", "edgettt", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0 and "convert" in result.stdout
