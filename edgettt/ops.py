@@ -6,8 +6,6 @@ mini-batch computation) and `linear_attention.py` (the converted form).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
@@ -102,7 +100,3 @@ def mini_batch_etas(learnable_token_idx: torch.Tensor) -> torch.Tensor:
     b = learnable_token_idx.shape[0]
     base = 1.0 / torch.arange(1, b + 1, device=learnable_token_idx.device, dtype=learnable_token_idx.dtype)
     return torch.clamp_min(base + learnable_token_idx, 0.0)
-
-
-
-    return 1.0 / math.sqrt(fan_in)
