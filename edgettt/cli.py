@@ -76,40 +76,65 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="exact: equals the original; parallel: fully parallel, values at the initial state.")
 @click.option("--data", default=None, metavar="TEXT",
-              help="Text to measure on: a file, '-' for stdin [default: built-in python-docs sample].")
+              help="Text to measure on (with --distill: to train on): a file, a directory of .txt/.md, "
+                   "'-' for stdin, or a built-in name (python-docs[:train|:val|:test], python-docs-sample, "
+                   "python-stdlib) [default: python-docs-sample; with --distill: python-docs:train].")
+@click.option("--eval-data", default=None, metavar="TEXT",
+              help="With --distill: text the report measures on [default: python-docs-sample].")
 @click.option("--ctx", default=256, show_default=True, help="Tokens per measured window.")
 @click.option("--max-tokens", default=4096, show_default=True, help="Measure at most this many tokens.")
+@click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
+@click.option("--steps", default=300, show_default=True, help="Distillation steps.")
+@click.option("--lr", default=1e-3, show_default=True, help="Distillation learning rate.")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, ctx, max_tokens, no_report, as_json, force):
-    """Convert the TTT checkpoint SRC into a linear-attention model in OUT.
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, no_report, as_json, force):
+    """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
+    model in OUT.
 
     The report (printed, and saved as OUT/convert_report.json) gives, for the exact form, the
     error of logits against SRC; for the parallel form, the drift: perplexity of both, KL
-    divergence and top-1 agreement.
+    divergence and top-1 agreement. With --distill, the drift before and after distillation.
     """
     from . import convert as convert_model
     from . import load
     from .checkpoint import check_output, save_model
     from .data import read_text
-    from .evaluate import conversion_report
+    from .evaluate import conversion_report, encode
 
     check_output(out, force)
     original = load(src)
     converted = convert_model(original, form)
-    report = None
+    measure_text = read_text(eval_data if distill else data)
+    report = {}
     if not no_report:
-        report = conversion_report(original, converted, read_text(data), ctx, max_tokens)
+        report = conversion_report(original, converted, measure_text, ctx, max_tokens)
+    if distill:
+        from .distill import distill as run_distill
+
+        train_text = read_text(data or "python-docs:train")
+        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr)
+        distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr,
+                     "loss_first": losses[0], "loss_last": losses[-1]}
+        if not no_report:
+            distilled["before"] = report
+            report = conversion_report(original, converted, measure_text, ctx, max_tokens)
+        report["distill"] = distilled
+    if report:
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
     save_model(converted, out, force=force, extra_files=extra)
     if as_json:
         click.echo(json.dumps(report, indent=2))
-    else:
-        click.echo(f"wrote {out}: {converted.config.family}, form {form}")
-        if report:
-            click.echo(format_conversion_report(report))
+        return
+    click.echo(f"wrote {out}: {converted.config.family}, form {form}")
+    if "distill" in report and "before" in report["distill"]:
+        click.echo("before distillation:\n" + format_conversion_report(report["distill"]["before"]))
+        click.echo(f"after {steps} distillation steps (KL loss {report['distill']['loss_first']:.4f} -> "
+                   f"{report['distill']['loss_last']:.4f}):")
+    if "form" in report:
+        click.echo(format_conversion_report(report))
 
 
 def format_conversion_report(r: dict) -> str:

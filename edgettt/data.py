@@ -1,14 +1,21 @@
-"""Sample text for measuring models: a file, `-` for standard input, or the built-in sample.
+"""Sample text: the `--data` argument of every command, and how text is cut into windows.
 
-The built-in sample is a fixed slice of the English reference documentation that every CPython
-carries (`pydoc_data.topics`), so no download is needed. Every text is named with a fingerprint
-(bytes, sha256 prefix) in the reports that use it.
+`--data` takes a text file, a directory of .txt/.md files, `-` for standard input, or a built-in
+name, none of which needs a download:
+    python-docs[:train|:val|:test]  the English reference documentation every CPython carries
+                                    (`pydoc_data.topics`), split by whole topics into about 80/10/10
+                                    of the bytes, parts that never overlap (see `docs_splits`);
+                                    bare `python-docs` is the test part
+    python-docs-sample              a fixed 16 KB slice of the test part: quick reports
+    python-stdlib                   the standard library's own .py sources (no tests), for training
+Every text is named with a fingerprint (bytes, sha256 prefix) in the reports that use it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import sys
+import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,8 +23,12 @@ import torch
 
 from .errors import EdgetttError
 
-BUILTIN_SAMPLE = "python-docs-sample"
+DOCS = "python-docs"
+SAMPLE = "python-docs-sample"
+STDLIB = "python-stdlib"
+SPLITS = ("train", "val", "test")
 SAMPLE_BYTES = 16384
+BUILTIN_NAMES = (DOCS, *(f"{DOCS}:{s}" for s in SPLITS), SAMPLE, STDLIB)
 
 
 @dataclass
@@ -29,33 +40,67 @@ class Text:
         return {"name": self.name, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()[:16]}
 
 
-def builtin_sample() -> bytes:
+def docs_splits(topics: dict[str, str]) -> dict[str, str]:
+    """Topic -> part. Topics in the order of their name's sha256 fill test, then val, up to 10% of
+    the bytes each; the rest is train. Whole topics, so the parts never overlap."""
+    order = sorted(topics, key=lambda key: hashlib.sha256(key.encode()).hexdigest())
+    total, filled, out = sum(len(v) for v in topics.values()), 0, {}
+    for key in order:
+        out[key] = "test" if filled < 0.1 * total else "val" if filled < 0.2 * total else "train"
+        filled += len(topics[key])
+    return out
+
+
+def python_docs(split: str) -> bytes:
     from pydoc_data.topics import topics
 
-    text = "\n\n".join(topics[key] for key in sorted(topics))
-    return text.encode("utf-8")[:SAMPLE_BYTES]
+    splits = docs_splits(topics)
+    return "\n\n".join(topics[key] for key in sorted(topics) if splits[key] == split).encode("utf-8")
+
+
+def python_stdlib() -> bytes:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    skip = {"site-packages", "test", "tests", "idlelib", "lib2to3"}
+    files = sorted(f for f in root.rglob("*.py") if not skip & set(f.relative_to(root).parts))
+    return b"\n".join(f.read_bytes() for f in files)
+
+
+def builtin_text(name: str) -> bytes:
+    if name == SAMPLE:
+        return python_docs("test")[:SAMPLE_BYTES]
+    if name == STDLIB:
+        return python_stdlib()
+    split = name.partition(":")[2] or "test"
+    return python_docs(split)
 
 
 def read_text(spec: str | None) -> Text:
-    """`None` or the built-in name -> the built-in sample; `-` -> stdin; otherwise a file path."""
-    if spec is None or spec == BUILTIN_SAMPLE:
-        return Text(BUILTIN_SAMPLE, builtin_sample())
+    """None -> the built-in sample; a built-in name; `-` -> stdin; a directory; a file."""
+    spec = SAMPLE if spec is None else spec
+    if spec in BUILTIN_NAMES:
+        return Text(spec if ":" in spec or spec != DOCS else f"{DOCS}:test", builtin_text(spec))
     if spec == "-":
-        data = sys.stdin.buffer.read()
-        name = "<stdin>"
+        data, name = sys.stdin.buffer.read(), "<stdin>"
     else:
-        path = Path(spec)
-        if not path.is_file():
-            raise EdgetttError(f"{spec}: no such file; give a text file, '-' for standard input, "
-                               f"or '{BUILTIN_SAMPLE}'")
-        try:
-            data = path.read_bytes()
-        except OSError as exc:
-            raise EdgetttError(f"{spec}: cannot read ({exc.strerror})") from None
-        name = str(path)
+        data, name = _read_path(Path(spec)), spec
     if not data:
         raise EdgetttError(f"{name}: the text is empty; give a text with some content")
     return Text(name, data)
+
+
+def _read_path(path: Path) -> bytes:
+    try:
+        if path.is_dir():
+            files = sorted(f for f in path.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
+            if not files:
+                raise EdgetttError(f"{path}: directory has no .txt or .md files")
+            return b"\n\n".join(f.read_bytes() for f in files)
+        if path.is_file():
+            return path.read_bytes()
+    except OSError as exc:
+        raise EdgetttError(f"{path}: cannot read ({exc.strerror})") from None
+    raise EdgetttError(f"{path}: no such file or directory; give a text file, a directory of .txt/.md files, "
+                       f"'-' for standard input, or one of {', '.join(BUILTIN_NAMES)}")
 
 
 def token_windows(ids: list[int], ctx: int, max_tokens: int | None = None) -> torch.Tensor:

@@ -23,11 +23,16 @@ def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
 @torch.no_grad()
 def collect_logits(model: CausalLM, windows: torch.Tensor, batch_size: int = 8, desc: str = "") -> torch.Tensor:
     """Logits [N, T, V] of every window's inputs (all but its last token)."""
-    device = next(model.parameters()).device
+    device = best_device()
+    model.to(device)
     out = []
     for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, leave=False, disable=None):
         out.append(model(windows[i:i + batch_size, :-1].to(device)).float().cpu())
     return torch.cat(out)
+
+
+def best_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def target_bytes(model: CausalLM, windows: torch.Tensor) -> int:

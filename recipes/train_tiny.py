@@ -1,0 +1,221 @@
+"""Recipe that trains the shipped tiny models (and the transformer baseline they are compared with).
+
+    python recipes/train_tiny.py --arch ttt-linear --out edgettt/models/ttt-linear-tiny --minutes 6
+    python recipes/train_tiny.py --arch ttt-mlp    --out edgettt/models/ttt-mlp-tiny    --minutes 6
+    python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline      --minutes 6
+
+Data (byte level, no download): `python-stdlib` plus `python-docs:train` for training, bits per
+byte reported on `python-docs:test` (and `:val`). `--data-dir` reads the three parts from files
+written by `--write-data` instead, so that a GPU machine with another Python version trains on
+exactly the same text. One schedule for every arch: AdamW, linear warm-up, cosine decay over a
+wall-clock budget, batch 32 x 512 bytes, fp32 with TF32 matmuls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from edgettt.checkpoint import save_model
+from edgettt.config import ModelConfig
+from edgettt.data import builtin_text
+from edgettt.random_init import random_model
+
+ARCHS = {
+    # ~1.9M parameters each: at most 8 MB on disk in fp32
+    "ttt-linear": dict(ttt_layer_type="linear", hidden_size=192, intermediate_size=512, num_attention_heads=4),
+    "ttt-mlp": dict(ttt_layer_type="mlp", hidden_size=192, intermediate_size=416, num_attention_heads=4,
+                    share_qk=True, pre_conv=True, use_gate=True),
+    "transformer": dict(hidden_size=192, intermediate_size=512, num_attention_heads=4),
+}
+PARTS = {"train": None, "val": "python-docs:val", "test": "python-docs:test"}
+
+
+def load_parts(data_dir: Path | None) -> dict[str, bytes]:
+    if data_dir is not None:
+        return {part: (data_dir / f"{part}.bin").read_bytes() for part in PARTS}
+    parts = {part: builtin_text(name) for part, name in PARTS.items() if name}
+    parts["train"] = builtin_text("python-stdlib") + b"\n" + builtin_text("python-docs:train")
+    return parts
+
+
+class Transformer(nn.Module):
+    """Baseline: pre-RMSNorm causal transformer, rotary positions, SwiGLU, tied embeddings."""
+
+    def __init__(self, c: ModelConfig):
+        super().__init__()
+        self.c = c
+        C = c.hidden_size
+        self.embed = nn.Embedding(c.vocab_size, C)
+        self.blocks = nn.ModuleList()
+        for _ in range(c.num_hidden_layers):
+            block = nn.Module()
+            block.norm1, block.norm2 = nn.RMSNorm(C, eps=1e-6), nn.RMSNorm(C, eps=1e-6)
+            block.qkv, block.o = nn.Linear(C, 3 * C, bias=False), nn.Linear(C, C, bias=False)
+            block.gate = nn.Linear(C, c.intermediate_size, bias=False)
+            block.up = nn.Linear(C, c.intermediate_size, bias=False)
+            block.down = nn.Linear(c.intermediate_size, C, bias=False)
+            self.blocks.append(block)
+        self.norm = nn.RMSNorm(C, eps=1e-6)
+        for name, p in self.named_parameters():
+            if p.dim() == 2:
+                nn.init.normal_(p, std=0.02 if "embed" in name else 1 / math.sqrt(p.shape[1]))
+
+    def forward(self, ids):
+        from edgettt.ops import rotary
+
+        B, T = ids.shape
+        H = self.c.num_attention_heads
+        h = self.embed(ids)
+        pos = torch.arange(T, device=ids.device)
+        for blk in self.blocks:
+            q, k, v = blk.qkv(blk.norm1(h)).view(B, T, 3, H, -1).permute(2, 0, 3, 1, 4)
+            q, k = rotary(q, pos, 10000.0), rotary(k, pos, 10000.0)
+            att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+            h = h + blk.o(att.transpose(1, 2).reshape(B, T, -1))
+            x = blk.norm2(h)
+            h = h + blk.down(F.silu(blk.gate(x)) * blk.up(x))
+        return self.norm(h) @ self.embed.weight.T
+
+
+def build(arch: str, layers: int, seed: int):
+    config = ModelConfig(vocab_size=256, num_hidden_layers=layers, **ARCHS[arch])
+    if arch == "transformer":
+        torch.manual_seed(seed)
+        return Transformer(config), config
+    return random_model(config, seed), config
+
+
+def batches(data: torch.Tensor, batch: int, ctx: int, gen: torch.Generator):
+    while True:
+        starts = torch.randint(0, data.numel() - ctx - 1, (batch,), generator=gen)
+        yield torch.stack([data[s:s + ctx + 1] for s in starts.tolist()])
+
+
+@torch.no_grad()
+def bits_per_byte(model, data: bytes, ctx: int, device, batch: int = 16) -> float:
+    """Non-overlapping windows of ctx+1 bytes; every byte after a window's first is predicted."""
+    ids = torch.tensor(list(data), dtype=torch.int64)
+    n = (ids.numel() - 1) // ctx
+    windows = torch.stack([ids[i * ctx:i * ctx + ctx + 1] for i in range(n)])
+    total, count = 0.0, 0
+    model.eval()
+    for i in range(0, n, batch):
+        w = windows[i:i + batch].to(device)
+        logits = model(w[:, :-1]).float()
+        total += F.cross_entropy(logits.reshape(-1, 256), w[:, 1:].reshape(-1), reduction="sum").item()
+        count += w[:, 1:].numel()
+    model.train()
+    return total / count / math.log(2)
+
+
+def make_step(model, opt, example: torch.Tensor, graph: bool):
+    """One training step as a function of the batch. On CUDA the whole step (forward, backward,
+    clipping, AdamW) is captured once as a CUDA graph: the TTT layers' per-mini-batch loop is
+    thousands of small kernels, and replaying them as a graph removes the launch overhead."""
+
+    def eager(batch):
+        logits = model(batch[:, :-1]).float()
+        loss = F.cross_entropy(logits.reshape(-1, 256), batch[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=False)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=True)
+        opt.step()
+        return loss.detach()
+
+    if not graph:
+        return eager
+    try:
+        static = example.clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up outside the graph (allocations, autotuning)
+                eager(static)
+        torch.cuda.current_stream().wait_stream(side)
+        cuda_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(cuda_graph):
+            static_loss = eager(static)
+    except Exception as exc:  # any capture problem: train eagerly, slower but the same
+        print(f"CUDA graph capture failed ({exc!r}); training eagerly", flush=True)
+        return eager
+
+    def replay(batch):
+        static.copy_(batch)
+        cuda_graph.replay()
+        return static_loss
+
+    print("training step captured as a CUDA graph", flush=True)
+    return replay
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--arch", choices=ARCHS, required=True)
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--lr", type=float, default=3e-3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
+    ap.add_argument("--data-dir", type=Path, default=None)
+    ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
+    args = ap.parse_args()
+
+    parts = load_parts(args.data_dir)
+    if args.write_data:
+        args.write_data.mkdir(parents=True, exist_ok=True)
+        for part, data in parts.items():
+            (args.write_data / f"{part}.bin").write_bytes(data)
+        return
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    model, config = build(args.arch, args.layers, args.seed)
+    model.to(device).train()
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=device), betas=(0.9, 0.95),
+                            weight_decay=0.1, capturable=device == "cuda")
+    train = torch.tensor(list(parts["train"]), dtype=torch.uint8)
+    stream = batches(train, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
+    step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
+    budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
+    while (elapsed := time.time() - t0) < budget:
+        frac = elapsed / budget
+        lr = args.lr * (frac / warmup if frac < warmup else 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
+        opt.param_groups[0]["lr"].fill_(lr)
+        loss = step_fn(next(stream).to(device, non_blocking=True).long())
+        step += 1
+        if step % 100 == 0:
+            log.append({"step": step, "seconds": round(elapsed, 1), "loss": loss.item(), "lr": lr})
+            print(f"{args.arch} step {step} {elapsed:.0f}s loss {loss.item():.4f}", flush=True)
+    wall = time.time() - t0
+    result = {
+        "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
+        "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
+        "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
+        "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
+        "val_bits_per_byte": bits_per_byte(model, parts["val"], args.ctx, device),
+        "test_bits_per_byte": bits_per_byte(model, parts["test"], args.ctx, device),
+        "log": log,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "log"}), flush=True)
+    if args.arch == "transformer":
+        args.out.mkdir(parents=True, exist_ok=True)
+    else:
+        save_model(model.cpu().eval(), args.out, force=True)
+    (args.out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
