@@ -29,14 +29,32 @@ from .tokenizer import load_tokenizer
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_FILE = "pytorch_model.bin"
 TOKENIZER_FILE = "tokenizer.json"
+SHIPPED_MODELS = Path(__file__).parent / "models"
+
+
+def shipped_models() -> list[str]:
+    """Names of the models that ship inside the package (`edgettt.load(name)`)."""
+    if not SHIPPED_MODELS.is_dir():
+        return []
+    return sorted(p.name for p in SHIPPED_MODELS.iterdir() if (p / "config.json").exists())
+
+
+def resolve_model_path(spec: str | os.PathLike) -> Path:
+    """A directory, or the name of a shipped model when no such directory exists."""
+    path = Path(spec)
+    if not path.exists() and str(spec) in shipped_models():
+        return SHIPPED_MODELS / str(spec)
+    return path
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> CausalLM:
-    """Load an original TTT checkpoint or an edgettt model directory."""
-    path = Path(path)
+    """Load an original TTT checkpoint or an edgettt model directory, or a shipped model by name."""
+    path = resolve_model_path(path)
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
-        raise EdgetttError(f"{path}: {what}; give a model directory with config.json and model.safetensors")
+        names = ", ".join(shipped_models())
+        raise EdgetttError(f"{path}: {what}; give a model directory with config.json and model.safetensors"
+                           + (f", or a shipped model ({names})" if names else ""))
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
     config = ModelConfig.load(path / "config.json")
@@ -136,6 +154,15 @@ def check_output(path: str | os.PathLike, force: bool) -> Path:
     return path
 
 
+def _usual_permissions(directory: Path) -> None:
+    """mkdtemp makes a private directory; the result should look like any directory the user makes."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(directory, 0o777 & ~umask)
+    for file in directory.iterdir():
+        os.chmod(file, 0o666 & ~umask)
+
+
 @contextlib.contextmanager
 def output_dir(path: str | os.PathLike, force: bool):
     """Yield a temporary directory beside `path`; on success it replaces `path`, on failure it goes."""
@@ -144,6 +171,7 @@ def output_dir(path: str | os.PathLike, force: bool):
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
+        _usual_permissions(tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -29,7 +29,10 @@ def cli():
     \b
     edgettt create OUT            a random TTT checkpoint, to try the pipeline
     edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
+    edgettt eval MODEL            perplexity, bits per byte, drift against a reference
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
+
+    MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny.
     """
 
 
@@ -153,6 +156,78 @@ def format_conversion_report(r: dict) -> str:
             f"  KLD         mean {r['kld_mean']:.5f} +/- {r['kld_stderr']:.5f}   median {r['kld_median']:.5f}   "
             f"p99 {r['kld_p99']:.5f}   max {r['kld_max']:.5f}",
             f"  top-1 agreement {100 * r['top1']:.2f}%   RMS dp {100 * r['rms_dp']:.3f}%",
+        ]
+    return "\n".join(lines)
+
+
+@cli.command("eval")
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--ref", "ref_path", default=None, metavar="MODEL", help="Reference model to measure drift against.")
+@click.option("--ref-logits", default=None, type=click.Path(), help="Saved reference logits (--save-logits).")
+@click.option("--data", default="python-docs", show_default=True, metavar="TEXT",
+              help="A file, a directory of .txt/.md, '-' for stdin, or a built-in name "
+                   "(python-docs[:train|:val|:test], python-docs-sample, python-stdlib).")
+@click.option("--ctx", default=512, show_default=True, help="Tokens per window.")
+@click.option("--max-tokens", default=100_000, show_default=True, help="Evaluate at most this many tokens.")
+@click.option("--save-logits", default=None, type=click.Path(dir_okay=False),
+              help="Save MODEL's logits as reference logits for later runs.")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@click.option("--force", is_flag=True, help="Overwrite existing --save-logits / --json files.")
+def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
+    """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
+    the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position)."""
+    from pathlib import Path
+
+    from . import load
+    from .data import read_text
+    from .evaluate import evaluate, save_reference
+
+    if ref_path and ref_logits:
+        raise EdgetttError("--ref and --ref-logits: give one reference, not both")
+    for out in (save_logits, json_path):
+        if out and Path(out).exists() and not force:
+            raise EdgetttError(f"{out}: already exists; pass --force to overwrite it")
+    text = read_text(data)
+    model = load(model_path)
+    ref = load(ref_path) if ref_path else None
+    report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
+    if save_logits:
+        save_reference(save_logits, logits, windows, report)
+    if json_path:
+        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+    click.echo(format_eval_report(report))
+
+
+def format_eval_report(r: dict) -> str:
+    m, t = r["model"], r["text"]
+    lines = [
+        f"model  {m['name']}: {m['family']}, form {m['form']}, {m['parameters']:,} parameters, "
+        f"{m['size_mb']:.2f} MB, {m['bits_per_weight']:.2f} bits per weight",
+        f"text   {t['name']} ({t['bytes']:,} bytes, sha256 {t['sha256']}): {r['windows']} windows x {r['ctx']} tokens",
+        "====== Perplexity statistics ======",
+        f"Mean PPL                  : {r['ppl']:10.4f}",
+        f"Bits per byte             : {r.get('bits_per_byte', float('nan')):10.4f}",
+    ]
+    d = r.get("drift")
+    if d:
+        lines[-2:] = [
+            f"Mean PPL(model)           : {d['model']['ppl']:10.4f}",
+            f"Mean PPL(ref)             : {d['ref']['ppl']:10.4f}   ({r['ref_model']['name']})",
+            f"PPL ratio, difference     : {d['ppl_ratio']:10.4f}, {d['ppl_diff']:+.4f}",
+            f"Bits per byte (model, ref): {d['model'].get('bits_per_byte', float('nan')):10.4f}, "
+            f"{d['ref'].get('bits_per_byte', float('nan')):.4f}",
+            "====== KL divergence statistics ======",
+            f"Mean    KLD: {d['kld_mean']:10.6f} +/- {d['kld_stderr']:.6f}",
+            f"Maximum KLD: {d['kld_max']:10.6f}",
+            f"99.9%   KLD: {d['kld_p999']:10.6f}",
+            f"99.0%   KLD: {d['kld_p99']:10.6f}",
+            f"90.0%   KLD: {d['kld_p90']:10.6f}",
+            f"Median  KLD: {d['kld_median']:10.6f}",
+            "====== Token probability statistics ======",
+            f"RMS dp     : {100 * d['rms_dp']:9.3f} %",
+            f"Same top p : {100 * d['top1']:9.3f} %",
+            "KLD by position (bucket: mean): " + "  ".join(
+                f"{i}:{v:.5f}" for i, v in enumerate(d["kld_by_position"])),
         ]
     return "\n".join(lines)
 

@@ -56,3 +56,76 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
     if converted.form == "parallel":
         report.update(metrics.drift(ref, new, windows[:, 1:], n_bytes=target_bytes(original, windows)))
     return report
+
+
+def model_facts(model: CausalLM, name: str) -> dict:
+    weights = model.weights()
+    n_params = sum(t.numel() for t in weights.values())
+    n_bytes = sum(t.numel() * t.element_size() for t in weights.values())
+    return {"name": name, "family": model.config.family, "form": model.form, "parameters": n_params,
+            "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_params}
+
+
+def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict) -> None:
+    """Reference logits for later comparisons: safetensors with the token windows and, as metadata,
+    the text's fingerprint and the model that made them. Written atomically."""
+    import json
+    import os
+    from pathlib import Path
+
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    meta = {"text": json.dumps(report["text"]), "model": json.dumps(report["model"]), "ctx": str(report["ctx"])}
+    try:
+        save_file({"logits": logits.float().contiguous(), "windows": windows.contiguous()}, tmp, metadata=meta)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """(logits [N, T, V], windows [N, T+1], metadata) of a file written by `save_reference`."""
+    import json
+
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            logits, windows = f.get_tensor("logits"), f.get_tensor("windows")
+        meta = {k: json.loads(meta[k]) for k in ("text", "model", "ctx")}
+    except FileNotFoundError:
+        raise EdgetttError(f"{path}: no such file; save reference logits first with `edgettt eval --save-logits`") from None
+    except (SafetensorError, OSError, KeyError, ValueError) as exc:
+        raise EdgetttError(f"{path}: not a reference-logits file written by edgettt eval ({exc})") from None
+    return logits, windows, meta
+
+
+def evaluate(model: CausalLM, name: str, text: Text, ctx: int, max_tokens: int | None,
+             ref: CausalLM | None = None, ref_name: str | None = None, ref_file=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+    """Perplexity and bits per byte of `model`; with a reference model or saved reference logits,
+    the drift against it. Returns (report, logits, windows)."""
+    ref_logits, ref_facts = None, None
+    if ref_file is not None:
+        ref_logits, windows, meta = load_reference(ref_file)
+        if meta["text"]["sha256"] != text.fingerprint()["sha256"]:
+            raise EdgetttError(f"{ref_file}: reference logits were made on {meta['text']['name']} "
+                               f"(sha256 {meta['text']['sha256']}), not on {text.name}; pass the same --data")
+        if ref_logits.shape[-1] != model.config.vocab_size:
+            raise EdgetttError(f"{ref_file}: reference vocabulary {ref_logits.shape[-1]} differs from the model's "
+                               f"{model.config.vocab_size}")
+        ref_facts = meta["model"]
+    else:
+        windows = token_windows(encode(model, text, name), ctx, max_tokens)
+    logits = collect_logits(model, windows, desc=name)
+    if ref is not None:
+        ref_logits, ref_facts = collect_logits(ref, windows, desc=ref_name), model_facts(ref, ref_name)
+    n_bytes = target_bytes(model, windows)
+    report = {"model": model_facts(model, name), "text": text.fingerprint(), "ctx": windows.shape[1] - 1,
+              "windows": windows.shape[0], **metrics.perplexity(logits, windows[:, 1:], n_bytes)}
+    if ref_logits is not None:
+        report["ref_model"] = ref_facts
+        report["drift"] = metrics.drift(ref_logits, logits, windows[:, 1:], n_bytes=n_bytes)
+    return report, logits, windows

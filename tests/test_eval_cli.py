@@ -1,0 +1,61 @@
+"""`edgettt eval` through click's runner: summaries, JSON, and saved reference logits."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from edgettt.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    root = tmp_path_factory.mktemp("m")
+    assert run("create", root / "ttt", "--hidden-size", "32", "--mini-batch-size", "8").exit_code == 0
+    assert run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report").exit_code == 0
+    return root
+
+
+def test_eval_alone_gives_perplexity_and_bits_per_byte(models, tmp_path):
+    result = run("eval", models / "ttt", "--data", "python-docs-sample", "--ctx", "128", "--json", tmp_path / "r.json")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["windows"] == (16384 - 1) // 128 and report["ctx"] == 128
+    assert report["bits_per_byte"] > 0 and "Bits per byte" in result.output and "drift" not in report
+
+
+def test_saved_reference_logits_give_the_same_drift_as_the_reference_model(models, tmp_path):
+    common = ("--data", "python-docs-sample", "--ctx", "64", "--max-tokens", "1024")
+    assert run("eval", models / "ttt", *common, "--save-logits", tmp_path / "ref.st").exit_code == 0
+    live = run("eval", models / "par", "--ref", models / "ttt", *common, "--json", tmp_path / "a.json")
+    saved = run("eval", models / "par", "--ref-logits", tmp_path / "ref.st", *common, "--json", tmp_path / "b.json")
+    assert live.exit_code == 0 and saved.exit_code == 0, live.output + saved.output
+    a, b = (json.loads((tmp_path / f).read_text())["drift"] for f in ("a.json", "b.json"))
+    assert a["kld_mean"] == pytest.approx(b["kld_mean"], rel=1e-9) and a["kld_mean"] > 0
+    assert a["top1"] == b["top1"] and len(a["kld_by_position"]) == 8
+    assert "Mean    KLD" in saved.output and "Same top p" in saved.output
+
+
+def test_reference_logits_from_another_text_are_refused(models, tmp_path):
+    assert run("eval", models / "ttt", "--data", "python-docs-sample", "--max-tokens", "256",
+               "--save-logits", tmp_path / "ref.st").exit_code == 0
+    (tmp_path / "other.txt").write_text("something else entirely " * 20)
+    result = run("eval", models / "par", "--ref-logits", tmp_path / "ref.st", "--data", tmp_path / "other.txt")
+    assert result.exit_code == 1 and "reference logits were made on python-docs-sample" in result.output
+
+
+def test_eval_bad_inputs(models, tmp_path):
+    (tmp_path / "x.json").write_text("{}")
+    result = run("eval", models / "ttt", "--json", tmp_path / "x.json")
+    assert result.exit_code == 1 and "already exists; pass --force" in result.output
+    result = run("eval", models / "ttt", "--ref-logits", tmp_path / "missing.st")
+    assert result.exit_code == 1 and "no such file" in result.output
+    (tmp_path / "junk.st").write_bytes(b"junk" * 10)
+    result = run("eval", models / "ttt", "--ref-logits", tmp_path / "junk.st")
+    assert result.exit_code == 1 and "not a reference-logits file" in result.output
+    result = run("eval", models / "ttt", "--ref", models / "ttt", "--ref-logits", tmp_path / "junk.st")
+    assert result.exit_code == 1 and "give one reference" in result.output

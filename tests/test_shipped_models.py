@@ -1,0 +1,45 @@
+"""The models that ship inside the package load by name and reach their documented numbers."""
+
+import json
+
+import pytest
+import torch
+
+import edgettt
+from edgettt.checkpoint import SHIPPED_MODELS, shipped_models
+from edgettt.data import read_text
+from edgettt.evaluate import evaluate
+
+NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
+
+
+def test_shipped_models_are_listed():
+    assert set(NAMES) <= set(shipped_models())
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_loads_by_name_within_size_and_with_a_byte_tokenizer(name):
+    model = edgettt.load(name)
+    assert model.form == "ttt" and model.config.vocab_size == 256
+    files = SHIPPED_MODELS / name
+    assert sum(f.stat().st_size for f in files.iterdir()) <= 8 * 2**20
+    assert (files / "MODEL_CARD.md").exists()
+    text = "def f(x):\n    return 'é'\n"
+    assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_reaches_its_documented_bits_per_byte_on_a_slice_of_the_test_split(name):
+    documented = json.loads((SHIPPED_MODELS / name / "eval.json").read_text())
+    slice_ = documented["slice"]
+    model = edgettt.load(name)
+    report, _, _ = evaluate(model, name, read_text(slice_["data"]), slice_["ctx"], slice_["max_tokens"])
+    assert report["bits_per_byte"] == pytest.approx(documented["slice_bits_per_byte"], abs=2e-3)
+
+
+def test_exact_conversion_of_a_shipped_model_is_exact():
+    model = edgettt.load("ttt-mlp-tiny")
+    ids = torch.tensor([model.tokenizer.encode("import os\nprint(os.getcwd())\n" * 3)])
+    with torch.no_grad():
+        ref, exact = model(ids), edgettt.convert(model, "exact")(ids)
+    assert ((exact - ref).norm() / ref.norm()).item() < 1e-5
