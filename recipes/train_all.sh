@@ -7,11 +7,11 @@
 # WORK gets the model directories and logs; PACK (optional) gets one .tar per model plus logs.tar.
 set -euo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-MINUTES=${MINUTES:-6}; BATCH=${BATCH:-32}; ARCHS=${ARCHS:-ttt-linear ttt-mlp transformer}; STEPS=${STEPS:-600}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}
+MINUTES=${MINUTES:-6}; BATCH=${BATCH:-32}; DOCS_WEIGHT=${DOCS_WEIGHT:-0.3}; ARCHS=${ARCHS:-ttt-linear ttt-mlp transformer}; STEPS=${STEPS:-600}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}
 mkdir -p "$WORK"
 for arch in $ARCHS; do
   python3 recipes/train_tiny.py --arch $arch --out "$WORK/$arch" --minutes "$MINUTES" --data-dir "$DATA" \
-    --batch "$BATCH" > "$WORK/$arch.log" 2>&1
+    --batch "$BATCH" --docs-weight "$DOCS_WEIGHT" > "$WORK/$arch.log" 2>&1
 done
 tail -n 1 "$WORK"/*.log
 if [ -n "${PACK:-}" ]; then  # the trained models first, in case distillation runs out of time

@@ -5,7 +5,8 @@
     python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline      --minutes 6
 
 Data (byte level, no download): `python-stdlib` plus `python-docs:train` for training, bits per
-byte reported on `python-docs:test` (and `:val`). `--data-dir` reads the three parts from files
+byte reported on `python-docs:test` (and `:val`); `--docs-weight` of the windows come from
+`python-docs:train` alone (the committed interim models were trained with 0). `--data-dir` reads the three parts from files
 written by `--write-data` instead, so that a GPU machine with another Python version trains on
 exactly the same text. One schedule for every arch: AdamW, linear warm-up, cosine decay over a
 wall-clock budget, batch 32 x 512 bytes, fp32 with TF32 matmuls.
@@ -36,7 +37,7 @@ ARCHS = {
                     share_qk=True, pre_conv=True, use_gate=True),
     "transformer": dict(hidden_size=192, intermediate_size=512, num_attention_heads=4),
 }
-PARTS = {"train": None, "val": "python-docs:val", "test": "python-docs:test"}
+PARTS = {"train": None, "docs_train": "python-docs:train", "val": "python-docs:val", "test": "python-docs:test"}
 
 
 def load_parts(data_dir: Path | None) -> dict[str, bytes]:
@@ -94,10 +95,17 @@ def build(arch: str, layers: int, seed: int):
     return random_model(config, seed), config
 
 
-def batches(data: torch.Tensor, batch: int, ctx: int, gen: torch.Generator):
+def batches(sources: list[tuple[torch.Tensor, float]], batch: int, ctx: int, gen: torch.Generator):
+    """Random windows of ctx+1 bytes; each window's source is drawn with the given weights."""
+    weights = torch.tensor([w for _, w in sources])
     while True:
-        starts = torch.randint(0, data.numel() - ctx - 1, (batch,), generator=gen)
-        yield torch.stack([data[s:s + ctx + 1] for s in starts.tolist()])
+        picks = torch.multinomial(weights, batch, replacement=True, generator=gen).tolist()
+        rows = []
+        for i in picks:
+            data = sources[i][0]
+            s = torch.randint(0, data.numel() - ctx - 1, (1,), generator=gen).item()
+            rows.append(data[s:s + ctx + 1])
+        yield torch.stack(rows)
 
 
 @torch.no_grad()
@@ -167,6 +175,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--docs-weight", type=float, default=0.3,
+                    help="Share of windows drawn from python-docs:train alone (0: uniform over all text).")
     ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
@@ -186,8 +196,11 @@ def main():
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=device), betas=(0.9, 0.95),
                             weight_decay=0.1, capturable=device == "cuda")
-    train = torch.tensor(list(parts["train"]), dtype=torch.uint8)
-    stream = batches(train, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
+    as_tensor = lambda b: torch.frombuffer(bytearray(b), dtype=torch.uint8)  # noqa: E731
+    sources = [(as_tensor(parts["train"]), 1 - args.docs_weight)]
+    if args.docs_weight > 0:  # the held-out parts are docs: let the docs' own train part weigh more
+        sources.append((as_tensor(parts["docs_train"]), args.docs_weight))
+    stream = batches(sources, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
     step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
     budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
     while (elapsed := time.time() - t0) < budget:
@@ -203,6 +216,7 @@ def main():
     result = {
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
+        "docs_weight": args.docs_weight,
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
         "val_bits_per_byte": bits_per_byte(model, parts["val"], args.ctx, device),
