@@ -61,6 +61,10 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     weights = read_weights(path)
     with torch.device("meta"):
         model = CausalLM(config)
+    if config.quantization:
+        from .quantize import prepare_quantized
+
+        prepare_quantized(model, weights)
     check_weights(model, weights, path)
     model.load_state_dict(weights, strict=False, assign=True)
     model.tie_weights()
@@ -68,6 +72,18 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
         model.to(dtype)
     model.tokenizer = load_tokenizer(path, config.vocab_size)
     return model.eval()
+
+
+def model_fingerprint(model: CausalLM) -> str:
+    """sha256 prefix of the weights (names, shapes, dtypes and bytes): what a calibration is tied to."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.weights().items()):
+        t = tensor.detach().cpu().contiguous()
+        digest.update(f"{name}{tuple(t.shape)}{t.dtype}".encode())
+        digest.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return digest.hexdigest()[:16]
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

@@ -30,6 +30,8 @@ def cli():
     edgettt create OUT            a random TTT checkpoint, to try the pipeline
     edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
     edgettt eval MODEL            perplexity, bits per byte, drift against a reference
+    edgettt calibrate MODEL -o F  statistics for quantization (layer inputs, the state)
+    edgettt quantize MODEL OUT    4/8-bit weights, int8/fp16 state
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny.
@@ -158,6 +160,88 @@ def format_conversion_report(r: dict) -> str:
             f"  top-1 agreement {100 * r['top1']:.2f}%   RMS dp {100 * r['rms_dp']:.3f}%",
         ]
     return "\n".join(lines)
+
+
+@cli.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
+              help="Sample text (see `edgettt eval --help` for the forms TEXT takes).")
+@click.option("--seq-len", default=2048, show_default=True, help="Tokens per sample: the context to calibrate for.")
+@click.option("--samples", default=8, show_default=True, help="Number of windows drawn from the text.")
+@click.option("--seed", default=0, show_default=True, help="Which windows are drawn.")
+@click.option("--percentile", default=99.99, show_default=True, help="Clipping percentile of the state scales.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Calibration file to write.")
+@click.option("--force", is_flag=True, help="Overwrite the output.")
+def calibrate(model_path, data, seq_len, samples, seed, percentile, output, force):
+    """Record what quantization needs from a converted MODEL on sample text: the input statistics of
+    every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes along the
+    positions, with the chosen int8 state scales."""
+    from pathlib import Path
+
+    from . import load
+    from .calibration import calibrate as run_calibration
+    from .data import read_text
+
+    if Path(output).exists() and not force:
+        raise EdgetttError(f"{output}: already exists; pass --force to overwrite it")
+    model = load(model_path)
+    cal = run_calibration(model, read_text(data), seq_len, samples, seed, percentile)
+    cal.save(output, force=force)
+    click.echo(f"wrote {output}: {len(cal.hessians)} layer input statistics, state scales for "
+               f"{len(cal.state_scales)} layer levels; {cal.samples} x {cal.seq_len} tokens of {cal.text['name']} "
+               f"(sha256 {cal.text['sha256']}), model {cal.model_fingerprint}")
+    for key in sorted(cal.state_rowmax, key=lambda k: [int(p) if p.isdigit() else p for p in k.split(".")]):
+        curve = cal.state_rowmax[key].amax((0, 1))
+        click.echo(f"  layer {key:8s} max |row| by position bucket: " + " ".join(f"{v:8.3g}" for v in curve.tolist()))
+
+
+@cli.command()
+@click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "none"]), default="int8", show_default=True)
+@click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+              help="int4: group along the input dim; nf4/fp4: bitsandbytes block size.")
+@click.option("--method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
+              help="int4: round to nearest, or GPTQ error feedback (needs --calib).")
+@click.option("--state", type=click.Choice(["fp32", "fp16", "int8", "int8-tensor"]), default="fp32", show_default=True,
+              help="int8: calibrated per-row scales (needs --calib); int8-tensor: one scale from the initial state.")
+@click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
+@click.option("--skip", multiple=True, default=("lm_head",), show_default=True,
+              help="Leave layers whose name matches this pattern in float (repeatable).")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def quantize(model_path, out, weights, group_size, method, state, calib, skip, force):
+    """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
+    from . import load
+    from .calibration import Calibration
+    from .checkpoint import check_output, save_model
+    from .quantize import QuantConfig, apply_state_format, quantize_, weight_bits
+
+    check_output(out, force)
+    config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state, skip=skip)
+    model = load(model_path)
+    if model.form == "ttt":
+        raise EdgetttError(f"{model_path}: an original TTT model; quantize a converted one (`edgettt convert`)")
+    if model.config.quantization:
+        raise EdgetttError(f"{model_path}: already quantized; quantize the unquantized converted model")
+    cal = None
+    if calib:
+        cal = Calibration.load(calib)
+        cal.check_model(model, calib)
+    elif method == "gptq" or state == "int8":
+        raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
+    before = weight_bits(model)
+
+    def line(row):
+        click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:5s} "
+                   f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB")
+
+    quantize_(model, config, cal.hessians if cal else None, report=line)
+    apply_state_format(model, config.state, cal)
+    model.config.quantization = config.to_dict()
+    save_model(model, out, force=force)
+    after = weight_bits(model)
+    click.echo(f"wrote {out}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
+               f"{after['bits_per_weight']:.2f} bits per weight; state {state}")
 
 
 @cli.command("eval")

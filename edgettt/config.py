@@ -43,6 +43,8 @@ class ModelConfig:
     eos_token_id: int | None = 2
     # edgettt's own: which computation the weights are laid out for
     form: str = "ttt"
+    # a quantized model: its QuantConfig as a dict (see quantize.py)
+    quantization: dict | None = None
     # keys we do not use, kept so that a round trip loses nothing
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
@@ -67,7 +69,7 @@ class ModelConfig:
                 f"{source}: model_type is {model_type!r}, expected 'ttt' (a ttt-lm-pytorch checkpoint) "
                 f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model)"
             )
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form", "quantization"}
         known = {k: v for k, v in raw.items() if k in names}
         extra = {k: v for k, v in raw.items() if k not in names and k not in ("model_type", "form", "edgettt_format")}
         form = "ttt"
@@ -81,17 +83,21 @@ class ModelConfig:
             form = raw.get("form")
             if form not in ("exact", "parallel"):
                 raise EdgetttError(f"{source}: form is {form!r}, expected 'exact' or 'parallel'")
-        config = cls(**known, form=form, extra=extra)
+        quantization = raw.get("quantization") if form != "ttt" else None
+        extra.pop("quantization", None)
+        config = cls(**known, form=form, extra=extra, quantization=quantization)
         config.validate(source)
         return config
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.extra)
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra", "form")})
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra", "form", "quantization")})
         if self.form == "ttt":
             out["model_type"] = TTT_MODEL_TYPE
         else:
             out.update(model_type=CONVERTED_MODEL_TYPE, edgettt_format=FORMAT_VERSION, form=self.form)
+            if self.quantization:
+                out["quantization"] = self.quantization
         return out
 
     def validate(self, source: str = "config.json") -> None:

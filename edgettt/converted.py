@@ -8,6 +8,10 @@ Parameters, beside the shared projections of `MixerBase`:
     mask_eta [b]                               eta_tok: the chunk mask coefficients
 Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails.
 
+A quantized state (`set_state_format`): S is rounded to int8 with one scale per head and row
+(buffers state_scale_1, state_scale_2 [H, Dk]) at every mini-batch commit, or to fp16; A keeps
+full precision inside the mini-batch.
+
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 """
@@ -38,6 +42,22 @@ class LinearAttentionLayer(MixerBase):
         else:
             self.state0 = nn.Parameter(torch.zeros(H, d + 1, d))
         self.mask_eta = nn.Parameter(torch.ones(config.mini_batch_size))
+        self.state_format = "fp32"
+        self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
+
+    def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None) -> None:
+        """fp32 | fp16 | int8 (per-row `scales`, one [H, Dk] per level) | int8-tensor (same buffers)."""
+        self.state_format = fmt
+        for level, scale in enumerate(scales or [], start=1):
+            self.register_buffer(f"state_scale_{level}", scale.float().clone())
+
+    def requantizer(self, level: int):
+        if self.state_format == "fp32":
+            return None
+        if self.state_format == "fp16":
+            return lambda S: S.half().to(S.dtype)
+        scale = getattr(self, f"state_scale_{level}")[None, :, :, None]  # [1, H, Dk, 1]
+        return lambda S: torch.clamp(torch.round(S / scale), -127, 127) * scale
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
@@ -46,6 +66,8 @@ class LinearAttentionLayer(MixerBase):
         state = zeros_state(self.conv_state_shapes(), batch_size, self.mask_eta)
         for level, s0 in enumerate(self.initial_states(), start=1):
             state[f"S{level}"] = s0.detach().unsqueeze(0).repeat(batch_size, 1, 1, 1)
+            if (requant := self.requantizer(level)) is not None:
+                state[f"S{level}"] = requant(state[f"S{level}"])
             state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
         return state
 
@@ -72,13 +94,19 @@ class LinearAttentionLayer(MixerBase):
         """Values at `value_states`, then the linear attention of each level. Returns [B, H, T, d]."""
         H, d = self.num_heads, self.head_dim
         gamma, beta = self.value_norm.weight.reshape(H, 1, d), self.value_norm.bias.reshape(H, 1, d)
-        qa, ka, eta = la.augment(q), la.augment(k), self.mask_eta
+        qa, ka = la.augment(q), la.augment(k)
         if not self.mlp:
             vh = la.linear_values(ka, k, v, lr, value_states[0], gamma, beta)
-            zbar, st["S1"], st["A1"] = attend(qa, ka, vh, st["S1"], st["A1"], eta, start)
+            zbar = self._attend(attend, 1, st, qa, ka, vh, start)
         else:
             vh1, vh2, ka2 = la.mlp_values(ka, k, v, lr, value_states[0], value_states[1], gamma, beta)
-            zbar1, st["S1"], st["A1"] = attend(qa, ka, vh1, st["S1"], st["A1"], eta, start)
-            qa2 = la.augment(gelu_tanh(zbar1))
-            zbar, st["S2"], st["A2"] = attend(qa2, ka2, vh2, st["S2"], st["A2"], eta, start)
+            qa2 = la.augment(gelu_tanh(self._attend(attend, 1, st, qa, ka, vh1, start)))
+            zbar = self._attend(attend, 2, st, qa2, ka2, vh2, start)
         return q + layer_norm(zbar, gamma, beta)
+
+    def _attend(self, attend, level, st, qa, ka, vh, start):
+        S, A = f"S{level}", f"A{level}"
+        if self.observer is not None:
+            self.observer(level, ka, vh, st[S], st[A], start)
+        zbar, st[S], st[A] = attend(qa, ka, vh, st[S], st[A], self.mask_eta, start, self.requantizer(level))
+        return zbar

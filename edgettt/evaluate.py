@@ -59,11 +59,12 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
 
 
 def model_facts(model: CausalLM, name: str) -> dict:
-    weights = model.weights()
-    n_params = sum(t.numel() for t in weights.values())
-    n_bytes = sum(t.numel() * t.element_size() for t in weights.values())
-    return {"name": name, "family": model.config.family, "form": model.form, "parameters": n_params,
-            "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_params}
+    from .quantize import weight_bits
+
+    size = weight_bits(model)
+    return {"name": name, "family": model.config.family, "form": model.form, "parameters": size["weights"],
+            "size_mb": size["size_mb"], "bits_per_weight": size["bits_per_weight"],
+            "quantization": model.config.quantization}
 
 
 def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict) -> None:

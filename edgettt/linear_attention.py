@@ -6,9 +6,11 @@ token of its mini-batch by `eta_tok[i]`; every token of an earlier mini-batch we
 The state is the pair (S, A): S the boundary state, A the sum of `ka^T vh` inside the current
 mini-batch. Three computations share one signature (as in flash-linear-attention):
 
-    fn(qa, ka, vh, S, A, eta_tok, start) -> (Zbar, S, A)
+    fn(qa, ka, vh, S, A, eta_tok, start, requant=None) -> (Zbar, S, A)
     qa, ka: [B, H, T, Dk]   vh: [B, H, T, Dv]   S, A: [B, H, Dk, Dv]   eta_tok: [b]
     start: position of the first token (only start % b matters)
+    requant: optional S -> S applied at every mini-batch commit (a quantized state: S is rounded
+             T/b times, while A keeps full precision inside the mini-batch)
 
 - `naive`: the whole-sequence matrix form `Qa S + ((Qa Ka^T) * M) Vh`, for tests;
 - `chunk`: parallel inside each mini-batch and across mini-batches (prefix sums of chunk states);
@@ -37,7 +39,8 @@ def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tens
     return pos // block - start // block, pos % block
 
 
-def naive(qa, ka, vh, S, A, eta_tok, start):
+def naive(qa, ka, vh, S, A, eta_tok, start, requant=None):
+    assert requant is None, "the whole-sequence form has no mini-batch commits to requantize at"
     T, b = qa.shape[2], eta_tok.shape[0]
     chunk, inner = chunk_index(start, T, b, qa.device)
     same = chunk[:, None] == chunk[None, :]
@@ -57,7 +60,7 @@ def naive(qa, ka, vh, S, A, eta_tok, start):
     return zbar, S_new, A_new
 
 
-def chunk(qa, ka, vh, S, A, eta_tok, start):
+def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
     B, H, T, Dk = qa.shape
     b = eta_tok.shape[0]
     front = start % b
@@ -68,19 +71,48 @@ def chunk(qa, ka, vh, S, A, eta_tok, start):
     qa_, ka_, vh_ = (x.reshape(B, H, N, b, x.shape[-1]) for x in (qa_, ka_, vh_))
     U = ka_.transpose(-1, -2) @ vh_  # [B, H, N, Dk, Dv]: each mini-batch's sum of ka^T vh
     U = torch.cat((U[:, :, :1] + A[:, :, None], U[:, :, 1:]), dim=2)  # the unfinished sum joins chunk 0
-    committed = torch.cumsum(U, dim=2) - U  # exclusive prefix sum
-    S_chunks = S[:, :, None] + eta_tok[-1] * committed  # [B, H, N, Dk, Dv] boundary states
+    S_after = committed_states(S, U, eta_tok[-1], requant)  # [B, H, N, Dk, Dv] state after each chunk
+    S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)  # boundary state of each chunk
     scores = torch.tril(qa_ @ ka_.transpose(-1, -2))  # [B, H, N, b, b]
     zbar = qa_ @ S_chunks + eta_tok[:, None] * (scores @ vh_)
     # A's readout by the first chunk's tokens (the later chunks see it through S_chunks)
     zbar[:, :, 0] += eta_tok[:, None] * (qa_[:, :, 0] @ A)
     zbar = zbar.reshape(B, H, N * b, -1)[:, :, front:front + T]
     if back == 0:  # the last mini-batch is complete: commit everything
-        return zbar, S_chunks[:, :, -1] + eta_tok[-1] * U[:, :, -1], torch.zeros_like(A)
+        return zbar, S_after[:, :, -1], torch.zeros_like(A)
     return zbar, S_chunks[:, :, -1], U[:, :, -1]
 
 
-def recurrent(qa, ka, vh, S, A, eta_tok, start):
+def committed_states(S, U, eta_last, requant=None):
+    """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `requant`,
+    a loop that rounds S at every commit."""
+    if requant is None:
+        return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
+    out = []
+    for n in range(U.shape[2]):
+        S = requant(S + eta_last * U[:, :, n])
+        out.append(S)
+    return torch.stack(out, dim=2)
+
+
+def states_by_position(ka, vh, S, A, eta_tok, start):
+    """The state every token reads: (boundary S, running A including the token), each
+    [B, H, T, Dk, Dv]. For calibration statistics; memory grows with T * Dk * Dv."""
+    B, H, T, Dk = ka.shape
+    b = eta_tok.shape[0]
+    front, back = start % b, (-(start % b + T)) % b
+    outer = F.pad(ka[..., :, None] * vh[..., None, :], (0, 0, 0, 0, front, back))
+    N = outer.shape[2] // b
+    A_pos = torch.cumsum(outer.reshape(B, H, N, b, Dk, -1), dim=3)
+    A_pos[:, :, 0] += A[:, :, None]
+    S_after = committed_states(S, A_pos[:, :, :, -1], eta_tok[-1])
+    S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)
+    S_pos = S_chunks[:, :, :, None].expand(-1, -1, -1, b, -1, -1)
+    flat = lambda x: x.reshape(B, H, N * b, Dk, -1)[:, :, front:front + T]  # noqa: E731
+    return flat(S_pos), flat(A_pos)
+
+
+def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
     b = eta_tok.shape[0]
     outputs = []
     for t in range(qa.shape[2]):
@@ -89,6 +121,8 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start):
         outputs.append((qa[:, :, t, None] @ (S + eta_tok[inner] * A)))
         if inner == b - 1:  # end of a mini-batch: commit
             S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
+            if requant is not None:
+                S = requant(S)
     return torch.cat(outputs, dim=2), S, A
 
 

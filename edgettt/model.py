@@ -16,12 +16,13 @@ from __future__ import annotations
 import dataclasses
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
 from .converted import LinearAttentionLayer
 from .mixer import depthwise_conv
-from .ops import causal_conv, rms_norm, swiglu
+from .ops import causal_conv, rms_norm
 from .ttt import TTTLayer
 
 
@@ -43,7 +44,7 @@ class SwiGLU(nn.Module):
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
     def forward(self, x):
-        return swiglu(x, self.gate_proj.weight, self.up_proj.weight, self.down_proj.weight)
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
 
 
 class PreConv(nn.Module):
@@ -118,7 +119,7 @@ class CausalLM(nn.Module):
         self.tokenizer = None  # set by `load`
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     @property

@@ -50,10 +50,6 @@ def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
     return 0.5 * x * ((1 - t * t) * (0.79788456 + 0.1070322243 * x * x)) + 0.5 * (1 + t)
 
 
-def swiglu(x: torch.Tensor, gate: torch.Tensor, up: torch.Tensor, down: torch.Tensor) -> torch.Tensor:
-    return F.linear(F.silu(F.linear(x, gate)) * F.linear(x, up), down)
-
-
 def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Rotate interleaved pairs (x[2j], x[2j+1]) by `position * theta^(-2j/d)`.
 

@@ -1,0 +1,157 @@
+"""Calibration: statistics on sample text that quantization needs (DESIGN section 5).
+
+- the inputs of every bias-free linear layer, as `H = X^T X / n` (GPTQ's Hessian);
+- the accumulated state: per layer, level, head and state row, |S| (the boundary state) and |A|
+  (the running sum inside a mini-batch) at every position up to the sequence length; kept as
+  row maxima per position bucket, and as int8 scales `percentile(|S| row max) / 127`.
+
+The calibration file (safetensors) records the model's and the text's fingerprints; `quantize`
+refuses a calibration made for another model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from .. import linear_attention as la
+from ..checkpoint import model_fingerprint
+from ..data import Text, token_windows
+from ..errors import EdgetttError
+from ..evaluate import encode
+from ..model import CausalLM
+
+BUCKETS = 8
+
+
+@dataclass
+class Calibration:
+    model_fingerprint: str
+    text: dict
+    seq_len: int
+    samples: int
+    seed: int
+    percentile: float
+    hessians: dict[str, torch.Tensor] = field(default_factory=dict)
+    state_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level" -> [H, Dk]
+    state_rowmax: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level.S|A" -> [H, Dk, buckets]
+
+    def save(self, path: str | os.PathLike, force: bool = False) -> None:
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        if path.exists() and not force:
+            raise EdgetttError(f"{path}: already exists; pass --force to overwrite it")
+        tensors = {f"hessian/{k}": v for k, v in self.hessians.items()}
+        tensors.update({f"state_scale/{k}": v for k, v in self.state_scales.items()})
+        tensors.update({f"state_rowmax/{k}": v for k, v in self.state_rowmax.items()})
+        meta = {"edgettt_calibration": "1", "model_fingerprint": self.model_fingerprint, "text": json.dumps(self.text),
+                "seq_len": str(self.seq_len), "samples": str(self.samples), "seed": str(self.seed),
+                "percentile": str(self.percentile)}
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        try:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
+            tmp.replace(path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Calibration":
+        from safetensors import SafetensorError, safe_open
+
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                meta = f.metadata() or {}
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except FileNotFoundError:
+            raise EdgetttError(f"{path}: no such file; make one with `edgettt calibrate`") from None
+        except (SafetensorError, OSError) as exc:
+            raise EdgetttError(f"{path}: not a calibration file ({exc}); make one with `edgettt calibrate`") from None
+        if meta.get("edgettt_calibration") != "1":
+            raise EdgetttError(f"{path}: not an edgettt calibration file; make one with `edgettt calibrate`")
+        part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
+        return cls(meta["model_fingerprint"], json.loads(meta["text"]), int(meta["seq_len"]), int(meta["samples"]),
+                   int(meta["seed"]), float(meta["percentile"]), part("hessian/"), part("state_scale/"),
+                   part("state_rowmax/"))
+
+    def check_model(self, model: CausalLM, source: str) -> None:
+        if model_fingerprint(model) != self.model_fingerprint:
+            raise EdgetttError(f"{source}: this calibration was made for another model (fingerprint "
+                               f"{self.model_fingerprint}, this model {model_fingerprint(model)}); run "
+                               "`edgettt calibrate` on this model")
+
+    def layer_scales(self, layer: int) -> list[torch.Tensor]:
+        return [self.state_scales[k] for k in sorted(self.state_scales) if k.split(".")[0] == str(layer)]
+
+
+@torch.no_grad()
+def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8, seed: int = 0,
+              percentile: float = 99.99) -> Calibration:
+    """Run `samples` windows of `seq_len` tokens (drawn with `seed`) and collect the statistics."""
+    if model.form == "ttt":
+        raise EdgetttError("calibration needs a converted model (the linear-attention state); "
+                           "run `edgettt convert` first")
+    ids = encode(model, text)
+    windows = token_windows(ids, seq_len)
+    pick = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(seed))[:samples]
+    windows = windows[pick, :-1]
+    hessians, counts, hooks = {}, {}, []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.bias is None and name != "lm_head":
+            hooks.append(module.register_forward_pre_hook(_hessian_hook(name, hessians, counts)))
+    rowmax: dict[str, list[torch.Tensor]] = {}
+    mixers = [layer.seq_modeling_block for layer in model.model.layers]
+    for i, mixer in enumerate(mixers):
+        mixer.observer = _state_observer(i, mixer.mask_eta, rowmax)
+    try:
+        for w in tqdm(windows, desc="calibrate", disable=None):
+            model(w[None])
+    finally:
+        for h in hooks:
+            h.remove()
+        for mixer in mixers:
+            mixer.observer = None
+    return _summarise(model, text, seq_len, windows.shape[0], seed, percentile,
+                      {k: hessians[k] / counts[k] for k in hessians}, rowmax)
+
+
+def _hessian_hook(name, hessians, counts):
+    def hook(module, args):
+        x = args[0].detach().reshape(-1, args[0].shape[-1]).float()
+        hessians[name] = hessians.get(name, 0) + x.T @ x
+        counts[name] = counts.get(name, 0) + x.shape[0]
+    return hook
+
+
+def _state_observer(layer: int, eta_tok: torch.Tensor, rowmax: dict):
+    """Record, per position, each (head, row)'s max |S| and |A| over the row: [H, Dk, T] per call."""
+    def observe(level, ka, vh, S, A, start):
+        S_pos, A_pos = la.states_by_position(ka, vh, S, A, eta_tok.detach(), start)  # [B, H, T, Dk, Dv]
+        for kind, x in (("S", S_pos), ("A", A_pos)):
+            per_row = x.abs().amax(-1).amax(0).transpose(1, 2)  # [H, Dk, T]
+            key = f"{layer}.{level}.{kind}"
+            rowmax.setdefault(key, []).append(per_row)
+    return observe
+
+
+def _summarise(model, text, seq_len, samples, seed, percentile, hessians, rowmax) -> Calibration:
+    cal = Calibration(model_fingerprint(model), text.fingerprint(), seq_len, samples, seed, percentile, hessians)
+    for key, parts in rowmax.items():
+        # calls come in time order, sample after sample (exact form: one call per mini-batch)
+        series = torch.cat(parts, dim=-1)  # [H, Dk, samples * T]
+        T = series.shape[-1] // samples
+        per_sample = series.reshape(*series.shape[:2], samples, T)
+        bucket = torch.arange(T) * BUCKETS // T
+        cal.state_rowmax[key] = torch.stack([per_sample[..., bucket == b].amax((-1, -2))
+                                             for b in range(BUCKETS)], dim=-1)
+        if key.endswith(".S"):
+            k = max(1, min(series.shape[-1], round(percentile / 100 * series.shape[-1])))
+            clip = series.float().kthvalue(k, dim=-1).values  # the percentile of each row's max
+            cal.state_scales[key[:-2]] = (clip.clamp_min(1e-8) / 127).float()
+    return cal

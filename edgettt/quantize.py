@@ -1,0 +1,327 @@
+"""Weight quantization (DESIGN section 5): one entry point, `quantize_(model, QuantConfig)`.
+
+Formats (edgettt's own):
+    int8  symmetric per output channel: qweight int8 [N, K], scales [N]; w = q * scale
+    int4  asymmetric, groups of g along the input dim K, packed the way ONNX Runtime's
+          com.microsoft.MatMulNBits reads it:
+              qweight     uint8 [N, K/g, g/2]   two codes a byte, the lower K index in the low nibble
+              scales      float [N, K/g]
+              zero_points uint8 [N, ceil(K/g / 2)]  packed the same way
+          w = (q - zero_point) * scale
+Formats through bitsandbytes: nf4 / fp4 (blockwise 4-bit with absmax per block).
+
+Methods for int4: `rtn` (round to nearest, min/max per group) and `gptq` (GPTQ error feedback:
+columns are quantized in order and each one's rounding error is spread over the columns not yet
+quantized, weighted by the inverse Hessian of the layer's inputs, from `edgettt calibrate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .errors import EdgetttError
+
+WEIGHT_FORMATS = ("int8", "int4", "nf4", "fp4")
+METHODS = ("rtn", "gptq")
+STATE_FORMATS = ("fp32", "fp16", "int8", "int8-tensor")
+DEFAULT_SKIP = ("lm_head",)
+
+
+@dataclasses.dataclass
+class QuantConfig:
+    weights: str = "int8"
+    group_size: int = 64
+    method: str = "rtn"
+    state: str = "fp32"  # int8: calibrated per-row scales; int8-tensor: one uncalibrated scale
+    skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
+
+    def __post_init__(self):
+        self.skip = tuple(self.skip)
+        if self.weights not in WEIGHT_FORMATS + ("none",):
+            raise EdgetttError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHT_FORMATS)}, none")
+        if self.method not in METHODS:
+            raise EdgetttError(f"--method {self.method!r}: expected one of {', '.join(METHODS)}")
+        if self.state not in STATE_FORMATS:
+            raise EdgetttError(f"--state {self.state!r}: expected one of {', '.join(STATE_FORMATS)}")
+        if self.method == "gptq" and self.weights != "int4":
+            raise EdgetttError("--method gptq applies to --weights int4 only")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "skip": list(self.skip)}
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "QuantConfig":
+        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+
+
+# ---- int8 -------------------------------------------------------------------------------------
+
+def quantize_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+    q = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    return {"qweight": q, "scales": scale.float()}
+
+
+def dequantize_int8(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    return t["qweight"].float() * t["scales"][:, None]
+
+
+# ---- int4, MatMulNBits layout --------------------------------------------------------------------
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 2m] codes 0..15 -> [..., m] bytes, even index in the low nibble."""
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::2] | (codes[..., 1::2] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_nibbles: [..., m] bytes -> [..., 2m] codes."""
+    return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
+
+
+def int4_group_params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max scale and integer zero point per group: [N, K/g] each."""
+    N, K = w.shape
+    g = w.reshape(N, K // group, group)
+    lo = g.amin(-1).clamp_max(0)
+    hi = g.amax(-1).clamp_min(0)
+    scale = ((hi - lo) / 15).clamp_min(1e-12)
+    zero = torch.round(-lo / scale).clamp(0, 15)
+    return scale, zero
+
+
+def int4_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Codes of w [N, K] with per-group scale/zero [N, K/g]."""
+    group = w.shape[1] // scale.shape[1]
+    s = scale.repeat_interleave(group, dim=1)
+    z = zero.repeat_interleave(group, dim=1)
+    return torch.clamp(torch.round(w / s) + z, 0, 15)
+
+
+def pack_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> dict[str, torch.Tensor]:
+    N, K = codes.shape
+    blocks = scale.shape[1]
+    zero_padded = F.pad(zero, (0, blocks % 2))
+    return {
+        "qweight": pack_nibbles(codes.reshape(N, blocks, K // blocks)),
+        "scales": scale.float(),
+        "zero_points": pack_nibbles(zero_padded),
+    }
+
+
+def dequantize_int4(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    N, blocks, half = t["qweight"].shape
+    codes = unpack_nibbles(t["qweight"]).float()  # [N, blocks, g]
+    zero = unpack_nibbles(t["zero_points"])[:, :blocks].float()
+    return ((codes - zero[..., None]) * t["scales"][..., None]).reshape(N, blocks * 2 * half)
+
+
+def quantize_int4_rtn(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
+    scale, zero = int4_group_params(w, group)
+    return pack_int4(int4_codes(w, scale, zero), scale, zero)
+
+
+def quantize_int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor, damp: float = 0.01,
+                       block: int = 128) -> dict[str, torch.Tensor]:
+    """GPTQ with per-group asymmetric scales chosen from the error-updated weights."""
+    w = w.clone().float()
+    N, K = w.shape
+    H = hessian.clone().double()
+    dead = torch.diag(H) == 0
+    H[dead, dead] = 1
+    w[:, dead] = 0
+    H += damp * torch.diag(H).mean() * torch.eye(K, dtype=H.dtype)
+    Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
+    codes = torch.zeros_like(w)
+    scale = torch.zeros(N, K // group)
+    zero = torch.zeros(N, K // group)
+    for b0 in range(0, K, block):
+        b1 = min(b0 + block, K)
+        W1, Err = w[:, b0:b1].clone(), torch.zeros(N, b1 - b0)
+        for i in range(b1 - b0):
+            col = b0 + i
+            if col % group == 0:  # choose the group's grid from the weights as updated so far
+                g = col // group
+                scale[:, g:g + 1], zero[:, g:g + 1] = int4_group_params(
+                    torch.cat((W1[:, i:], w[:, b1:]), dim=1)[:, :group], group)
+            g = col // group
+            q = torch.clamp(torch.round(W1[:, i] / scale[:, g]) + zero[:, g], 0, 15)
+            codes[:, col] = q
+            err = (W1[:, i] - (q - zero[:, g]) * scale[:, g]) / Hinv[col, col]
+            W1[:, i:] -= err[:, None] * Hinv[col, col:b1][None, :]
+            Err[:, i] = err
+        w[:, b1:] -= Err @ Hinv[b0:b1, b1:]
+    return pack_int4(codes, scale, zero)
+
+
+# ---- bitsandbytes ---------------------------------------------------------------------------------
+
+def bitsandbytes():
+    try:
+        import bitsandbytes.functional as bnbf
+    except ImportError as exc:
+        raise EdgetttError(f"bitsandbytes is not installed ({exc}); `pip install bitsandbytes` for nf4/fp4") from None
+    except Exception as exc:  # a broken install raises anything at import
+        raise EdgetttError(f"bitsandbytes cannot load a backend ({exc}); reinstall it for this machine") from None
+    return bnbf
+
+
+def quantize_bnb4(w: torch.Tensor, quant_type: str, blocksize: int) -> dict[str, torch.Tensor]:
+    packed, state = bitsandbytes().quantize_4bit(w.float().contiguous(), blocksize=blocksize,
+                                                  compress_statistics=False, quant_type=quant_type)
+    return {"qweight": packed, "absmax": state.absmax.float(), "code": state.code.float()}
+
+
+def dequantize_bnb4(t: dict[str, torch.Tensor], shape: tuple[int, int], quant_type: str,
+                    blocksize: int) -> torch.Tensor:
+    bnbf = bitsandbytes()
+    state = bnbf.QuantState(absmax=t["absmax"], shape=torch.Size(shape), code=t["code"], blocksize=blocksize,
+                            quant_type=quant_type, dtype=torch.float32)
+    return bnbf.dequantize_4bit(t["qweight"], state).float()
+
+
+# ---- the module and the entry point ---------------------------------------------------------------
+
+class QuantLinear(nn.Module):
+    """A bias-free linear layer whose weight is stored quantized; it computes with the dequantized
+    weight (exactly what the integer kernels and ONNX Runtime compute, up to float rounding)."""
+
+    def __init__(self, in_features: int, out_features: int, fmt: str, group_size: int,
+                 tensors: dict[str, torch.Tensor]):
+        super().__init__()
+        self.in_features, self.out_features, self.fmt, self.group_size = in_features, out_features, fmt, group_size
+        for name, tensor in tensors.items():
+            self.register_buffer(name, tensor)
+        self._weight = None
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return dict(self.named_buffers(recurse=False))
+
+    def dequantized(self) -> torch.Tensor:
+        t = self.tensors()
+        if self.fmt == "int8":
+            return dequantize_int8(t)
+        if self.fmt == "int4":
+            return dequantize_int4(t)
+        return dequantize_bnb4(t, (self.out_features, self.in_features), self.fmt, self.group_size)
+
+    @property
+    def weight(self) -> torch.Tensor:
+        if self._weight is None or self._weight.device != self.qweight.device:
+            self._weight = self.dequantized().to(self.qweight.device)
+        return self._weight
+
+    def forward(self, x):
+        return F.linear(x, self.weight.to(x.dtype))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors().values())
+
+    def extra_repr(self):
+        return f"{self.in_features} -> {self.out_features}, {self.fmt}, group {self.group_size}"
+
+
+def storage_shapes(fmt: str, N: int, K: int, group: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Shapes and dtypes of a QuantLinear's tensors, for building a model before loading it."""
+    if fmt == "int8":
+        return {"qweight": ((N, K), torch.int8), "scales": ((N,), torch.float32)}
+    if fmt == "int4":
+        blocks = K // group
+        return {"qweight": ((N, blocks, group // 2), torch.uint8), "scales": ((N, blocks), torch.float32),
+                "zero_points": ((N, math.ceil(blocks / 2)), torch.uint8)}
+    return {"qweight": ((N * K // 2, 1), torch.uint8), "absmax": ((math.ceil(N * K / group),), torch.float32),
+            "code": ((16,), torch.float32)}
+
+
+def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str, nn.Linear]]:
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.bias is None:
+            if not any(fnmatch.fnmatch(name, pat) or fnmatch.fnmatch(name, f"*{pat}*") for pat in config.skip):
+                out.append((name, module))
+    return out
+
+
+def quantize_weight(name: str, w: torch.Tensor, config: QuantConfig, hessian: torch.Tensor | None):
+    N, K = w.shape
+    if config.weights in ("int4", "nf4", "fp4") and K % config.group_size:
+        raise EdgetttError(f"{name}: group size {config.group_size} does not divide its input size {K}; "
+                           "choose another --group-size or --skip this layer")
+    if config.weights == "int8":
+        return quantize_int8(w)
+    if config.weights == "int4" and config.method == "gptq":
+        if hessian is None:
+            raise EdgetttError(f"{name}: --method gptq needs input statistics; run `edgettt calibrate` and pass --calib")
+        return quantize_int4_gptq(w, config.group_size, hessian)
+    if config.weights == "int4":
+        return quantize_int4_rtn(w, config.group_size)
+    return quantize_bnb4(w, config.weights, config.group_size)
+
+
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+@torch.no_grad()
+def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.Tensor] | None = None,
+              report=None) -> list[dict]:
+    """Replace the model's linear layers by QuantLinear in place. `report(row)` sees one dict per
+    layer (name, shape, format, bytes before and after). Returns those rows."""
+    rows = []
+    if config.weights == "none":
+        return rows
+    for name, linear in quantizable_linears(model, config):
+        w = linear.weight.detach().float().cpu()
+        tensors = quantize_weight(name, w, config, (hessians or {}).get(name))
+        q = QuantLinear(w.shape[1], w.shape[0], config.weights, config.group_size, tensors)
+        set_module(model, name, q.to(linear.weight.device))
+        row = {"name": name, "shape": list(w.shape), "format": config.weights,
+               "bytes_before": w.numel() * linear.weight.element_size(), "bytes_after": q.nbytes()}
+        rows.append(row)
+        if report:
+            report(row)
+    return rows
+
+
+def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
+    """Shape a freshly built model like the quantized one whose `weights` will be loaded into it."""
+    config = QuantConfig.from_dict(model.config.quantization)
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
+            shapes = storage_shapes(config.weights, module.out_features, module.in_features, config.group_size)
+            tensors = {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}
+            set_module(model, name, QuantLinear(module.in_features, module.out_features, config.weights,
+                                                config.group_size, tensors))
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
+        scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
+        layer.seq_modeling_block.set_state_format(config.state, scales)
+
+
+def weight_bits(model: nn.Module) -> dict:
+    """Size on disk of the weights and bits per weight (a quantized layer counts its N*K weights)."""
+    n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
+    n_weights = sum(t.numel() for name, t in model.weights().items() if not name.endswith(
+        (".qweight", ".scales", ".zero_points", ".absmax", ".code")) and "state_scale" not in name)
+    n_weights += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
+    return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_weights, "weights": n_weights}
+
+
+def apply_state_format(model: nn.Module, fmt: str, calibration=None) -> None:
+    """Set every converted layer's state format: int8 takes the calibrated per-row scales;
+    int8-tensor one uncalibrated scale per layer and level, max |S0| / 127 (for contrast)."""
+    for i, layer in enumerate(model.model.layers):
+        mixer = layer.seq_modeling_block
+        scales = None
+        if fmt == "int8":
+            scales = calibration.layer_scales(i)
+        elif fmt == "int8-tensor":
+            scales = [torch.full(s0.shape[:2], s0.detach().abs().max().item() / 127) for s0 in mixer.initial_states()]
+        mixer.set_state_format(fmt, scales)

@@ -1,0 +1,167 @@
+"""Quantizers: exact packing, statistical error bounds, GPTQ against rounding, quantized state."""
+
+import pytest
+import torch
+
+import edgettt
+from edgettt import EdgetttError, convert
+from edgettt import linear_attention as la
+from edgettt.calibration import calibrate
+from edgettt.data import read_text
+from edgettt.quantize import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
+                              pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
+                              quantize_int8, unpack_nibbles)
+
+
+def test_nibble_packing_round_trips_and_matches_the_matmulnbits_order():
+    codes = torch.randint(0, 16, (5, 3, 64), generator=torch.Generator().manual_seed(0))
+    packed = pack_nibbles(codes)
+    assert packed.dtype == torch.uint8 and packed.shape == (5, 3, 32)
+    assert torch.equal(unpack_nibbles(packed), codes.to(torch.uint8))
+    assert pack_nibbles(torch.tensor([3, 12])).item() == 3 | (12 << 4)  # lower K index in the low nibble
+
+
+def test_int4_layout_and_exact_round_trip_of_representable_weights():
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(48, 192, generator=g)
+    t = quantize_int4_rtn(w, 64)
+    assert t["qweight"].shape == (48, 3, 32) and t["scales"].shape == (48, 3) and t["zero_points"].shape == (48, 2)
+    once = dequantize_int4(t)
+    assert torch.allclose(dequantize_int4(quantize_int4_rtn(once, 64)), once, atol=1e-5)
+
+
+@pytest.mark.parametrize("group", [32, 64, 128])
+def test_int4_rtn_error_is_within_the_uniform_rounding_bound(group):
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    t = quantize_int4_rtn(w, group)
+    err = (dequantize_int4(t) - w).reshape(64, -1, group)
+    step = t["scales"][..., None]
+    assert (err.abs() <= step / 2 + 1e-6).all()  # every weight within half a step
+    # rounding error is close to uniform: mean square about step^2 / 12
+    assert (err.pow(2).mean() / (step.pow(2).mean() / 12)).item() == pytest.approx(1.0, rel=0.15)
+
+
+def test_int8_error_bound():
+    w = torch.randn(32, 100, generator=torch.Generator().manual_seed(3))
+    t = quantize_int8(w)
+    assert t["qweight"].dtype == torch.int8
+    assert ((dequantize_int8(t) - w).abs() <= t["scales"][:, None] / 2 + 1e-7).all()
+
+
+@pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
+def test_bitsandbytes_4bit_error_bound(quant_type):
+    w = torch.randn(32, 128, generator=torch.Generator().manual_seed(4))
+    t = quantize_bnb4(w, quant_type, 64)
+    d = dequantize_bnb4(t, (32, 128), quant_type, 64)
+    absmax = w.reshape(-1, 64).abs().amax(-1, keepdim=True)
+    rel = ((d - w).reshape(-1, 64).abs() / absmax).max().item()
+    assert rel < 0.25  # the widest gap of either 4-bit code book is under half of 0.5 absmax
+    assert (d - w).pow(2).mean().item() / w.pow(2).mean().item() < 0.02
+
+
+def test_gptq_beats_rounding_on_correlated_inputs():
+    g = torch.Generator().manual_seed(5)
+    X = torch.randn(4000, 128, generator=g) @ torch.randn(128, 128, generator=g) * 0.2
+    w = torch.randn(64, 128, generator=g)
+    H = X.T @ X / X.shape[0]
+    out_err = lambda d: (X @ (d - w).T).pow(2).mean().item()  # noqa: E731
+    assert out_err(dequantize_int4(quantize_int4_gptq(w, 64, H))) < 0.75 * out_err(dequantize_int4(quantize_int4_rtn(w, 64)))
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """The shipped TTT-Linear model, converted, calibrated at the context the tests run (2048)."""
+    model = convert(edgettt.load("ttt-linear-tiny"), "exact")
+    cal = calibrate(model, read_text("python-docs:train"), seq_len=2048, samples=2)
+    ids = torch.tensor([model.tokenizer.encode_bytes(read_text("python-docs:test").data[:2049])])
+    return model, cal, ids
+
+
+def kld(model, ref_logits, ids):
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids[:, :-1]).double(), -1)
+    ref = torch.log_softmax(ref_logits.double(), -1)
+    return (ref.exp() * (ref - logp)).sum(-1).mean().item()
+
+
+def quantized(model, config, cal=None):
+    from edgettt.convert import convert as copy_of
+
+    q = copy_of(model, model.form)
+    quantize_(q, config, cal.hessians if cal else None)
+    apply_state_format(q, config.state, cal)
+    return q
+
+
+def test_gptq_beats_rtn_on_a_trained_model(trained):
+    model, cal, ids = trained
+    with torch.no_grad():
+        ref = model(ids[:, :-1])
+    rtn = kld(quantized(model, QuantConfig("int4", 64, "rtn")), ref, ids)
+    gptq = kld(quantized(model, QuantConfig("int4", 64, "gptq"), cal), ref, ids)
+    assert gptq < rtn
+
+
+def test_int8_weights_barely_move_the_model(trained):
+    model, _, ids = trained
+    with torch.no_grad():
+        ref = model(ids[:, :-1])
+    assert kld(quantized(model, QuantConfig("int8")), ref, ids) < 0.005
+
+
+def test_quantized_state_error_stays_bounded_over_a_long_sequence(trained):
+    """int8 state with calibrated scales, rounded at mini-batch boundaries only: the error stays
+    under a fixed level over 2048 tokens (it does still grow along the text: about 6x from the first
+    512 tokens to the last on this model, an open problem of the quantization issue)."""
+    model, cal, ids = trained
+    with torch.no_grad():
+        ref = model(ids[:, :-1])
+    q = quantized(model, QuantConfig("none", state="int8"), cal)
+    with torch.no_grad():
+        logp = torch.log_softmax(q(ids[:, :-1]).double(), -1)
+    r = torch.log_softmax(ref.double(), -1)
+    per_token = (r.exp() * (r - logp)).sum(-1)[0]
+    first, last = per_token[:512].mean().item(), per_token[-512:].mean().item()
+    assert per_token.mean().item() < 0.005 and last < 0.01 and first < 0.002
+    uncalibrated = quantized(model, QuantConfig("none", state="int8-tensor"), cal)
+    assert kld(uncalibrated, ref, ids) > 5 * per_token.mean().item()
+
+
+def test_chunked_prefill_with_a_quantized_state_equals_decode(trained):
+    model, cal, ids = trained
+    q = quantized(model, QuantConfig("int8", state="int8"), cal)
+    ids = ids[:, :70]
+    with torch.no_grad():
+        full = q(ids)
+        logits, state = q.prefill(ids[:, :21])
+        outs = [logits]
+        for t in range(21, ids.shape[1]):
+            step, state = q.step(ids[:, t], state)
+            outs.append(step[:, None])
+    got = torch.cat(outs, 1)
+    # the two paths differ in float rounding (~1e-7), which can flip a rare int8 rounding decision of
+    # the state by one step; a state left unquantized on one path shows as ~5e-3
+    assert ((got - full).norm() / full.norm()).item() < 1e-3
+
+
+@pytest.mark.parametrize("start", [0, 3])
+def test_requantized_chunk_equals_requantized_recurrence(start):
+    g = torch.Generator().manual_seed(6)
+    qa, ka, vh = (torch.randn(1, 2, 13, 5, generator=g) for _ in range(3))
+    S, eta = torch.randn(1, 2, 5, 5, generator=g), torch.rand(4, generator=g) + 0.1
+    A = torch.randn(1, 2, 5, 5, generator=g) * (start > 0)
+    requant = lambda s: torch.round(s * 16) / 16  # noqa: E731
+    a = la.chunk(qa, ka, vh, S, A, eta, start, requant)
+    b = la.recurrent(qa, ka, vh, S, A, eta, start, requant)
+    for x, y in zip(a, b):
+        assert torch.allclose(x, y, atol=1e-5)
+
+
+def test_bad_configs():
+    with pytest.raises(EdgetttError, match="gptq applies to --weights int4"):
+        QuantConfig("int8", method="gptq")
+    model = convert(edgettt.load("ttt-linear-tiny"), "exact")
+    with pytest.raises(EdgetttError, match="group size 128 does not divide its input size 192"):
+        quantize_(model, QuantConfig("int4", 128))
+    with pytest.raises(EdgetttError, match="needs input statistics"):
+        quantize_(model, QuantConfig("int4", 64, "gptq"))
