@@ -32,6 +32,7 @@ def cli():
     edgettt eval MODEL            perplexity, bits per byte, drift against a reference
     edgettt calibrate MODEL -o F  statistics for quantization (layer inputs, the state)
     edgettt quantize MODEL OUT    4/8-bit weights, int8/fp16 state
+    edgettt report [MODEL]        the whole chain: the accuracy-vs-bits table
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny.
@@ -242,6 +243,46 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
     after = weight_bits(model)
     click.echo(f"wrote {out}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
                f"{after['bits_per_weight']:.2f} bits per weight; state {state}")
+
+
+@cli.command()
+@click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
+@click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
+@click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
+@click.option("--weights", "weights_list", default="int8,int4-rtn,int4-gptq,nf4", show_default=True,
+              help="Comma-separated weight variants: int8, int4-rtn, int4-gptq, nf4, fp4.")
+@click.option("--state", "state_list", default="int8,int8-tensor,fp16", show_default=True,
+              help="Comma-separated state variants (each with float weights).")
+@click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
+@click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
+              help="Form to convert a TTT checkpoint to.")
+@click.option("--ctx", default=2048, show_default=True, help="Context length (and calibration length).")
+@click.option("--max-tokens", default=100_000, show_default=True)
+@click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path(file_okay=False))
+@click.option("--force", is_flag=True, help="Overwrite the output directory.")
+def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, output, force):
+    """Convert, calibrate, quantize every variant and measure each against the float model: the
+    accuracy-vs-bits table (printed; report.json/.csv/.md and PNG plots in the output directory).
+    With no MODEL, runs on the shipped ttt-linear-tiny."""
+    from . import load
+    from .checkpoint import output_dir
+    from .data import read_text
+    from .report import build_report, table, variants, write
+
+    names = [w.strip() for w in weights_list.split(",") if w.strip()]
+    for w in names:
+        if w not in ("int8", "int4-rtn", "int4-gptq", "nf4", "fp4"):
+            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int4-rtn, int4-gptq, nf4, fp4")
+    states = [s.strip() for s in state_list.split(",") if s.strip()]
+    for s in states:
+        if s not in ("fp32", "fp16", "int8", "int8-tensor"):
+            raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
+    with output_dir(output, force) as tmp:
+        result = build_report(load(model_path), str(model_path), read_text(data), read_text(calib_data),
+                              variants(names, states, int(group_size)), ctx, max_tokens, form, log=click.echo)
+        write(result, tmp)
+    click.echo(table(result))
+    click.echo(f"wrote {output}/report.json, report.csv, report.md, accuracy_vs_size.png, kld_by_position.png")
 
 
 @cli.command("eval")

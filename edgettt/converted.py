@@ -8,9 +8,10 @@ Parameters, beside the shared projections of `MixerBase`:
     mask_eta [b]                               eta_tok: the chunk mask coefficients
 Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails.
 
-A quantized state (`set_state_format`): S is rounded to int8 with one scale per head and row
-(buffers state_scale_1, state_scale_2 [H, Dk]) at every mini-batch commit, or to fp16; A keeps
-full precision inside the mini-batch.
+A quantized state (`set_state_format`) is rounded at every mini-batch commit; A keeps full
+precision inside the mini-batch. int8: S - S0 is stored, with one calibrated scale per head and
+row (buffers state_scale_1, state_scale_2 [H, Dk]); int8-tensor: S itself with one uncalibrated
+scale (for contrast); fp16: S in half precision.
 
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
@@ -57,7 +58,8 @@ class LinearAttentionLayer(MixerBase):
         if self.state_format == "fp16":
             return lambda S: S.half().to(S.dtype)
         scale = getattr(self, f"state_scale_{level}")[None, :, :, None]  # [1, H, Dk, 1]
-        return lambda S: torch.clamp(torch.round(S / scale), -127, 127) * scale
+        offset = self.initial_states()[level - 1].detach()[None] if self.state_format == "int8" else 0
+        return lambda S: offset + torch.clamp(torch.round((S - offset) / scale), -127, 127) * scale
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]

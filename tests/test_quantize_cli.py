@@ -74,3 +74,42 @@ def test_quantize_bad_inputs(setup, tmp_path):
     assert not (tmp_path / "o").exists()
     result = run("calibrate", setup / "ttt", "-o", tmp_path / "c.st")
     assert result.exit_code == 1 and "needs a converted model" in result.output
+
+
+def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
+    from edgettt.calibration import Calibration
+    from edgettt.checkpoint import model_fingerprint
+
+    args = ("calibrate", setup / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3")
+    assert run(*args, "-o", tmp_path / "again.st").exit_code == 0
+    a, b = Calibration.load(setup / "cal.st"), Calibration.load(tmp_path / "again.st")
+    assert a.model_fingerprint == model_fingerprint(edgettt.load(setup / "la")) == b.model_fingerprint
+    assert a.text["name"] == "python-docs-sample" and a.text["sha256"] == b.text["sha256"]
+    for kind in ("hessians", "state_scales", "state_rowmax"):
+        x, y = getattr(a, kind), getattr(b, kind)
+        assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+    assert a.state_rowmax["0.1.S"].shape == (4, 17, 8)  # heads, rows (d + 1), position buckets
+    assert run(*args, "-o", tmp_path / "again.st").exit_code == 1  # exists, no --force
+
+
+def test_report_end_to_end(setup, tmp_path):
+    out = tmp_path / "rep"
+    result = run("report", setup / "ttt", "--data", "python-docs-sample", "--calib-data", "python-docs:val",
+                 "--ctx", "128", "--max-tokens", "1024", "--weights", "int8,int4-rtn,int4-gptq,nf4",
+                 "--state", "int8,int8-tensor", "--group-size", "32", "-o", out)
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "report.json").read_text())
+    rows = {r["variant"]: r for r in report["rows"]}
+    assert len(rows) == 7 and rows["float (converted)"]["kld_mean"] == 0
+    for r in report["rows"]:
+        for key in ("variant", "weights", "state", "size_mb", "bits_per_weight", "ppl", "kld_mean", "kld_p99",
+                    "top1", "kld_by_position"):
+            assert key in r
+        assert len(r["kld_by_position"]) == 8
+    assert rows["w-int8 s-fp32"]["kld_mean"] < rows["w-int4-rtn-g32 s-fp32"]["kld_mean"]
+    assert rows["w-int4-rtn-g32 s-fp32"]["bits_per_weight"] < rows["w-int8 s-fp32"]["bits_per_weight"]
+    for name in ("report.csv", "report.md", "accuracy_vs_size.png", "kld_by_position.png"):
+        assert (out / name).stat().st_size > 0
+    assert "KLD mean" in result.output
+    bad = run("report", setup / "ttt", "--weights", "int3", "-o", tmp_path / "r2")
+    assert bad.exit_code == 1 and "unknown variant 'int3'" in bad.output and not (tmp_path / "r2").exists()

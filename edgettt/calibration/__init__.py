@@ -1,9 +1,11 @@
 """Calibration: statistics on sample text that quantization needs (DESIGN section 5).
 
 - the inputs of every bias-free linear layer, as `H = X^T X / n` (GPTQ's Hessian);
-- the accumulated state: per layer, level, head and state row, |S| (the boundary state) and |A|
-  (the running sum inside a mini-batch) at every position up to the sequence length; kept as
-  row maxima per position bucket, and as int8 scales `percentile(|S| row max) / 127`.
+- the accumulated state: per layer, level, head and state row, |S| (the boundary state), |S - S0|
+  (its distance from the learned initial state) and |A| (the running sum inside a mini-batch) at
+  every position up to the sequence length; kept as row maxima per position bucket, and as int8
+  scales `percentile(|S - S0| row max) / 127`. The int8 state stores S - S0, not S: S0 is a model
+  constant, and the part that moves is several times smaller than S, so the rounding step is too.
 
 The calibration file (safetensors) records the model's and the text's fingerprints; `quantize`
 refuses a calibration made for another model.
@@ -40,7 +42,7 @@ class Calibration:
     percentile: float
     hessians: dict[str, torch.Tensor] = field(default_factory=dict)
     state_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level" -> [H, Dk]
-    state_rowmax: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level.S|A" -> [H, Dk, buckets]
+    state_rowmax: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level.S|dS|A" -> [H, Dk, buckets]
 
     def save(self, path: str | os.PathLike, force: bool = False) -> None:
         from safetensors.torch import save_file
@@ -108,7 +110,7 @@ def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8
     rowmax: dict[str, list[torch.Tensor]] = {}
     mixers = [layer.seq_modeling_block for layer in model.model.layers]
     for i, mixer in enumerate(mixers):
-        mixer.observer = _state_observer(i, mixer.mask_eta, rowmax)
+        mixer.observer = _state_observer(i, mixer, rowmax)
     try:
         for w in tqdm(windows, desc="calibrate", disable=None):
             model(w[None])
@@ -129,11 +131,12 @@ def _hessian_hook(name, hessians, counts):
     return hook
 
 
-def _state_observer(layer: int, eta_tok: torch.Tensor, rowmax: dict):
-    """Record, per position, each (head, row)'s max |S| and |A| over the row: [H, Dk, T] per call."""
+def _state_observer(layer: int, mixer, rowmax: dict):
+    """Record, per position, each (head, row)'s max |S|, |S - S0| and |A| over the row: [H, Dk, T] per call."""
     def observe(level, ka, vh, S, A, start):
-        S_pos, A_pos = la.states_by_position(ka, vh, S, A, eta_tok.detach(), start)  # [B, H, T, Dk, Dv]
-        for kind, x in (("S", S_pos), ("A", A_pos)):
+        S_pos, A_pos = la.states_by_position(ka, vh, S, A, mixer.mask_eta.detach(), start)  # [B, H, T, Dk, Dv]
+        S0 = mixer.initial_states()[level - 1].detach()[None, :, None]
+        for kind, x in (("S", S_pos), ("dS", S_pos - S0), ("A", A_pos)):
             per_row = x.abs().amax(-1).amax(0).transpose(1, 2)  # [H, Dk, T]
             key = f"{layer}.{level}.{kind}"
             rowmax.setdefault(key, []).append(per_row)
@@ -150,8 +153,8 @@ def _summarise(model, text, seq_len, samples, seed, percentile, hessians, rowmax
         bucket = torch.arange(T) * BUCKETS // T
         cal.state_rowmax[key] = torch.stack([per_sample[..., bucket == b].amax((-1, -2))
                                              for b in range(BUCKETS)], dim=-1)
-        if key.endswith(".S"):
+        if key.endswith(".dS"):
             k = max(1, min(series.shape[-1], round(percentile / 100 * series.shape[-1])))
             clip = series.float().kthvalue(k, dim=-1).values  # the percentile of each row's max
-            cal.state_scales[key[:-2]] = (clip.clamp_min(1e-8) / 127).float()
+            cal.state_scales[key[:-3]] = (clip.clamp_min(1e-8) / 127).float()
     return cal
