@@ -363,10 +363,12 @@ def format_eval_report(r: dict) -> str:
 def info(model_path, as_json):
     """Family, form, sizes, parameter count and decode-state bytes of MODEL."""
     from . import load
+    from .evaluate import model_facts
 
     model = load(model_path)
     c = model.config
     state = model.init_state(1)
+    size = model_facts(model, str(model_path))
     facts = {
         "path": str(model_path),
         "family": c.family,
@@ -379,9 +381,11 @@ def info(model_path, as_json):
         "head_dim": c.head_dim,
         "mini_batch_size": c.mini_batch_size,
         "options": {k: getattr(c, k) for k in ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")},
-        "parameters": model.num_parameters(),
-        "weights_bytes": sum(t.numel() * t.element_size() for t in model.weights().values()),
-        "decode_state_bytes_per_sequence": state.nbytes_per_sequence(),
+        "parameters": size["parameters"],
+        "weights_bytes": round(size["size_mb"] * 1e6),
+        "bits_per_weight": size["bits_per_weight"],
+        "quantization": c.quantization,
+        "decode_state_bytes_per_sequence": model.decode_state_bytes(),
         "decode_state_tensors": {k: list(t.shape[1:]) for k, t in state.layers[0].items()},
         "tokenizer": model.tokenizer.name if model.tokenizer else None,
     }
@@ -395,7 +399,9 @@ def info(model_path, as_json):
         f"  vocab {c.vocab_size}, hidden {c.hidden_size}, intermediate {c.intermediate_size}, "
         f"{c.num_hidden_layers} layers, {c.num_attention_heads} heads of {c.head_dim}, mini-batch {c.mini_batch_size}",
         f"  options: {options}; tokenizer: {facts['tokenizer']}",
-        f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB)",
+        f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB, "
+        f"{facts['bits_per_weight']:.2f} bits per weight)"
+        + (f"; quantized: {json.dumps(c.quantization)}" if c.quantization else ""),
         f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence "
         f"(per layer: {per_layer})",
     ]))

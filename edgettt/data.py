@@ -78,7 +78,7 @@ def read_text(spec: str | None) -> Text:
     """None -> the built-in sample; a built-in name; `-` -> stdin; a directory; a file."""
     spec = SAMPLE if spec is None else spec
     if spec in BUILTIN_NAMES:
-        return Text(spec if ":" in spec or spec != DOCS else f"{DOCS}:test", builtin_text(spec))
+        return Text(f"{DOCS}:test" if spec == DOCS else spec, builtin_text(spec))
     if spec == "-":
         data, name = sys.stdin.buffer.read(), "<stdin>"
     else:

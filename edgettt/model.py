@@ -101,10 +101,6 @@ class State:
     pos: int
     layers: list[dict[str, torch.Tensor]]
 
-    def nbytes_per_sequence(self) -> int:
-        batch = next(iter(self.layers[0].values())).shape[0]
-        return sum(t.numel() * t.element_size() for layer in self.layers for t in layer.values()) // batch
-
     def clone(self) -> "State":
         return State(self.pos, [{k: t.clone() for k, t in layer.items()} for layer in self.layers])
 
@@ -147,6 +143,18 @@ class CausalLM(nn.Module):
         """One decode step: ids [B] -> logits [B, V]; the state is updated in place and returned."""
         logits, state = self.prefill(input_ids[:, None], state, decode=True)
         return logits[:, 0], state
+
+    def decode_state_bytes(self) -> int:
+        """Bytes of one sequence's decode state as stored: S in its state format (int8: 1 byte,
+        fp16: 2), everything else (A, conv tails, the original layer's W and sums) as it is."""
+        per_element = {"int8": 1, "int8-tensor": 1, "fp16": 2}
+        total = 0
+        for layer, tensors in zip(self.model.layers, self.init_state(1).layers):
+            fmt = getattr(layer.seq_modeling_block, "state_format", "fp32")
+            for name, t in tensors.items():
+                size = per_element.get(fmt, t.element_size()) if name.startswith("S") else t.element_size()
+                total += t.numel() * size
+        return total
 
     def weights(self) -> dict[str, torch.Tensor]:
         """The state dict as saved: `lm_head.weight` left out when tied to the embedding."""

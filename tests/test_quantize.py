@@ -165,3 +165,18 @@ def test_bad_configs():
         quantize_(model, QuantConfig("int4", 128))
     with pytest.raises(EdgetttError, match="needs input statistics"):
         quantize_(model, QuantConfig("int4", 64, "gptq"))
+
+
+def test_missing_bitsandbytes_is_a_clear_error(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_bnb(name, *args, **kwargs):
+        if name.startswith("bitsandbytes"):
+            raise ImportError("No module named 'bitsandbytes'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_bnb)
+    with pytest.raises(EdgetttError, match="bitsandbytes is not installed .*pip install bitsandbytes"):
+        quantize_bnb4(torch.randn(4, 64), "nf4", 64)

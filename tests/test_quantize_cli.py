@@ -113,3 +113,14 @@ def test_report_end_to_end(setup, tmp_path):
     assert "KLD mean" in result.output
     bad = run("report", setup / "ttt", "--weights", "int3", "-o", tmp_path / "r2")
     assert bad.exit_code == 1 and "unknown variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
+
+
+def test_info_counts_the_int8_state_as_stored(setup, tmp_path):
+    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "int8", "--state", "int8",
+               "--calib", setup / "cal.st").exit_code == 0
+    plain, quant = (json.loads(run("info", p, "--json").output) for p in (setup / "la", tmp_path / "q"))
+    layers, H, d, C, K = 2, 4, 16, 64, 4
+    s_elems = H * (d + 1) * d  # per layer: S and A of this shape, plus one conv tail (share_qk)
+    assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)
+    assert quant["decode_state_bytes_per_sequence"] == layers * (s_elems * (1 + 4) + 4 * (K - 1) * C)
+    assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == "int8"
