@@ -120,3 +120,27 @@ def test_pickle_with_code_is_refused(tmp_path):
 def test_missing_directory(tmp_path):
     with pytest.raises(EdgetttError, match="no such directory"):
         load(tmp_path / "nowhere")
+
+
+def test_tokenizer_json_is_used_and_travels_with_the_model(tmp_path):
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    from edgettt import convert
+    from edgettt.data import Text
+    from edgettt.evaluate import conversion_report
+
+    vocab = {w: i for i, w in enumerate(["[UNK]", "def", "return", "x", "(", ")", ":", "+", "1"])}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    model = random_model(tiny_config(vocab_size=len(vocab)), 3)
+    save_model(model, tmp_path / "m")
+    tok.save(str(tmp_path / "m" / "tokenizer.json"))
+    loaded = load(tmp_path / "m")
+    assert loaded.tokenizer.name == "tokenizer.json"
+    assert loaded.tokenizer.encode("def x ( ) : return x + 1") == [1, 3, 4, 5, 6, 2, 3, 7, 8]
+    report = conversion_report(loaded, convert(loaded, "parallel"), Text("t", b"def x ( ) : return x + 1 " * 40), 32, None)
+    assert report["windows"] == (9 * 40 - 1) // 32 and report["ref"]["ppl"] > 1
+    convert(loaded, "exact").save(tmp_path / "c")
+    assert (tmp_path / "c" / "tokenizer.json").exists() and load(tmp_path / "c").tokenizer.name == "tokenizer.json"
