@@ -199,7 +199,8 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @cli.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("out", type=click.Path(file_okay=False))
-@click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "none"]), default="int8", show_default=True)
+@click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "bnb-int8", "none"]), default="int8",
+              show_default=True, help="bnb-int8: bitsandbytes' LLM.int8 (outlier columns in fp16).")
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
               help="int4: group along the input dim; nf4/fp4: bitsandbytes block size.")
 @click.option("--method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
@@ -249,8 +250,8 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
 @click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
-@click.option("--weights", "weights_list", default="int8,int4-rtn,int4-gptq,nf4", show_default=True,
-              help="Comma-separated weight variants: int8, int4-rtn, int4-gptq, nf4, fp4.")
+@click.option("--weights", "weights_list", default="int8,bnb-int8,int4-rtn,int4-gptq,nf4", show_default=True,
+              help="Comma-separated weight variants: int8, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
 @click.option("--state", "state_list", default="int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
@@ -271,8 +272,8 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
-        if w not in ("int8", "int4-rtn", "int4-gptq", "nf4", "fp4"):
-            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int4-rtn, int4-gptq, nf4, fp4")
+        if w not in ("int8", "int4-rtn", "int4-gptq", "nf4", "fp4", "bnb-int8"):
+            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int4-rtn, int4-gptq, nf4, fp4, bnb-int8")
     states = [s.strip() for s in state_list.split(",") if s.strip()]
     for s in states:
         if s not in ("fp32", "fp16", "int8", "int8-tensor"):

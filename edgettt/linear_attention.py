@@ -78,9 +78,12 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
     # A's readout by the first chunk's tokens (the later chunks see it through S_chunks)
     zbar[:, :, 0] += eta_tok[:, None] * (qa_[:, :, 0] @ A)
     zbar = zbar.reshape(B, H, N * b, -1)[:, :, front:front + T]
-    if back == 0:  # the last mini-batch is complete: commit everything
-        return zbar, S_after[:, :, -1], torch.zeros_like(A)
-    return zbar, S_chunks[:, :, -1], U[:, :, -1]
+    # when the last mini-batch is complete everything is committed, else its sum stays in A; chosen
+    # with a tensor, not a Python branch, so that an exported graph keeps both cases
+    real = F.pad(qa.new_ones(T), (front, back))
+    complete = real[-1] > 0
+    return (zbar, torch.where(complete, S_after[:, :, -1], S_chunks[:, :, -1]),
+            torch.where(complete, torch.zeros_like(A), U[:, :, -1]))
 
 
 def committed_states(S, U, eta_last, requant=None):

@@ -8,7 +8,9 @@ Formats (edgettt's own):
               scales      float [N, K/g]
               zero_points uint8 [N, ceil(K/g / 2)]  packed the same way
           w = (q - zero_point) * scale
-Formats through bitsandbytes: nf4 / fp4 (blockwise 4-bit with absmax per block).
+Formats through bitsandbytes: nf4 / fp4 (blockwise 4-bit with absmax per block), and bnb-int8
+(LLM.int8: int8 rows with absmax SCB; at run time activation columns above the outlier threshold 6
+go through fp16, the rest through an int8 matmul, as `bitsandbytes.matmul` does).
 
 Methods for int4: `rtn` (round to nearest, min/max per group) and `gptq` (GPTQ error feedback:
 columns are quantized in order and each one's rounding error is spread over the columns not yet
@@ -27,7 +29,8 @@ from torch import nn
 
 from .errors import EdgetttError
 
-WEIGHT_FORMATS = ("int8", "int4", "nf4", "fp4")
+WEIGHT_FORMATS = ("int8", "int4", "nf4", "fp4", "bnb-int8")
+LLM_INT8_THRESHOLD = 6.0
 METHODS = ("rtn", "gptq")
 STATE_FORMATS = ("fp32", "fp16", "int8", "int8-tensor")
 DEFAULT_SKIP = ("lm_head",)
@@ -166,7 +169,8 @@ def bitsandbytes():
     try:
         import bitsandbytes.functional as bnbf
     except ImportError as exc:
-        raise EdgetttError(f"bitsandbytes is not installed ({exc}); `pip install bitsandbytes` for nf4/fp4") from None
+        raise EdgetttError(f"bitsandbytes is not installed ({exc}); `pip install bitsandbytes` for nf4, fp4 "
+                           "and bnb-int8") from None
     except Exception as exc:  # a broken install raises anything at import
         raise EdgetttError(f"bitsandbytes cannot load a backend ({exc}); reinstall it for this machine") from None
     return bnbf
@@ -184,6 +188,20 @@ def dequantize_bnb4(t: dict[str, torch.Tensor], shape: tuple[int, int], quant_ty
     state = bnbf.QuantState(absmax=t["absmax"], shape=torch.Size(shape), code=t["code"], blocksize=blocksize,
                             quant_type=quant_type, dtype=torch.float32)
     return bnbf.dequantize_4bit(t["qweight"], state).float()
+
+
+def quantize_llm_int8(w: torch.Tensor) -> dict[str, torch.Tensor]:
+    cb, scb, _ = bitsandbytes().int8_vectorwise_quant(w.half().contiguous())
+    return {"qweight": cb, "scb": scb.float()}
+
+
+def llm_int8_matmul(x: torch.Tensor, t: dict[str, torch.Tensor]) -> torch.Tensor:
+    import bitsandbytes as bnb
+
+    state = bnb.MatmulLtState()
+    state.CB, state.SCB, state.threshold, state.has_fp16_weights = t["qweight"], t["scb"], LLM_INT8_THRESHOLD, False
+    flat = x.reshape(-1, x.shape[-1]).half()
+    return bnb.matmul(flat, t["qweight"], state=state).to(x.dtype).reshape(*x.shape[:-1], -1)
 
 
 # ---- the module and the entry point ---------------------------------------------------------------
@@ -209,6 +227,8 @@ class QuantLinear(nn.Module):
             return dequantize_int8(t)
         if self.fmt == "int4":
             return dequantize_int4(t)
+        if self.fmt == "bnb-int8":
+            return t["qweight"].float() * t["scb"][:, None] / 127
         return dequantize_bnb4(t, (self.out_features, self.in_features), self.fmt, self.group_size)
 
     @property
@@ -218,6 +238,8 @@ class QuantLinear(nn.Module):
         return self._weight
 
     def forward(self, x):
+        if self.fmt == "bnb-int8":
+            return llm_int8_matmul(x, self.tensors())
         return F.linear(x, self.weight.to(x.dtype))
 
     def nbytes(self) -> int:
@@ -231,6 +253,8 @@ def storage_shapes(fmt: str, N: int, K: int, group: int) -> dict[str, tuple[tupl
     """Shapes and dtypes of a QuantLinear's tensors, for building a model before loading it."""
     if fmt == "int8":
         return {"qweight": ((N, K), torch.int8), "scales": ((N,), torch.float32)}
+    if fmt == "bnb-int8":
+        return {"qweight": ((N, K), torch.int8), "scb": ((N,), torch.float32)}
     if fmt == "int4":
         blocks = K // group
         return {"qweight": ((N, blocks, group // 2), torch.uint8), "scales": ((N, blocks), torch.float32),
@@ -255,6 +279,8 @@ def quantize_weight(name: str, w: torch.Tensor, config: QuantConfig, hessian: to
                            "choose another --group-size or --skip this layer")
     if config.weights == "int8":
         return quantize_int8(w)
+    if config.weights == "bnb-int8":
+        return quantize_llm_int8(w)
     if config.weights == "int4" and config.method == "gptq":
         if hessian is None:
             raise EdgetttError(f"{name}: --method gptq needs input statistics; run `edgettt calibrate` and pass --calib")
@@ -309,7 +335,7 @@ def weight_bits(model: nn.Module) -> dict:
     """Size on disk of the weights and bits per weight (a quantized layer counts its N*K weights)."""
     n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
     n_weights = sum(t.numel() for name, t in model.weights().items() if not name.endswith(
-        (".qweight", ".scales", ".zero_points", ".absmax", ".code")) and "state_scale" not in name)
+        (".qweight", ".scales", ".zero_points", ".absmax", ".code", ".scb")) and "state_scale" not in name)
     n_weights += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
     return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_weights, "weights": n_weights}
 

@@ -180,3 +180,18 @@ def test_missing_bitsandbytes_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(builtins, "__import__", no_bnb)
     with pytest.raises(EdgetttError, match="bitsandbytes is not installed .*pip install bitsandbytes"):
         quantize_bnb4(torch.randn(4, 64), "nf4", 64)
+
+
+def test_llm_int8_through_bitsandbytes_keeps_outlier_columns_accurate():
+    from edgettt.quantize import llm_int8_matmul, quantize_llm_int8
+
+    g = torch.Generator().manual_seed(7)
+    w = torch.randn(48, 128, generator=g) / 10
+    x = torch.randn(2, 5, 128, generator=g)
+    x[..., 7] = 40.0  # an outlier feature: above the threshold, it goes through fp16
+    t = quantize_llm_int8(w)
+    assert t["qweight"].dtype == torch.int8 and t["scb"].shape == (48,)
+    y = llm_int8_matmul(x, t)
+    exact = x @ w.T
+    assert y.shape == (2, 5, 48)
+    assert ((y - exact).norm() / exact.norm()).item() < 0.02

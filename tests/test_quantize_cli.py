@@ -31,7 +31,8 @@ def setup(tmp_path_factory):
 @pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8"),
                                   ("--weights", "int4", "--method", "gptq", "--group-size", "32"),
                                   ("--weights", "int4", "--group-size", "32", "--state", "fp16"),
-                                  ("--weights", "nf4", "--group-size", "32", "--state", "int8-tensor")])
+                                  ("--weights", "nf4", "--group-size", "32", "--state", "int8-tensor"),
+                                  ("--weights", "bnb-int8")])
 def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args):
     out = tmp_path / "q"
     result = run("quantize", setup / "la", out, *args, "--calib", setup / "cal.st")
