@@ -28,7 +28,6 @@ from .tokenizer import load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_FILE = "pytorch_model.bin"
-TOKENIZER_FILE = "tokenizer.json"
 SHIPPED_MODELS = Path(__file__).parent / "models"
 
 

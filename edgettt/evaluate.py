@@ -22,7 +22,8 @@ def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
 
 @torch.no_grad()
 def collect_logits(model: CausalLM, windows: torch.Tensor, batch_size: int = 8, desc: str = "") -> torch.Tensor:
-    """Logits [N, T, V] of every window's inputs (all but its last token)."""
+    """Logits [N, T, V] of every window's inputs (all but its last token). Runs on the GPU when
+    there is one, and leaves the model there."""
     device = best_device()
     model.to(device)
     out = []

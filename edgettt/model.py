@@ -101,9 +101,6 @@ class State:
     pos: int
     layers: list[dict[str, torch.Tensor]]
 
-    def clone(self) -> "State":
-        return State(self.pos, [{k: t.clone() for k, t in layer.items()} for layer in self.layers])
-
 
 class CausalLM(nn.Module):
     def __init__(self, config: ModelConfig):
