@@ -24,6 +24,7 @@ from torch import nn
 
 from . import linear_attention as la
 from .config import ModelConfig
+from .kernels import kernels_enabled
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
 
@@ -79,7 +80,7 @@ class LinearAttentionLayer(MixerBase):
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
-        attend = la.recurrent if decode else la.chunk
+        attend = self._decode_attend if decode else la.chunk
         if self.config.form == "parallel":
             out = self._mix(state, q, k, v, lr, start, self.initial_states(), attend)
         else:  # exact: values at each mini-batch's boundary state, so one mini-batch at a time
@@ -91,6 +92,18 @@ class LinearAttentionLayer(MixerBase):
                                       start + offset, boundary, attend))
             out = torch.cat(outs, dim=2)
         return self.finish(x, out)
+
+    @staticmethod
+    def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None):
+        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA."""
+        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa):
+            return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant)
+        from .kernels.decode import decode_step
+
+        S, A = S.contiguous(), A.contiguous()  # the kernel updates them in place (the step owns the state)
+        zbar = decode_step(qa[:, :, 0].contiguous(), ka[:, :, 0].contiguous(), vh[:, :, 0].contiguous(), S, A,
+                           eta_tok.detach().contiguous(), start % eta_tok.shape[0])
+        return zbar[:, :, None], S, A
 
     def _mix(self, st, q, k, v, lr, start, value_states, attend):
         """Values at `value_states`, then the linear attention of each level. Returns [B, H, T, d]."""

@@ -1,9 +1,13 @@
 """Shared helpers: tiny random configurations and the relative-error measure tests compare by."""
 
 import itertools
+import os
 
 import pytest
 import torch
+
+if not torch.cuda.is_available():  # Triton kernels run in the interpreter; must precede their import
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from edgettt import ModelConfig, random_model
 

@@ -1,0 +1,69 @@
+"""The decode step of the linear-attention form for a batch of sequences (one token each).
+
+    A += ka^T vh;  zbar = qa (S + eta_i A);  if the token ends its mini-batch: S += eta_b A, A = 0
+
+`decode_step_ref` is the plain-torch reference, `decode_step` the Triton kernel; same signature:
+    qa, ka: [B, H, Dk]   vh: [B, H, Dv]   S, A: [B, H, Dk, Dv] (read, and updated in place)
+    eta_tok: [b] mask weights; inner: the token's index in its mini-batch (eta_i = eta_tok[inner],
+    eta_b = eta_tok[b-1]; the token commits when inner == b-1)
+    returns zbar [B, H, Dv] (written into `out` when given)
+One program handles one (sequence, head, block of Dv columns): it reads its tiles of S and A once
+and writes them once, so the step moves the state's bytes twice and little else.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
+    A += ka[..., :, None] * vh[..., None, :]
+    zbar = (qa[..., None, :] @ (S + eta_tok[inner] * A))[..., 0, :]
+    if inner == eta_tok.shape[0] - 1:
+        S += eta_tok[-1] * A
+        A.zero_()
+    if out is not None:
+        out.copy_(zbar)
+    return zbar
+
+
+@triton.jit
+def _decode_step_kernel(qa_ptr, ka_ptr, vh_ptr, s_ptr, a_ptr, z_ptr, eta_ptr, INNER, LAST, DK, DV,
+                        COMMIT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    bh = tl.program_id(0)  # one (sequence, head)
+    eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
+    eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
+    vb = tl.program_id(1)  # one block of value columns
+    k = tl.arange(0, BLOCK_K)
+    v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok, v_ok = k < DK, v < DV
+    qa = tl.load(qa_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+    ka = tl.load(ka_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)
+    vh = tl.load(vh_ptr + bh * DV + v, mask=v_ok, other=0.0).to(tl.float32)  # [BLOCK_V]
+    offs = bh * DK * DV + k[:, None] * DV + v[None, :]  # [BLOCK_K, BLOCK_V] into [B*H, Dk, Dv]
+    mask = k_ok[:, None] & v_ok[None, :]
+    s = tl.load(s_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    a = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32) + ka[:, None] * vh[None, :]
+    z = tl.sum(qa[:, None] * (s + eta_i * a), axis=0)  # [BLOCK_V]
+    tl.store(z_ptr + bh * DV + v, z.to(z_ptr.dtype.element_ty), mask=v_ok)
+    if COMMIT:
+        tl.store(s_ptr + offs, (s + eta_b * a).to(s_ptr.dtype.element_ty), mask=mask)
+        a = a * 0.0
+    tl.store(a_ptr + offs, a.to(a_ptr.dtype.element_ty), mask=mask)
+
+
+def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
+    B, H, DK = qa.shape
+    DV = vh.shape[-1]
+    for t in (qa, ka, vh, S, A):
+        assert t.is_contiguous(), "decode_step needs contiguous tensors"
+    z = torch.empty(B, H, DV, device=qa.device, dtype=vh.dtype) if out is None else out
+    block_k = triton.next_power_of_2(DK)
+    block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
+    grid = (B * H, triton.cdiv(DV, block_v))
+    last = eta_tok.shape[0] - 1
+    _decode_step_kernel[grid](qa, ka, vh, S, A, z, eta_tok, inner, last, DK, DV,
+                              COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
+    return z
