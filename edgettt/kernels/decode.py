@@ -9,6 +9,8 @@
     returns zbar [B, H, Dv] (written into `out` when given)
 One program handles one (sequence, head, block of Dv columns): it reads its tiles of S and A once
 and writes them once, so the step moves the state's bytes twice and little else.
+
+`decode_step_int8` / `decode_step_int8_ref` do the same with S stored as int8 (see below).
 """
 
 from __future__ import annotations
@@ -66,4 +68,77 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
     last = eta_tok.shape[0] - 1
     _decode_step_kernel[grid](qa, ka, vh, S, A, z, eta_tok, inner, last, DK, DV,
                               COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
+    return z
+
+
+# ---- int8 state -------------------------------------------------------------------------------
+# The state at rest is S = S0 + Sq * scale (Sq int8 [B, H, Dk, Dv], one scale per head and row
+# [H, Dk], S0 the model's initial state [H, Dk, Dv], or zeros for a state quantized as itself).
+# A stays float. At a commit S is updated in float and rounded back (half to even, like torch.round).
+
+def decode_step_int8_ref(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None):
+    S = S0[None] + Sq.float() * scale[None, :, :, None]
+    A += ka[..., :, None] * vh[..., None, :]
+    zbar = (qa[..., None, :].float() @ (S + eta_tok[inner] * A))[..., 0, :]
+    if inner == eta_tok.shape[0] - 1:
+        S = S + eta_tok[-1] * A
+        Sq.copy_(torch.clamp(torch.round((S - S0[None]) / scale[None, :, :, None]), -127, 127).to(torch.int8))
+        A.zero_()
+    if out is not None:
+        out.copy_(zbar)
+    return zbar
+
+
+@triton.jit
+def _round_half_even(x):
+    f = tl.floor(x)
+    d = x - f
+    odd = (f - 2.0 * tl.floor(f * 0.5)) != 0.0
+    return tl.where(d > 0.5, f + 1.0, tl.where(d < 0.5, f, tl.where(odd, f + 1.0, f)))
+
+
+@triton.jit
+def _decode_step_int8_kernel(qa_ptr, ka_ptr, vh_ptr, sq_ptr, scale_ptr, s0_ptr, a_ptr, z_ptr, eta_ptr,
+                             INNER, LAST, H, DK, DV,
+                             COMMIT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+    bh = tl.program_id(0)  # one (sequence, head)
+    vb = tl.program_id(1)  # one block of value columns
+    h = bh % H
+    eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
+    eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
+    k = tl.arange(0, BLOCK_K)
+    v = vb * BLOCK_V + tl.arange(0, BLOCK_V)
+    k_ok, v_ok = k < DK, v < DV
+    mask = k_ok[:, None] & v_ok[None, :]
+    qa = tl.load(qa_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)  # [BLOCK_K]
+    ka = tl.load(ka_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)
+    vh = tl.load(vh_ptr + bh * DV + v, mask=v_ok, other=0.0).to(tl.float32)  # [BLOCK_V]
+    scale = tl.load(scale_ptr + h * DK + k, mask=k_ok, other=1.0).to(tl.float32)  # [BLOCK_K]
+    row = k[:, None] * DV + v[None, :]  # [BLOCK_K, BLOCK_V] into one head's [Dk, Dv]
+    s0 = tl.load(s0_ptr + h * DK * DV + row, mask=mask, other=0.0).to(tl.float32)
+    sq = tl.load(sq_ptr + bh * DK * DV + row, mask=mask, other=0).to(tl.float32)
+    s = s0 + sq * scale[:, None]
+    a = tl.load(a_ptr + bh * DK * DV + row, mask=mask, other=0.0).to(tl.float32) + ka[:, None] * vh[None, :]
+    z = tl.sum(qa[:, None] * (s + eta_i * a), axis=0)
+    tl.store(z_ptr + bh * DV + v, z.to(z_ptr.dtype.element_ty), mask=v_ok)
+    if COMMIT:
+        q = _round_half_even((s + eta_b * a - s0) / scale[:, None])
+        q = tl.minimum(tl.maximum(q, -127.0), 127.0)
+        tl.store(sq_ptr + bh * DK * DV + row, q.to(tl.int8), mask=mask)
+        a = a * 0.0
+    tl.store(a_ptr + bh * DK * DV + row, a.to(a_ptr.dtype.element_ty), mask=mask)
+
+
+def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None):
+    B, H, DK = qa.shape
+    DV = vh.shape[-1]
+    for t in (qa, ka, vh, Sq, scale, S0, A):
+        assert t.is_contiguous(), "decode_step_int8 needs contiguous tensors"
+    z = torch.empty(B, H, DV, device=qa.device, dtype=torch.float32) if out is None else out
+    block_k = triton.next_power_of_2(DK)
+    block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
+    last = eta_tok.shape[0] - 1
+    grid = (B * H, triton.cdiv(DV, block_v))
+    _decode_step_int8_kernel[grid](qa, ka, vh, Sq, scale, S0, A, z, eta_tok, inner, last, H, DK, DV,
+                                   COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
     return z
