@@ -159,14 +159,27 @@ def save_model(model: CausalLM, path: str | os.PathLike, force: bool = False,
             (tmp / name).write_text(text)
 
 
-def check_output(path: str | os.PathLike, force: bool) -> Path:
-    """Refuse an existing output unless forced; call before any long work."""
+def check_output(path: str | os.PathLike, force: bool, directory: bool = True) -> Path:
+    """Refuse an existing output unless forced, or one of the wrong kind; call before any long work."""
     path = Path(path)
     if path.exists() and not force:
         raise EdgetttError(f"{path}: already exists; pass --force to overwrite it")
-    if path.exists() and not path.is_dir():
-        raise EdgetttError(f"{path}: exists and is not a directory; remove it or choose another name")
+    if path.exists() and path.is_dir() != directory:
+        kind = "not a directory" if directory else "a directory"
+        raise EdgetttError(f"{path}: exists and is {kind}; remove it or choose another name")
     return path
+
+
+@contextlib.contextmanager
+def output_file(path: str | os.PathLike, force: bool):
+    """Yield a temporary name beside `path`; on success it replaces `path`, on failure it goes."""
+    path = check_output(path, force, directory=False)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _usual_permissions(directory: Path) -> None:

@@ -177,14 +177,12 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     """Record what quantization needs from a converted MODEL on sample text: the input statistics of
     every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes along the
     positions, with the chosen int8 state scales."""
-    from pathlib import Path
-
     from . import load
     from .calibration import calibrate as run_calibration
+    from .checkpoint import check_output
     from .data import read_text
 
-    if Path(output).exists() and not force:
-        raise EdgetttError(f"{output}: already exists; pass --force to overwrite it")
+    check_output(output, force, directory=False)
     model = load(model_path)
     cal = run_calibration(model, read_text(data), seq_len, samples, seed, percentile)
     cal.save(output, force=force)
@@ -302,25 +300,25 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
     """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
     the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position)."""
-    from pathlib import Path
-
     from . import load
+    from .checkpoint import check_output, output_file
     from .data import read_text
     from .evaluate import evaluate, save_reference
 
     if ref_path and ref_logits:
         raise EdgetttError("--ref and --ref-logits: give one reference, not both")
     for out in (save_logits, json_path):
-        if out and Path(out).exists() and not force:
-            raise EdgetttError(f"{out}: already exists; pass --force to overwrite it")
+        if out:
+            check_output(out, force, directory=False)
     text = read_text(data)
     model = load(model_path)
     ref = load(ref_path) if ref_path else None
     report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
     if save_logits:
-        save_reference(save_logits, logits, windows, report)
+        save_reference(save_logits, logits, windows, report, force=force)
     if json_path:
-        Path(json_path).write_text(json.dumps(report, indent=2) + "\n")
+        with output_file(json_path, force) as tmp:
+            tmp.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(format_eval_report(report))
 
 

@@ -68,23 +68,18 @@ def model_facts(model: CausalLM, name: str) -> dict:
             "quantization": model.config.quantization}
 
 
-def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict) -> None:
+def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict, force: bool = False) -> None:
     """Reference logits for later comparisons: safetensors with the token windows and, as metadata,
     the text's fingerprint and the model that made them. Written atomically."""
     import json
-    import os
-    from pathlib import Path
 
     from safetensors.torch import save_file
 
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    from .checkpoint import output_file
+
     meta = {"text": json.dumps(report["text"]), "model": json.dumps(report["model"]), "ctx": str(report["ctx"])}
-    try:
+    with output_file(path, force) as tmp:
         save_file({"logits": logits.float().contiguous(), "windows": windows.contiguous()}, tmp, metadata=meta)
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:

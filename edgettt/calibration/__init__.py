@@ -16,14 +16,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import torch
 from torch import nn
 from tqdm import tqdm
 
 from .. import linear_attention as la
-from ..checkpoint import model_fingerprint
+from ..checkpoint import model_fingerprint, output_file
 from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluate import encode
@@ -47,21 +46,14 @@ class Calibration:
     def save(self, path: str | os.PathLike, force: bool = False) -> None:
         from safetensors.torch import save_file
 
-        path = Path(path)
-        if path.exists() and not force:
-            raise EdgetttError(f"{path}: already exists; pass --force to overwrite it")
         tensors = {f"hessian/{k}": v for k, v in self.hessians.items()}
         tensors.update({f"state_scale/{k}": v for k, v in self.state_scales.items()})
         tensors.update({f"state_rowmax/{k}": v for k, v in self.state_rowmax.items()})
         meta = {"edgettt_calibration": "1", "model_fingerprint": self.model_fingerprint, "text": json.dumps(self.text),
                 "seq_len": str(self.seq_len), "samples": str(self.samples), "seed": str(self.seed),
                 "percentile": str(self.percentile)}
-        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-        try:
+        with output_file(path, force) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
-            tmp.replace(path)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Calibration":
