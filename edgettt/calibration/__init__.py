@@ -75,9 +75,10 @@ class Calibration:
                    part("state_rowmax/"))
 
     def check_model(self, model: CausalLM, source: str) -> None:
-        if model_fingerprint(model) != self.model_fingerprint:
+        fingerprint = model_fingerprint(model)  # hashes every weight: once
+        if fingerprint != self.model_fingerprint:
             raise EdgetttError(f"{source}: this calibration was made for another model (fingerprint "
-                               f"{self.model_fingerprint}, this model {model_fingerprint(model)}); run "
+                               f"{self.model_fingerprint}, this model {fingerprint}); run "
                                "`edgettt calibrate` on this model")
 
     def layer_scales(self, layer: int) -> list[torch.Tensor]:
