@@ -87,7 +87,7 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
                    "python-stdlib) [default: python-docs-sample; with --distill: python-docs:train].")
 @click.option("--eval-data", default=None, metavar="TEXT",
               help="With --distill: text the report measures on [default: python-docs-sample].")
-@click.option("--ctx", default=256, show_default=True, help="Tokens per measured window.")
+@click.option("--ctx", default=256, show_default=True, help="Tokens per measured (and distillation) window.")
 @click.option("--max-tokens", default=4096, show_default=True, help="Measure at most this many tokens.")
 @click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
 @click.option("--steps", default=300, show_default=True, help="Distillation steps.")
@@ -120,8 +120,8 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
         from .distill import distill as run_distill
 
         train_text = read_text(data or "python-docs:train")
-        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr)
-        distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr,
+        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx)
+        distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr, "ctx": ctx,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
             distilled["before"] = report
