@@ -8,12 +8,21 @@
     fast.save("out")
 """
 
-from .checkpoint import load_model as load
-from .config import ModelConfig
-from .convert import convert
+import importlib
+
 from .errors import EdgetttError
-from .model import CausalLM, State
-from .random_init import random_model
+
+# Imported on first use, so that `edgettt.runner` (the edge runner) imports without torch.
+_LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("config", "ModelConfig"),
+         "convert": ("conversion", "convert"), "CausalLM": ("model", "CausalLM"), "State": ("model", "State"),
+         "random_model": ("random_init", "random_model")}
 
 __version__ = "0.1.0"
 __all__ = ["load", "convert", "ModelConfig", "CausalLM", "State", "EdgetttError", "random_model"]
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'edgettt' has no attribute {name!r}")
+    module, attr = _LAZY[name]
+    return getattr(importlib.import_module(f".{module}", __name__), attr)

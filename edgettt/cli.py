@@ -7,6 +7,7 @@ without a traceback.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import click
 
@@ -33,9 +34,12 @@ def cli():
     edgettt calibrate MODEL -o F  statistics for quantization (layer inputs, the state)
     edgettt quantize MODEL OUT    4/8-bit weights, int8/fp16 state
     edgettt report [MODEL]        the whole chain: the accuracy-vs-bits table
+    edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
+    edgettt run OUT --prompt P    generate with onnxruntime and numpy only (no torch)
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
 
-    MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny.
+    MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
+    ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
     """
 
 
@@ -404,6 +408,69 @@ def info(model_path, as_json):
         f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence "
         f"(per layer: {per_layer})",
     ]))
+
+
+@cli.command("export")
+@click.argument("model_path", metavar="MODEL")
+@click.argument("out", type=click.Path(file_okay=False))
+@click.option("--opset", default=21, show_default=True, help="ONNX opset of the default domain.")
+@click.option("--verify-data", default="python-docs-sample", show_default=True,
+              help="Text the graphs are checked on in onnxruntime against torch.")
+@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime check.")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def export_cmd(model_path, out, opset, verify_data, no_verify, force):
+    """Export a parallel-form model (float or quantized) for ONNX Runtime: OUT/prefill.onnx (any batch
+    and length, returns logits and the states), OUT/decode.onnx (one token, the states in and out)
+    and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
+    quantization, source fingerprint, verification).
+
+    int4 weights become com.microsoft.MatMulNBits and nf4/fp4 com.microsoft.MatMulBnb4 over the
+    model's own bytes; int8 weights DequantizeLinear + MatMul; an int8 state crosses the graphs as
+    int8 (QuantizeLinear/DequantizeLinear with the calibrated scales). By default both graphs run in
+    onnxruntime on --verify-data and must match torch (float: relative error < 1e-4; quantized:
+    KLD <= 1e-4; prefill-then-decode equal to prefill); otherwise nothing is written.
+    """
+    from . import load
+    from .checkpoint import check_output
+    from .data import read_text
+    from .export import export_model
+
+    check_output(out, force)
+    model = load(model_path)
+    text = None if no_verify else read_text(verify_data)
+    click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out} ...", err=True)
+    data = export_model(model, out, str(model_path), opset=opset, force=force, verify_text=text)
+    sizes = {g["file"]: (Path(out) / g["file"]).stat().st_size for g in data["graphs"].values()}
+    click.echo(f"wrote {out}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) + ", manifest.json")
+    if "verification" in data:
+        click.echo(f"verified in onnxruntime ({data['verification']['rule']}): {data['verification']['summary']}")
+
+
+@cli.command("run")
+@click.argument("export_dir", metavar="OUT_DIR", type=click.Path(file_okay=False))
+@click.option("--prompt", required=True, help="Text to continue.")
+@click.option("--max-new-tokens", default=64, show_default=True)
+@click.option("--temperature", default=0.0, show_default=True, help="0: greedy.")
+@click.option("--seed", default=0, show_default=True)
+@click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads [default: its own].")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the timings here.")
+def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json_path):
+    """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
+    then decode token by token, streaming the text; prints tokens/s and peak memory at the end."""
+    from .runner import Runner, peak_memory_mb
+
+    runner = Runner(export_dir, threads)
+    stats: dict = {}
+    click.echo(prompt, nl=False)
+    for piece in runner.generate(prompt, max_new_tokens, temperature, seed, stats):
+        click.echo(piece, nl=False)
+    stats["peak_memory_mb"] = peak_memory_mb()
+    click.echo("")
+    click.echo(f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tokens_per_s']:.1f} tokens/s; "
+               f"decode {stats['new_tokens']} tokens at {stats['decode_tokens_per_s']:.1f} tokens/s; "
+               f"peak memory {stats['peak_memory_mb']:.0f} MB", err=True)
+    if json_path:
+        Path(json_path).write_text(json.dumps(stats, indent=2) + "\n")
 
 
 def main():

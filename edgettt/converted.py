@@ -58,8 +58,11 @@ class LinearAttentionLayer(MixerBase):
             return None
         if self.state_format == "fp16":
             return lambda S: S.half().to(S.dtype)
-        scale = getattr(self, f"state_scale_{level}")[None, :, :, None]  # [1, H, Dk, 1]
-        offset = self.initial_states()[level - 1].detach()[None] if self.state_format == "int8" else 0
+        # [H, Dk, Dv], no size-1 dims: they broadcast against any S, also inside an exported Scan
+        # (whose captured tensors get dynamic sizes, which a size-1 dim would not broadcast with)
+        s0 = self.initial_states()[level - 1].detach()
+        scale = getattr(self, f"state_scale_{level}")[:, :, None].expand_as(s0)
+        offset = s0 if self.state_format == "int8" else 0
         return lambda S: offset + torch.clamp(torch.round((S - offset) / scale), -127, 127) * scale
 
     def initial_states(self) -> list[torch.Tensor]:

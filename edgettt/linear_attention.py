@@ -8,7 +8,7 @@ mini-batch. Three computations share one signature (as in flash-linear-attention
 
     fn(qa, ka, vh, S, A, eta_tok, start, requant=None) -> (Zbar, S, A)
     qa, ka: [B, H, T, Dk]   vh: [B, H, T, Dv]   S, A: [B, H, Dk, Dv]   eta_tok: [b]
-    start: position of the first token (only start % b matters)
+    start: position of the first token (only start % b matters; `recurrent` also takes a 0-d tensor)
     requant: optional S -> S applied at every mini-batch commit (a quantized state: S is rounded
              T/b times, while A keeps full precision inside the mini-batch)
 
@@ -91,6 +91,14 @@ def committed_states(S, U, eta_last, requant=None):
     a loop that rounds S at every commit."""
     if requant is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
+    if torch.compiler.is_exporting():  # a graph of any length: the loop becomes one ONNX Scan
+        from torch._higher_order_ops.scan import scan
+
+        def commit(S, U_n):
+            S = requant(S + eta_last * U_n)
+            return S, S.clone()
+
+        return scan(commit, S, U, dim=2)[1]  # [B, H, N, Dk, Dv], stacked along dim 2
     out = []
     for n in range(U.shape[2]):
         S = requant(S + eta_last * U[:, :, n])
@@ -122,7 +130,12 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
         inner = (start + t) % b
         A = A + ka[:, :, t, :, None] * vh[:, :, t, None, :]
         outputs.append((qa[:, :, t, None] @ (S + eta_tok[inner] * A)))
-        if inner == b - 1:  # end of a mini-batch: commit
+        if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
+            commit = inner == b - 1
+            S_next = S + eta_tok[-1] * A
+            S_next = S_next if requant is None else requant(S_next)
+            S, A = torch.where(commit, S_next, S), torch.where(commit, torch.zeros_like(A), A)
+        elif inner == b - 1:  # end of a mini-batch: commit
             S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
             if requant is not None:
                 S = requant(S)

@@ -26,22 +26,29 @@ def perplexity(logits: torch.Tensor, targets: torch.Tensor, n_bytes: int | None 
     return out
 
 
+def kld(ref_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(ref || model) of the next-token distribution at every position: [...] (the last dim is V)."""
+    ref_logp = torch.log_softmax(ref_logits.double(), dim=-1)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    return (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0)
+
+
 def drift(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.Tensor,
           n_bytes: int | None = None, buckets: int = 8) -> dict:
     """Perplexity of both, KL(ref || model) statistics, top-1 agreement, RMS dp, KLD by position."""
     ref_logp = torch.log_softmax(ref_logits.double(), dim=-1)
     logp = torch.log_softmax(logits.double(), dim=-1)
-    kld = (ref_logp.exp() * (ref_logp - logp)).sum(-1).clamp_min(0)  # [N, T]
+    per_token = kld(ref_logits, logits)  # [N, T]
     ref_top = ref_logp.argmax(-1)
     top1 = (logp.argmax(-1) == ref_top).double()
     dp = logp.gather(-1, ref_top[..., None]).exp() - ref_logp.gather(-1, ref_top[..., None]).exp()
-    flat = kld.flatten()
+    flat = per_token.flatten()
     q = torch.quantile(flat, torch.tensor([0.5, 0.9, 0.99, 0.999], dtype=flat.dtype)).tolist()
     stderr = flat.std().item() / math.sqrt(flat.numel()) if flat.numel() > 1 else 0.0
     ref, test = perplexity(ref_logits, targets, n_bytes), perplexity(logits, targets, n_bytes)
-    T = kld.shape[1]
+    T = per_token.shape[1]
     bucket_of = torch.arange(T) * buckets // T
-    by_position = [kld[:, bucket_of == i].mean().item() for i in range(min(buckets, T))]
+    by_position = [per_token[:, bucket_of == i].mean().item() for i in range(min(buckets, T))]
     return {
         "ref": ref,
         "model": test,

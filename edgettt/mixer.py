@@ -51,7 +51,8 @@ class MixerBase(nn.Module):
         else:
             q, k = self.q_proj(x), self.k_proj(x)
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(self.v_proj(x))
-        positions = torch.arange(start, start + x.shape[1], device=x.device) % self.config.mini_batch_size
+        # `start` is an int, or a 0-d tensor in an exported decode graph
+        positions = (torch.arange(x.shape[1], device=x.device) + start) % self.config.mini_batch_size
         theta = self.config.rope_theta
         return rotary(q, positions, theta), rotary(k, positions, theta), v
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from . import metrics
 from .calibration import calibrate
-from .convert import convert
+from .conversion import convert
 from .data import Text, token_windows
 from .evaluate import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM

@@ -85,7 +85,7 @@ def kld(model, ref_logits, ids):
 
 
 def quantized(model, config, cal=None):
-    from edgettt.convert import convert as copy_of
+    from edgettt.conversion import convert as copy_of
 
     q = copy_of(model, model.form)
     quantize_(q, config, cal.hessians if cal else None)

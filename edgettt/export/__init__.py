@@ -1,0 +1,248 @@
+"""Export a converted (parallel-form) model to ONNX Runtime (DESIGN section 6).
+
+    export_model(model, "out/", name="ttt-linear-tiny-parallel")
+
+writes `prefill.onnx` (input ids [batch, tokens] -> logits and every state tensor after the text),
+`decode.onnx` (one token, the position inside the mini-batch and the states -> logits and the new
+states; a mini-batch commit is a Where, not a branch) and `manifest.json`, everything the
+numpy + onnxruntime runner (`edgettt.runner`) needs. Quantized weights go out as the ONNX Runtime
+operators that read their bytes unchanged (see `onnx_ops`); an int8 state crosses the graph
+boundary as int8 (S - S0 over the calibrated per-row scales).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io as io_module
+import json
+import logging
+import warnings
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from ..errors import EdgetttError
+from ..model import CausalLM, State
+from ..quantize import QuantLinear
+from . import onnx_ops
+
+EXPORT_FORMAT = 1
+DEFAULT_OPSET = 21  # QuantizeLinear / DequantizeLinear per axis, as ONNX Runtime >= 1.17 reads them
+INT8_STATES = ("int8", "int8-tensor")
+SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
+
+
+class ExportLinear(nn.Module):
+    """A QuantLinear as the custom op its ONNX node is made from; holds the quantized bytes as they are."""
+
+    def __init__(self, q: QuantLinear):
+        super().__init__()
+        self.fmt, self.K, self.N, self.group = q.fmt, q.in_features, q.out_features, q.group_size
+        t = q.tensors()
+        if self.fmt == "int4":
+            self.register_buffer("qweight", t["qweight"])  # [N, K/g, g/2]: MatMulNBits' B as it is
+            self.register_buffer("scales", t["scales"].reshape(-1))
+            self.register_buffer("zero_points", t["zero_points"].reshape(-1))
+        elif self.fmt in ("int8", "bnb-int8"):
+            self.register_buffer("qweight_t", t["qweight"].T.contiguous())  # [K, N] for MatMul
+            self.register_buffer("scales", t["scales"] if self.fmt == "int8" else t["scb"] / 127)
+        else:  # nf4 / fp4: bitsandbytes' packed bytes and per-block absmax
+            self.register_buffer("qweight", t["qweight"].reshape(-1))
+            self.register_buffer("absmax", t["absmax"])
+
+    def forward(self, x):
+        if self.fmt == "int4":
+            return onnx_ops.matmul_nbits(x, self.qweight, self.scales, self.zero_points, self.K, self.N, self.group)
+        if self.fmt in ("int8", "bnb-int8"):
+            return onnx_ops.matmul_int8(x, self.qweight_t, self.scales)
+        return onnx_ops.matmul_bnb4(x, self.qweight, self.absmax, self.K, self.N, self.group,
+                                    onnx_ops.BNB4_QUANT_TYPE[self.fmt])
+
+
+def exportable_copy(model: CausalLM) -> CausalLM:
+    """A copy of `model` whose quantized layers call the export ops. Refuses what ONNX cannot express."""
+    if model.form != "parallel":
+        first = "model.layers.0.seq_modeling_block"
+        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no parallel "
+                           "prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export that")
+    model = copy.deepcopy(model).float().eval()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, QuantLinear):
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, child, ExportLinear(module))
+    return model
+
+
+def state_specs(model: CausalLM) -> list[dict]:
+    """Every decode-state tensor, in graph order: name, per-sequence shape, dtype and quantization."""
+    specs = []
+    for i, (layer, tensors) in enumerate(zip(model.model.layers, model.init_state(1).layers)):
+        mixer = layer.seq_modeling_block
+        fmt = getattr(mixer, "state_format", "fp32")
+        for name, t in tensors.items():
+            spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
+            if name.startswith("S") and fmt in INT8_STATES:
+                level = int(name[1:])
+                spec["dtype"] = "int8"
+                spec["quantization"] = {"format": fmt, "axis_rows": "heads x rows",
+                                        "dequantize": "S0 + q * scale[head, row]" if fmt == "int8" else "q * scale[head, row]"}
+            specs.append(spec)
+    return specs
+
+
+def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
+    """(S0, scale, rows) of every int8 state tensor: S = S0 + q * scale, scale [H, Dk], rows = H * Dk."""
+    params = {}
+    for spec in specs:
+        if spec["dtype"] != "int8":
+            continue
+        mixer = model.model.layers[spec["layer"]].seq_modeling_block
+        level = int(spec["tensor"][1:])
+        scale = getattr(mixer, f"state_scale_{level}").float()
+        S0 = mixer.initial_states()[level - 1].detach().float()
+        params[spec["name"]] = (torch.zeros_like(S0) if mixer.state_format == "int8-tensor" else S0, scale, scale.numel())
+    return params
+
+
+class PrefillGraph(nn.Module):
+    """input_ids [B, T] -> (logits [B, T, V], *states after the text), from a fresh state. A quantized
+    state is rounded at every mini-batch commit, as in torch: one ONNX Scan over the mini-batches."""
+
+    def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
+        super().__init__()
+        self.model, self.specs, self.int8_params = model, specs, int8_params
+
+    def forward(self, input_ids):
+        logits, state = self.model.prefill(input_ids)
+        return (logits, *flatten_state(self.specs, self.int8_params, state))
+
+
+class DecodeGraph(nn.Module):
+    """(input_ids [B, 1], inner_position [] int64, *states) -> (logits [B, 1, V], *new states)."""
+
+    def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
+        super().__init__()
+        self.model, self.specs, self.int8_params = model, specs, int8_params
+
+    def forward(self, input_ids, inner_position, *states):
+        layers = [{} for _ in self.model.model.layers]
+        for spec, t in zip(self.specs, states):
+            if spec["dtype"] == "int8":
+                t = onnx_ops.dequantize_state(t, *self.int8_params[spec["name"]])
+            layers[spec["layer"]][spec["tensor"]] = t
+        logits, state = self.model.prefill(input_ids, State(inner_position, layers), decode=True)
+        return (logits, *flatten_state(self.specs, self.int8_params, state))
+
+
+def flatten_state(specs: list[dict], int8_params: dict, state: State) -> list[torch.Tensor]:
+    out = []
+    for spec in specs:
+        t = state.layers[spec["layer"]][spec["tensor"]]
+        if spec["dtype"] == "int8":
+            t = onnx_ops.quantize_state(t, *int8_params[spec["name"]])
+        out.append(t)
+    return out
+
+
+def _io(name, dtype, shape, role, **extra):
+    return {"name": name, "dtype": dtype, "shape": shape, "role": role, **extra}
+
+
+def graph_io(model: CausalLM) -> dict:
+    """Names, dtypes, shapes and roles of both graphs' inputs and outputs (for the manifest)."""
+    V = model.config.vocab_size
+    states_in = [_io(f"state.{s['name']}", s["dtype"], ["batch", *s["shape"]], "state", state=s["name"])
+                 for s in state_specs(model)]
+    states_out = [dict(s, name="new_" + s["name"]) for s in states_in]
+    return {
+        "prefill": {"file": "prefill.onnx",
+                    "inputs": [_io("input_ids", "int64", ["batch", "tokens"], "input_ids")],
+                    "outputs": [_io("logits", "float32", ["batch", "tokens", V], "logits"), *states_out]},
+        "decode": {"file": "decode.onnx",
+                   "inputs": [_io("input_ids", "int64", ["batch", 1], "input_ids"),
+                              _io("inner_position", "int64", [], "inner_position",
+                                  doc="position of the token inside its mini-batch: position % mini_batch_size"),
+                              *states_in],
+                   "outputs": [_io("logits", "float32", ["batch", 1, V], "logits"), *states_out]},
+    }
+
+
+def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path: Path, opset: int) -> None:
+    names_in = [x["name"] for x in io["inputs"]]
+    names_out = [x["name"] for x in io["outputs"]]
+    chatter = contextlib.redirect_stderr(io_module.StringIO())  # the exporter's progress lines and warnings
+    with chatter, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        program = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset, input_names=names_in,
+                                    output_names=names_out, dynamic_shapes=tuple(dynamic), verbose=False,
+                                    custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)
+    program.save(str(path), external_data=False)
+
+
+def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET) -> dict:
+    """Write prefill.onnx and decode.onnx for `model` into `directory`; returns their I/O description."""
+    model = exportable_copy(model)
+    io = graph_io(model)
+    specs = state_specs(model)
+    int8_params = int8_state_params(model, specs)
+    prefill, decode = PrefillGraph(model, specs, int8_params), DecodeGraph(model, specs, int8_params)
+    batch, tokens = torch.export.Dim.DYNAMIC, torch.export.Dim.DYNAMIC
+    b = model.config.mini_batch_size
+    # example shapes that fix nothing: batch 2, a length that is neither 1 nor a multiple of b
+    ids = torch.randint(0, model.config.vocab_size, (2, 2 * b + 3))
+    with torch.no_grad():
+        _export_graph(prefill, (ids,), io["prefill"], [{0: batch, 1: tokens}],
+                      directory / "prefill.onnx", opset)
+        states = prefill(ids)[1:]
+        decode_args = (ids[:, :1], torch.tensor(3), *states)
+        dynamic = [{0: batch}, None, tuple({0: batch} for _ in states)]  # *states is one argument
+        _export_graph(decode, decode_args, io["decode"], dynamic, directory / "decode.onnx", opset)
+    return io
+
+
+def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
+    from ..checkpoint import model_fingerprint
+    from ..quantize import weight_bits
+
+    tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
+        {"type": "tokenizer.json", "file": "tokenizer.json"}
+    return {
+        "edgettt_export": EXPORT_FORMAT, "opset": opset, "onnxruntime_domains": ["", "com.microsoft"],
+        "source": {"model": name, "fingerprint": model_fingerprint(model), "family": model.config.family,
+                   "form": model.form, "quantization": model.config.quantization, **weight_bits(model)},
+        "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,
+        "tokenizer": tokenizer, "state": state_specs(model), "graphs": io,
+        # onnxruntime options the graphs need: without this, its QDQ fusions turn DequantizeLinear +
+        # MatMul of int8 weights into a matmul on dynamically quantized activations (relative error
+        # of logits 1e-2 instead of 1e-6 on ttt-linear-tiny)
+        "session_config": SESSION_CONFIG,
+    }
+
+
+def write_manifest(directory: Path, data: dict) -> None:
+    (directory / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
+
+
+def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
+                 verify_text=None) -> dict:
+    """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out`
+    atomically: a failed export or verification leaves nothing behind. Returns the manifest."""
+    from ..checkpoint import output_dir
+    from .verify import verify
+
+    with output_dir(out, force) as tmp:
+        io = export_graphs(model, tmp, opset)
+        data = manifest(model, name, io, opset)
+        if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
+            model.tokenizer.save(tmp)
+        write_manifest(tmp, data)
+        if verify_text is not None:
+            data["verification"] = verify(model, tmp, verify_text)
+            write_manifest(tmp, data)
+            if not data["verification"]["passed"]:
+                raise EdgetttError(f"{out}: onnxruntime disagrees with torch ({data['verification']['summary']}); "
+                                   "nothing written")
+    return data
