@@ -206,7 +206,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
               help="int4: group along the input dim; nf4/fp4: bitsandbytes block size.")
 @click.option("--method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
-              help="int4: round to nearest, or GPTQ error feedback (needs --calib).")
+              help="int4, int8: round to nearest, or GPTQ error feedback (needs --calib).")
 @click.option("--state", type=click.Choice(["fp32", "fp16", "int8", "int8-tensor"]), default="fp32", show_default=True,
               help="int8: calibrated per-row scales (needs --calib); int8-tensor: one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
@@ -252,8 +252,8 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
 @click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
-@click.option("--weights", "weights_list", default="int8,bnb-int8,int4-rtn,int4-gptq,nf4", show_default=True,
-              help="Comma-separated weight variants: int8, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
+@click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn,int4-gptq,nf4", show_default=True,
+              help="Comma-separated weight variants: int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
 @click.option("--state", "state_list", default="int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
@@ -261,9 +261,12 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
               help="Form to convert a TTT checkpoint to.")
 @click.option("--ctx", default=2048, show_default=True, help="Context length (and calibration length).")
 @click.option("--max-tokens", default=100_000, show_default=True)
+@click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
+                                           "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
 @click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path(file_okay=False))
 @click.option("--force", is_flag=True, help="Overwrite the output directory.")
-def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, output, force):
+def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, onnx, output,
+           force):
     """Convert, calibrate, quantize every variant and measure each against the float model: the
     accuracy-vs-bits table (printed; report.json/.csv/.md and PNG plots in the output directory).
     With no MODEL, runs on the shipped ttt-linear-tiny."""
@@ -274,15 +277,17 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
-        if w not in ("int8", "int4-rtn", "int4-gptq", "nf4", "fp4", "bnb-int8"):
-            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int4-rtn, int4-gptq, nf4, fp4, bnb-int8")
+        if w not in ("int8", "int8-gptq", "int4-rtn", "int4-gptq", "nf4", "fp4", "bnb-int8"):
+            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, "
+                               "bnb-int8")
     states = [s.strip() for s in state_list.split(",") if s.strip()]
     for s in states:
         if s not in ("fp32", "fp16", "int8", "int8-tensor"):
             raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
     with output_dir(output, force) as tmp:
         result = build_report(load(model_path), str(model_path), read_text(data), read_text(calib_data),
-                              variants(names, states, int(group_size)), ctx, max_tokens, form, log=click.echo)
+                              variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
+                              log=click.echo)
         write(result, tmp)
     click.echo(table(result))
     click.echo(f"wrote {output}/report.json, report.csv, report.md, accuracy_vs_size.png, kld_by_position.png")

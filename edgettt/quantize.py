@@ -12,9 +12,9 @@ Formats through bitsandbytes: nf4 / fp4 (blockwise 4-bit with absmax per block),
 (LLM.int8: int8 rows with absmax SCB; at run time activation columns above the outlier threshold 6
 go through fp16, the rest through an int8 matmul, as `bitsandbytes.matmul` does).
 
-Methods for int4: `rtn` (round to nearest, min/max per group) and `gptq` (GPTQ error feedback:
-columns are quantized in order and each one's rounding error is spread over the columns not yet
-quantized, weighted by the inverse Hessian of the layer's inputs, from `edgettt calibrate`).
+Methods for int4 and int8: `rtn` (round to nearest; int4: min/max per group) and `gptq` (GPTQ error
+feedback: columns are quantized in order and each one's rounding error is spread over the columns
+not yet quantized, weighted by the inverse Hessian of the layer's inputs, from `edgettt calibrate`).
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ class QuantConfig:
             raise EdgetttError(f"--method {self.method!r}: expected one of {', '.join(METHODS)}")
         if self.state not in STATE_FORMATS:
             raise EdgetttError(f"--state {self.state!r}: expected one of {', '.join(STATE_FORMATS)}")
-        if self.method == "gptq" and self.weights != "int4":
-            raise EdgetttError("--method gptq applies to --weights int4 only")
+        if self.method == "gptq" and self.weights not in ("int4", "int8"):
+            raise EdgetttError("--method gptq applies to --weights int4 and int8 only")
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "skip": list(self.skip)}
@@ -130,9 +130,12 @@ def quantize_int4_rtn(w: torch.Tensor, group: int) -> dict[str, torch.Tensor]:
     return pack_int4(int4_codes(w, scale, zero), scale, zero)
 
 
-def quantize_int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor, damp: float = 0.01,
-                       block: int = 128) -> dict[str, torch.Tensor]:
-    """GPTQ with per-group asymmetric scales chosen from the error-updated weights."""
+def gptq(w: torch.Tensor, hessian: torch.Tensor, round_column, damp: float = 0.01, block: int = 128) -> None:
+    """GPTQ error feedback: columns are rounded in order, and each one's rounding error is spread
+    over the columns not yet rounded, weighted by the inverse Hessian of the layer's inputs.
+
+    `round_column(col, ahead)` returns column `col` rounded (dequantized, [N]); `ahead()` gives the
+    error-updated weights from `col` on ([N, K - col]), for formats that choose their grid late."""
     w = w.clone().float()
     N, K = w.shape
     H = hessian.clone().double()
@@ -141,26 +144,46 @@ def quantize_int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor, damp:
     w[:, dead] = 0
     H += damp * torch.diag(H).mean() * torch.eye(K, dtype=H.dtype)
     Hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(H)), upper=True).float()
-    codes = torch.zeros_like(w)
-    scale = torch.zeros(N, K // group)
-    zero = torch.zeros(N, K // group)
     for b0 in range(0, K, block):
         b1 = min(b0 + block, K)
         W1, Err = w[:, b0:b1].clone(), torch.zeros(N, b1 - b0)
         for i in range(b1 - b0):
             col = b0 + i
-            if col % group == 0:  # choose the group's grid from the weights as updated so far
-                g = col // group
-                scale[:, g:g + 1], zero[:, g:g + 1] = int4_group_params(
-                    torch.cat((W1[:, i:], w[:, b1:]), dim=1)[:, :group], group)
-            g = col // group
-            q = torch.clamp(torch.round(W1[:, i] / scale[:, g]) + zero[:, g], 0, 15)
-            codes[:, col] = q
-            err = (W1[:, i] - (q - zero[:, g]) * scale[:, g]) / Hinv[col, col]
+            rounded = round_column(col, lambda: torch.cat((W1[:, i:], w[:, b1:]), dim=1))
+            err = (W1[:, i] - rounded) / Hinv[col, col]
             W1[:, i:] -= err[:, None] * Hinv[col, col:b1][None, :]
             Err[:, i] = err
         w[:, b1:] -= Err @ Hinv[b0:b1, b1:]
+
+
+def quantize_int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+    """GPTQ with per-group asymmetric scales chosen from the error-updated weights."""
+    N, K = w.shape
+    codes, scale, zero = torch.zeros(N, K), torch.zeros(N, K // group), torch.zeros(N, K // group)
+
+    def round_column(col, ahead):
+        g = col // group
+        if col % group == 0:  # choose the group's grid from the weights as updated so far
+            scale[:, g:g + 1], zero[:, g:g + 1] = int4_group_params(ahead()[:, :group], group)
+        codes[:, col] = torch.clamp(torch.round(ahead()[:, 0] / scale[:, g]) + zero[:, g], 0, 15)
+        return (codes[:, col] - zero[:, g]) * scale[:, g]
+
+    gptq(w, hessian, round_column)
     return pack_int4(codes, scale, zero)
+
+
+def quantize_int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+    """GPTQ with the per-channel symmetric int8 grid of `quantize_int8` (scales from the weights)."""
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
+    codes = torch.zeros(w.shape, dtype=torch.int8)
+
+    def round_column(col, ahead):
+        q = torch.round(ahead()[:, 0] / scale).clamp(-127, 127)
+        codes[:, col] = q.to(torch.int8)
+        return q * scale
+
+    gptq(w, hessian, round_column)
+    return {"qweight": codes, "scales": scale.float()}
 
 
 # ---- bitsandbytes ---------------------------------------------------------------------------------
@@ -277,13 +300,13 @@ def quantize_weight(name: str, w: torch.Tensor, config: QuantConfig, hessian: to
     if config.weights in ("int4", "nf4", "fp4") and K % config.group_size:
         raise EdgetttError(f"{name}: group size {config.group_size} does not divide its input size {K}; "
                            "choose another --group-size or --skip this layer")
+    if config.method == "gptq" and hessian is None:
+        raise EdgetttError(f"{name}: --method gptq needs input statistics; run `edgettt calibrate` and pass --calib")
     if config.weights == "int8":
-        return quantize_int8(w)
+        return quantize_int8_gptq(w, hessian) if config.method == "gptq" else quantize_int8(w)
     if config.weights == "bnb-int8":
         return quantize_llm_int8(w)
     if config.weights == "int4" and config.method == "gptq":
-        if hessian is None:
-            raise EdgetttError(f"{name}: --method gptq needs input statistics; run `edgettt calibrate` and pass --calib")
         return quantize_int4_gptq(w, config.group_size, hessian)
     if config.weights == "int4":
         return quantize_int4_rtn(w, config.group_size)

@@ -16,7 +16,9 @@ from . import metrics
 from .calibration import calibrate
 from .conversion import convert
 from .data import Text, token_windows
+from .errors import EdgetttError
 from .evaluate import collect_logits, encode, model_facts, target_bytes
+from .export.speed import onnx_speed
 from .model import CausalLM
 from .quantize import QuantConfig, apply_state_format, quantize_
 
@@ -33,6 +35,8 @@ class Variant:
         w = {"none": "w-float"}.get(self.weights, f"w-{self.weights}")
         if self.weights == "int4":
             w += f"-{self.method}-g{self.group_size}"
+        elif self.method != "rtn":
+            w += f"-{self.method}"
         elif self.weights in ("nf4", "fp4"):
             w += f"-b{self.group_size}"
         return f"{w} s-{self.state}"
@@ -45,16 +49,22 @@ def variants(weights: list[str], states: list[str], group_size: int) -> list[Var
     """Every weight format with a float state, then every state format with float weights."""
     out = []
     for w in weights:
-        method, fmt = (w.split("-", 1)[1], "int4") if w.startswith("int4-") else ("rtn", w)
+        fmt, _, method = w.partition("-") if w.endswith(("-rtn", "-gptq")) else (w, "", "")
+        method = method or "rtn"
         out.append(Variant(fmt, method, group_size))
     out += [Variant("none", state=s) for s in states if s != "fp32"]
     return out
 
 
 def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Text, variant_list: list[Variant],
-                 ctx: int, max_tokens: int, form: str = "exact", calib_samples: int = 4, log=print) -> dict:
+                 ctx: int, max_tokens: int, form: str = "exact", calib_samples: int = 4, onnx: bool = False,
+                 log=print) -> dict:
+    """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form)."""
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
+    if onnx and converted.form != "parallel":
+        raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
+                           "pass --form parallel (or a parallel-form model such as ttt-linear-tiny-parallel)")
     windows = token_windows(encode(converted, text), ctx, max_tokens)
     targets, n_bytes = windows[:, 1:], target_bytes(converted, windows)
     log(f"reference logits: {converted.form} form on {text.name}, {windows.shape[0]} x {ctx} tokens")
@@ -65,6 +75,8 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     cal = calibrate(converted, calib_text, seq_len=ctx, samples=calib_samples)
     rows = [_row("float (converted)", "float", "fp32", model_facts(converted, "ref"),
                  metrics.drift(ref_logits, ref_logits, targets, n_bytes), None)]
+    if onnx:
+        rows[0].update(onnx_speed(converted))
     for v in variant_list:
         model = convert(converted, converted.form)  # a fresh copy
         quantize_(model, v.config(), cal.hessians)
@@ -73,6 +85,8 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
         d = metrics.drift(ref_logits, collect_logits(model, windows, desc=v.name), targets, n_bytes)
         rows.append(_row(v.name, v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name),
                          d, orig_ppl))
+        if onnx:
+            rows[-1].update(onnx_speed(model))
         log(f"  {v.name:28s} {rows[-1]['size_mb']:6.2f} MB  KLD {d['kld_mean']:.5f}  top-1 {100 * d['top1']:.2f}%")
     return {"model": source_name, "form": converted.form, "text": text.fingerprint(),
             "calibration_text": calib_text.fingerprint(), "ctx": ctx, "windows": windows.shape[0],
@@ -95,9 +109,19 @@ COLUMNS = [("variant", "{}"), ("weights", "{}"), ("state", "{}"), ("size_mb", "{
            ("top1", "{:.2%}"), ("rms_dp", "{:.3%}")]
 
 
+ONNX_COLUMNS = [("onnx_decode_mb", "{:.2f}"), ("ort_prefill_tokens_per_s", "{:.0f}"),
+                ("ort_decode_tokens_per_s", "{:.1f}")]
+
+
+def columns(report: dict) -> list[tuple[str, str]]:
+    return COLUMNS + (ONNX_COLUMNS if "onnx_decode_mb" in report["rows"][0] else [])
+
+
 def table(report: dict) -> str:
     head = ["variant", "weights", "state", "MB", "bits/w", "PPL", "dPPL %", "KLD mean", "KLD p99", "top-1", "RMS dp"]
-    body = [[fmt.format(row[key]) for key, fmt in COLUMNS] for row in report["rows"]]
+    if "onnx_decode_mb" in report["rows"][0]:
+        head += ["decode.onnx MB", "ORT prefill tok/s", "ORT decode tok/s"]
+    body = [[fmt.format(row[key]) for key, fmt in columns(report)] for row in report["rows"]]
     widths = [max(len(x) for x in col) for col in zip(head, *body)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
     return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in body])
@@ -107,15 +131,15 @@ def write(report: dict, out: Path) -> None:
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     with open(out / "report.csv", "w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow([k for k, _ in COLUMNS] + ["kld_by_position"])
+        writer.writerow([k for k, _ in columns(report)] + ["kld_by_position"])
         for row in report["rows"]:
-            writer.writerow([row[k] for k, _ in COLUMNS] + [" ".join(f"{x:.6g}" for x in row["kld_by_position"])])
+            writer.writerow([row[k] for k, _ in columns(report)] + [" ".join(f"{x:.6g}" for x in row["kld_by_position"])])
     t = report["text"]
     md = [f"# Accuracy vs bits: {report['model']} ({report['form']} form)", "",
           f"Text {t['name']} ({t['bytes']} bytes, sha256 {t['sha256']}), {report['windows']} windows x "
           f"{report['ctx']} tokens; reference: the unquantized converted model.", ""]
-    md += ["| " + " | ".join(k for k, _ in COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(fmt.format(r[k]) for k, fmt in COLUMNS) + " |" for r in report["rows"]]
+    md += ["| " + " | ".join(k for k, _ in columns(report)) + " |", "|" + "---|" * len(columns(report))]
+    md += ["| " + " | ".join(fmt.format(r[k]) for k, fmt in columns(report)) + " |" for r in report["rows"]]
     md += ["", "KLD by position bucket (first to last):", ""]
     md += [f"- {r['variant']}: " + ", ".join(f"{x:.5f}" for x in r["kld_by_position"]) for r in report["rows"]]
     (out / "report.md").write_text("\n".join(md) + "\n")

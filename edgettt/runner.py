@@ -28,7 +28,7 @@ class ByteCodec:
         import codecs
 
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda ids: decoder.decode(bytes(ids))
+        return lambda ids, final=False: decoder.decode(bytes(ids), final=final)
 
 
 class JsonCodec:
@@ -44,7 +44,7 @@ class JsonCodec:
         seen: list[int] = []
         shown = [""]
 
-        def push(ids):
+        def push(ids, final=False):
             seen.extend(ids)
             text = self.tok.decode(seen)
             new, shown[0] = text[len(shown[0]):], text
@@ -138,6 +138,7 @@ class Runner:
             yield push([token])
             logits, states = self.run_decode(np.array([token]), position, states)
             position += 1
+        yield push([], final=True)  # bytes of an unfinished character, as replacement characters
         t2 = time.perf_counter()
         if stats is not None:
             stats.update(prompt_tokens=len(ids), new_tokens=len(generated), tokens=generated,

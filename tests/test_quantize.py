@@ -10,7 +10,7 @@ from edgettt.calibration import calibrate
 from edgettt.data import read_text
 from edgettt.quantize import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
                               pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
-                              quantize_int8, unpack_nibbles)
+                              quantize_int8, quantize_int8_gptq, unpack_nibbles)
 
 
 def test_nibble_packing_round_trips_and_matches_the_matmulnbits_order():
@@ -66,6 +66,7 @@ def test_gptq_beats_rounding_on_correlated_inputs():
     H = X.T @ X / X.shape[0]
     out_err = lambda d: (X @ (d - w).T).pow(2).mean().item()  # noqa: E731
     assert out_err(dequantize_int4(quantize_int4_gptq(w, 64, H))) < 0.75 * out_err(dequantize_int4(quantize_int4_rtn(w, 64)))
+    assert out_err(dequantize_int8(quantize_int8_gptq(w, H))) < 0.75 * out_err(dequantize_int8(quantize_int8(w)))
 
 
 @pytest.fixture(scope="module")
@@ -103,10 +104,12 @@ def test_gptq_beats_rtn_on_a_trained_model(trained):
 
 
 def test_int8_weights_barely_move_the_model(trained):
-    model, _, ids = trained
+    model, cal, ids = trained
     with torch.no_grad():
         ref = model(ids[:, :-1])
-    assert kld(quantized(model, QuantConfig("int8")), ref, ids) < 0.005
+    rtn = kld(quantized(model, QuantConfig("int8")), ref, ids)
+    assert rtn < 0.005
+    assert kld(quantized(model, QuantConfig("int8", method="gptq"), cal), ref, ids) < rtn
 
 
 def test_quantized_state_error_stays_bounded_over_a_long_sequence(trained):
@@ -158,8 +161,8 @@ def test_requantized_chunk_equals_requantized_recurrence(start):
 
 
 def test_bad_configs():
-    with pytest.raises(EdgetttError, match="gptq applies to --weights int4"):
-        QuantConfig("int8", method="gptq")
+    with pytest.raises(EdgetttError, match="gptq applies to --weights int4 and int8"):
+        QuantConfig("nf4", method="gptq")
     model = convert(edgettt.load("ttt-linear-tiny"), "exact")
     with pytest.raises(EdgetttError, match="group size 128 does not divide its input size 192"):
         quantize_(model, QuantConfig("int4", 128))

@@ -1,0 +1,189 @@
+"""`edgettt export` and `edgettt run`: every export variant through onnxruntime against torch, the
+runner against torch's greedy decoding, the runner without torch, and the refusals."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from click.testing import CliRunner
+
+import edgettt
+from edgettt.cli import cli
+
+
+def run(*args):
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    """A TTT-Linear and a TTT-MLP (all backbone options) model in the parallel form, and a calibration."""
+    root = tmp_path_factory.mktemp("export")
+    common = ("--hidden-size", "32", "--intermediate-size", "64", "--layers", "2", "--mini-batch-size", "8")
+    assert run("create", root / "ttt-linear", *common).exit_code == 0
+    assert run("create", root / "ttt-mlp", "--family", "mlp", "--share-qk", "--pre-conv", "--use-gate",
+               *common).exit_code == 0
+    for family in ("linear", "mlp"):
+        assert run("convert", root / f"ttt-{family}", root / family, "--form", "parallel", "--no-report").exit_code == 0
+    result = run("calibrate", root / "mlp", "--data", "python-docs-sample", "--seq-len", "64", "--samples", "2",
+                 "-o", root / "cal.st")
+    assert result.exit_code == 0, result.output
+    return root
+
+
+VARIANTS = {  # name: (family, quantize arguments, ONNX ops the graphs must contain)
+    "linear-fp32": ("linear", None, {"MatMul"}),
+    "mlp-fp32": ("mlp", None, {"MatMul"}),
+    "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4", "--method", "gptq", "--group-size", "32",
+                                         "--state", "int8"), {"MatMulNBits", "QuantizeLinear", "Scan"}),
+    "mlp-int8": ("mlp", ("--weights", "int8",), {"DequantizeLinear"}),
+    "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), {"DequantizeLinear"}),
+    "mlp-nf4": ("mlp", ("--weights", "nf4", "--group-size", "32"), {"MatMulBnb4"}),
+    "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4", "--group-size", "32", "--state", "int8-tensor"),
+                                     {"MatMulBnb4", "DequantizeLinear"}),
+}
+
+
+@pytest.fixture(scope="module")
+def exported(root):
+    """Export every variant once: {name: (model dir, export dir)}."""
+    out = {}
+    for name, (family, qargs, _) in VARIANTS.items():
+        model_dir = root / family
+        if qargs:
+            model_dir = root / f"q-{name}"
+            calib = ("--calib", root / "cal.st") if family == "mlp" else ()
+            result = run("quantize", root / family, model_dir, *qargs, *calib)
+            assert result.exit_code == 0, result.output
+        result = run("export", model_dir, root / f"x-{name}")
+        assert result.exit_code == 0, (name, result.output)
+        assert "verified in onnxruntime" in result.output
+        out[name] = (model_dir, root / f"x-{name}")
+    return out
+
+
+def op_types(path) -> set[str]:
+    model = onnx.load(str(path))
+    ops = {n.op_type for n in model.graph.node}
+    for node in model.graph.node:  # the Scan body
+        for attr in node.attribute:
+            if attr.g is not None:
+                ops |= {n.op_type for n in attr.g.node}
+    return ops | {n.op_type for f in model.functions for n in f.node}
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_every_variant_matches_torch_in_onnxruntime(exported, name):
+    _, directory = exported[name]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    check = manifest["verification"]
+    assert check["passed"], check["summary"]
+    if manifest["source"]["quantization"]:
+        assert check["prefill_vs_torch"]["kld_mean"] <= 1e-4 and check["decode_vs_prefill"]["kld_mean"] <= 1e-4
+    else:
+        assert check["prefill_vs_torch"]["rel_error"] < 1e-4 and check["decode_vs_prefill"]["rel_error"] < 1e-4
+    ops = op_types(directory / "prefill.onnx") | op_types(directory / "decode.onnx")
+    assert VARIANTS[name][2] <= ops, ops
+
+
+def test_int4_weights_are_the_models_own_bytes(exported):
+    model_dir, directory = exported["mlp-int4-gptq-int8-state"]
+    model = edgettt.load(model_dir)
+    graph = onnx.load(str(directory / "decode.onnx")).graph
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
+    mm = [n for n in graph.node if n.op_type == "MatMulNBits"]
+    assert len(mm) == sum(1 for m in model.modules() if type(m).__name__ == "QuantLinear")
+    packed = {bytes(t.numpy().tobytes()) for n, t in model.state_dict().items() if n.endswith("qweight")}
+    for node in mm:
+        assert inits[node.input[1]].tobytes() in packed  # no re-quantization
+
+
+@pytest.mark.parametrize("name", ["linear-fp32", "mlp-fp32"])
+def test_runner_generates_what_torch_greedy_decoding_generates(exported, name):
+    from edgettt.runner import Runner
+
+    model_dir, directory = exported[name]
+    model = edgettt.load(model_dir)
+    prompt = "def main():\n    return"
+    stats = {}
+    text = "".join(Runner(directory).generate(prompt, max_new_tokens=24, stats=stats))
+    ids = torch.tensor([model.tokenizer.encode(prompt)])
+    with torch.no_grad():
+        logits, state = model.prefill(ids)
+        token, expected = logits[0, -1].argmax(), []
+        for _ in range(24):
+            expected.append(int(token))
+            logits, state = model.step(token[None], state)
+            token = logits[0].argmax()
+    assert stats["tokens"] == expected
+    assert text == model.tokenizer.decode(expected)
+
+
+def test_the_runner_needs_neither_torch_nor_anything_beside_the_manifest(exported):
+    _, directory = exported["mlp-int4-gptq-int8-state"]
+    code = ("import sys; sys.modules['torch'] = None\n"  # `import torch` now fails
+            "from edgettt.cli import main\n"
+            f"sys.argv = ['edgettt', 'run', {str(directory)!r}, '--prompt', 'import os', '--max-new-tokens', '8']\n"
+            "main()\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("import os") and "tokens/s" in result.stderr and "peak memory" in result.stderr
+    blocked = subprocess.run([sys.executable, "-c", "import sys; sys.modules['torch'] = None; import edgettt.runner; "
+                              "import edgettt; edgettt.load"], capture_output=True, text=True)
+    assert "import of torch halted" in blocked.stderr  # the check is real: torch was blocked
+
+
+def test_export_refusals(root, exported, tmp_path):
+    result = run("export", root / "ttt-linear", tmp_path / "o")  # an original TTT checkpoint
+    assert result.exit_code == 1 and "model.layers.0.seq_modeling_block" in result.output
+    assert "--form parallel" in result.output and not (tmp_path / "o").exists()
+    _, directory = exported["linear-fp32"]
+    result = run("export", root / "linear", directory)
+    assert result.exit_code == 1 and "--force" in result.output
+
+
+def test_runner_names_an_operator_onnxruntime_lacks(exported, tmp_path):
+    import shutil
+
+    from edgettt.runner import Runner
+
+    _, directory = exported["mlp-nf4"]
+    broken = tmp_path / "broken"
+    shutil.copytree(directory, broken)
+    model = onnx.load(str(broken / "prefill.onnx"))
+    next(n for n in model.graph.node if n.op_type == "MatMulBnb4").op_type = "MatMulBnb9"
+    onnx.save(model, str(broken / "prefill.onnx"))
+    with pytest.raises(edgettt.EdgetttError, match="MatMulBnb9.*|onnxruntime .* cannot load"):
+        Runner(broken)
+    result = run("run", broken, "--prompt", "x")
+    assert result.exit_code == 1 and "onnxruntime" in result.output and "MatMulBnb9" in result.output
+
+
+def test_decode_graph_takes_int8_state(exported):
+    _, directory = exported["mlp-int4-gptq-int8-state"]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    dtypes = {s["name"]: s["dtype"] for s in manifest["state"]}
+    assert dtypes["0.S1"] == "int8" and dtypes["0.S2"] == "int8" and dtypes["0.A1"] == "float32"
+    from edgettt.runner import Runner
+
+    _, states = Runner(directory).run_prefill(np.array([[1, 2, 3, 4, 5, 6, 7, 8, 9]]))
+    assert states["0.S1"].dtype == np.int8
+
+
+def test_report_gains_onnx_rows(root, tmp_path):
+    result = run("report", root / "linear", "--weights", "int4-rtn", "--state", "fp32", "--group-size", "32",
+                 "--calib-data", "python-docs-sample", "--data", "python-docs-sample", "--ctx", "64",
+                 "--max-tokens", "256", "--onnx", "-o", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
+    assert [r["weights"] for r in rows] == ["float", "int4"]
+    for r in rows:
+        assert r["onnx_decode_mb"] > 0 and r["ort_prefill_tokens_per_s"] > 0 and r["ort_decode_tokens_per_s"] > 0
+    assert rows[1]["onnx_decode_mb"] < rows[0]["onnx_decode_mb"]
+    assert "ORT decode tok/s" in result.output
+    result = run("report", root / "ttt-linear", "--onnx", "-o", tmp_path / "r2")  # converts to exact by default
+    assert result.exit_code == 1 and "--form parallel" in result.output
