@@ -444,7 +444,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, force):
     model = load(model_path)
     text = None if no_verify else read_text(verify_data)
     click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out} ...", err=True)
-    data = export_model(model, out, str(model_path), opset=opset, force=force, verify_text=text)
+    data = export_model(model, out, str(model_path), opset=opset, force=force, verify_text=text,
+                        log=lambda line: click.echo(line, err=True))
     sizes = {g["file"]: (Path(out) / g["file"]).stat().st_size for g in data["graphs"].values()}
     click.echo(f"wrote {out}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) + ", manifest.json")
     if "verification" in data:

@@ -182,7 +182,7 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
     program.save(str(path), external_data=False)
 
 
-def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET) -> dict:
+def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None) -> dict:
     """Write prefill.onnx and decode.onnx for `model` into `directory`; returns their I/O description."""
     model = exportable_copy(model)
     io = graph_io(model)
@@ -194,10 +194,12 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET) 
     # example shapes that fix nothing: batch 2, a length that is neither 1 nor a multiple of b
     ids = torch.randint(0, model.config.vocab_size, (2, 2 * b + 3))
     with torch.no_grad():
+        log("  tracing prefill.onnx (any batch, any length)")
         _export_graph(prefill, (ids,), io["prefill"], [{0: batch, 1: tokens}],
                       directory / "prefill.onnx", opset)
         states = prefill(ids)[1:]
         decode_args = (ids[:, :1], torch.tensor(3), *states)
+        log("  tracing decode.onnx (one token, states in and out)")
         dynamic = [{0: batch}, None, tuple({0: batch} for _ in states)]  # *states is one argument
         _export_graph(decode, decode_args, io["decode"], dynamic, directory / "decode.onnx", opset)
     return io
@@ -227,19 +229,20 @@ def write_manifest(directory: Path, data: dict) -> None:
 
 
 def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
-                 verify_text=None) -> dict:
+                 verify_text=None, log=lambda line: None) -> dict:
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out`
     atomically: a failed export or verification leaves nothing behind. Returns the manifest."""
     from ..checkpoint import output_dir
     from .verify import verify
 
     with output_dir(out, force) as tmp:
-        io = export_graphs(model, tmp, opset)
+        io = export_graphs(model, tmp, opset, log)
         data = manifest(model, name, io, opset)
         if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
             model.tokenizer.save(tmp)
         write_manifest(tmp, data)
         if verify_text is not None:
+            log(f"  verifying in onnxruntime on {verify_text.name}")
             data["verification"] = verify(model, tmp, verify_text)
             write_manifest(tmp, data)
             if not data["verification"]["passed"]:
