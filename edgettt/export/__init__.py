@@ -83,10 +83,9 @@ def state_specs(model: CausalLM) -> list[dict]:
         fmt = getattr(mixer, "state_format", "fp32")
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
-            if name.startswith("S") and fmt in INT8_STATES:
-                level = int(name[1:])
+            if name.startswith("S") and fmt in INT8_STATES:  # the scales (and S0) are inside the graphs
                 spec["dtype"] = "int8"
-                spec["quantization"] = {"format": fmt, "axis_rows": "heads x rows",
+                spec["quantization"] = {"format": fmt, "scales": "one per head and row (calibrated for int8)",
                                         "dequantize": "S0 + q * scale[head, row]" if fmt == "int8" else "q * scale[head, row]"}
             specs.append(spec)
     return specs

@@ -18,12 +18,12 @@ from ..model import CausalLM
 
 def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0) -> dict:
     from ..runner import Runner
-    from . import export_graphs, manifest, write_manifest
+    from . import DEFAULT_OPSET, export_graphs, manifest, write_manifest
 
     with tempfile.TemporaryDirectory(prefix="edgettt-onnx-") as tmp:
         directory = Path(tmp)
         io = export_graphs(model, directory)
-        write_manifest(directory, manifest(model, "speed", io, 21))
+        write_manifest(directory, manifest(model, "speed", io, DEFAULT_OPSET))
         runner = Runner(directory)
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, prompt + steps))
 
