@@ -37,3 +37,15 @@ def test_mask_is_chunk_structured():
     assert mask[5, 4] == eta[1] and mask[5, 5] == eta[1]  # same mini-batch, i = 2
     assert mask[5, 3] == eta[-1] and mask[9, 0] == eta[-1]  # earlier mini-batch
     assert mask[4, 5] == 0  # causal
+
+
+@pytest.mark.parametrize("start", [0, 2, 3, 7])
+def test_recurrent_takes_the_position_as_a_tensor(start):
+    """The exported decode graph passes the position as a tensor: the commit becomes a `where`."""
+    qa, ka, vh, S, A, eta = random_inputs(5, start)
+    requant = lambda s: torch.round(s * 8) / 8  # noqa: E731
+    for rq in (None, requant):
+        as_int = la.recurrent(qa, ka, vh, S, A, eta, start, rq)
+        as_tensor = la.recurrent(qa, ka, vh, S, A, eta, torch.tensor(start), rq)
+        for x, y in zip(as_int, as_tensor):
+            assert torch.equal(x, y)
