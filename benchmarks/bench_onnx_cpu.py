@@ -16,7 +16,6 @@ import json
 import platform
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,8 @@ import torch
 import edgettt
 from edgettt.calibration import calibrate
 from edgettt.data import read_text
-from edgettt.export import DEFAULT_OPSET, export_graphs, manifest, write_manifest
+from edgettt.export import write_export
+from edgettt.export.speed import time_round
 from edgettt.quantize import QuantConfig, quantize_
 from edgettt.runner import Runner
 
@@ -43,21 +43,10 @@ def export_variants(name: str, root: Path) -> dict[str, Path]:
         if config is not None:
             quantize_(model, config, cal.hessians)
             model.config.quantization = config.to_dict()
-        directory = root / variant
-        directory.mkdir()
-        write_manifest(directory, manifest(model, name, export_graphs(model, directory), DEFAULT_OPSET))
-        out[variant] = directory
+        out[variant] = root / variant
+        out[variant].mkdir()
+        write_export(model, out[variant], name)
     return out
-
-
-def time_round(runner: Runner, ids: np.ndarray, prompt: int, steps: int) -> tuple[float, float]:
-    t0 = time.perf_counter()
-    _, states = runner.run_prefill(ids[:, :prompt])
-    t1 = time.perf_counter()
-    for t in range(prompt, prompt + steps):
-        _, states = runner.run_decode(ids[:, t], t, states)
-    t2 = time.perf_counter()
-    return prompt / (t1 - t0), steps / (t2 - t1)
 
 
 def main():
@@ -75,8 +64,8 @@ def main():
         runners = {v: Runner(d, args.threads) for v, d in dirs.items()}
         ids = np.random.default_rng(0).integers(0, 256, (1, args.prompt + args.steps))
         for runner in runners.values():  # warm-up
-            time_round(runner, ids, args.prompt, 16)
-        rounds = [{v: time_round(r, ids, args.prompt, args.steps) for v, r in runners.items()} for _ in range(args.rounds)]
+            time_round(runner, ids[:, :args.prompt + 16], args.prompt)
+        rounds = [{v: time_round(r, ids, args.prompt) for v, r in runners.items()} for _ in range(args.rounds)]
     rows = []
     for v in VARIANTS:
         rows.append({

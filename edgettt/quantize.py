@@ -134,8 +134,9 @@ def gptq(w: torch.Tensor, hessian: torch.Tensor, round_column, damp: float = 0.0
     """GPTQ error feedback: columns are rounded in order, and each one's rounding error is spread
     over the columns not yet rounded, weighted by the inverse Hessian of the layer's inputs.
 
-    `round_column(col, ahead)` returns column `col` rounded (dequantized, [N]); `ahead()` gives the
-    error-updated weights from `col` on ([N, K - col]), for formats that choose their grid late."""
+    `round_column(col, column, ahead)` returns column `col` (its error-updated values `column`, [N])
+    rounded and dequantized; `ahead()` gives the error-updated weights from `col` on ([N, K - col]),
+    for formats that choose their grid late."""
     w = w.clone().float()
     N, K = w.shape
     H = hessian.clone().double()
@@ -149,7 +150,7 @@ def gptq(w: torch.Tensor, hessian: torch.Tensor, round_column, damp: float = 0.0
         W1, Err = w[:, b0:b1].clone(), torch.zeros(N, b1 - b0)
         for i in range(b1 - b0):
             col = b0 + i
-            rounded = round_column(col, lambda: torch.cat((W1[:, i:], w[:, b1:]), dim=1))
+            rounded = round_column(col, W1[:, i], lambda: torch.cat((W1[:, i:], w[:, b1:]), dim=1))
             err = (W1[:, i] - rounded) / Hinv[col, col]
             W1[:, i:] -= err[:, None] * Hinv[col, col:b1][None, :]
             Err[:, i] = err
@@ -161,11 +162,11 @@ def quantize_int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> di
     N, K = w.shape
     codes, scale, zero = torch.zeros(N, K), torch.zeros(N, K // group), torch.zeros(N, K // group)
 
-    def round_column(col, ahead):
+    def round_column(col, column, ahead):
         g = col // group
         if col % group == 0:  # choose the group's grid from the weights as updated so far
             scale[:, g:g + 1], zero[:, g:g + 1] = int4_group_params(ahead()[:, :group], group)
-        codes[:, col] = torch.clamp(torch.round(ahead()[:, 0] / scale[:, g]) + zero[:, g], 0, 15)
+        codes[:, col] = torch.clamp(torch.round(column / scale[:, g]) + zero[:, g], 0, 15)
         return (codes[:, col] - zero[:, g]) * scale[:, g]
 
     gptq(w, hessian, round_column)
@@ -177,8 +178,8 @@ def quantize_int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torc
     scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
     codes = torch.zeros(w.shape, dtype=torch.int8)
 
-    def round_column(col, ahead):
-        q = torch.round(ahead()[:, 0] / scale).clamp(-127, 127)
+    def round_column(col, column, ahead):
+        q = torch.round(column / scale).clamp(-127, 127)
         codes[:, col] = q.to(torch.int8)
         return q * scale
 

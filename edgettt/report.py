@@ -18,7 +18,6 @@ from .conversion import convert
 from .data import Text, token_windows
 from .errors import EdgetttError
 from .evaluate import collect_logits, encode, model_facts, target_bytes
-from .export.speed import onnx_speed
 from .model import CausalLM
 from .quantize import QuantConfig, apply_state_format, quantize_
 
@@ -62,9 +61,11 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form)."""
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
-    if onnx and converted.form != "parallel":
-        raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
-                           "pass --form parallel (or a parallel-form model such as ttt-linear-tiny-parallel)")
+    if onnx:
+        if converted.form != "parallel":
+            raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
+                               "pass --form parallel (or a parallel-form model such as ttt-linear-tiny-parallel)")
+        from .export.speed import onnx_speed  # onnx and onnxscript only when asked for
     windows = token_windows(encode(converted, text), ctx, max_tokens)
     targets, n_bytes = windows[:, 1:], target_bytes(converted, windows)
     log(f"reference logits: {converted.form} form on {text.name}, {windows.shape[0]} x {ctx} tokens")

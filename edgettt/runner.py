@@ -95,15 +95,16 @@ class Runner:
     def _role(io: list[dict], role: str) -> str:
         return next(x["name"] for x in io if x["role"] == role)
 
-    def _states(self, graph: dict, outputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """Output list -> {state name: array} by the manifest's roles."""
-        return {x["state"]: v for x, v in zip(graph["outputs"], outputs) if x["role"] == "state"}
+    @staticmethod
+    def _split(graph: dict, outputs: list[np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Output list -> (logits, {state name: array}) by the manifest's roles."""
+        logits = next(v for x, v in zip(graph["outputs"], outputs) if x["role"] == "logits")
+        return logits, {x["state"]: v for x, v in zip(graph["outputs"], outputs) if x["role"] == "state"}
 
     def run_prefill(self, ids: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
         """ids [B, T] -> (logits [B, T, V], states)."""
         outputs = self.prefill.run(None, {self._role(self.prefill_graph["inputs"], "input_ids"): ids.astype(np.int64)})
-        logits = outputs[[x["role"] for x in self.prefill_graph["outputs"]].index("logits")]
-        return logits, self._states(self.prefill_graph, outputs)
+        return self._split(self.prefill_graph, outputs)
 
     def run_decode(self, ids: np.ndarray, position: int, states: dict) -> tuple[np.ndarray, dict]:
         """ids [B] at absolute `position` -> (logits [B, V], new states)."""
@@ -115,9 +116,16 @@ class Runner:
                 feeds[x["name"]] = np.array(position % self.block, dtype=np.int64)
             else:
                 feeds[x["name"]] = states[x["state"]]
-        outputs = self.decode.run(None, feeds)
-        logits = outputs[[x["role"] for x in self.decode_graph["outputs"]].index("logits")]
-        return logits[:, -1], self._states(self.decode_graph, outputs)
+        logits, states = self._split(self.decode_graph, self.decode.run(None, feeds))
+        return logits[:, -1], states
+
+    def decode_tokens(self, ids: np.ndarray, start: int, states: dict) -> tuple[np.ndarray, dict]:
+        """Feed ids [B, n] one step at a time from absolute position `start` -> (logits [B, n, V], states)."""
+        steps = []
+        for t in range(ids.shape[1]):
+            logits, states = self.run_decode(ids[:, t], start + t, states)
+            steps.append(logits)
+        return np.stack(steps, axis=1), states
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
                  stats: dict | None = None):

@@ -227,6 +227,16 @@ def write_manifest(directory: Path, data: dict) -> None:
     (directory / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
+def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
+                 log=lambda line: None) -> dict:
+    """Both graphs, the tokenizer file (if any) and manifest.json into `directory`; returns the manifest."""
+    data = manifest(model, name, export_graphs(model, directory, opset, log), opset)
+    if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
+        model.tokenizer.save(directory)
+    write_manifest(directory, data)
+    return data
+
+
 def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
                  verify_text=None, log=lambda line: None) -> dict:
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out`
@@ -235,11 +245,7 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
     from .verify import verify
 
     with output_dir(out, force) as tmp:
-        io = export_graphs(model, tmp, opset, log)
-        data = manifest(model, name, io, opset)
-        if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
-            model.tokenizer.save(tmp)
-        write_manifest(tmp, data)
+        data = write_export(model, tmp, name, opset, log)
         if verify_text is not None:
             log(f"  verifying in onnxruntime on {verify_text.name}")
             data["verification"] = verify(model, tmp, verify_text)

@@ -16,36 +16,29 @@ import numpy as np
 from ..model import CausalLM
 
 
+def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
+    """Prefill ids[:, :prompt], then decode the rest of ids one token at a time: (prefill, decode) tokens/s."""
+    t0 = time.perf_counter()
+    _, states = runner.run_prefill(ids[:, :prompt])
+    t1 = time.perf_counter()
+    runner.decode_tokens(ids[:, prompt:], prompt, states)
+    t2 = time.perf_counter()
+    return prompt / (t1 - t0), (ids.shape[1] - prompt) / (t2 - t1)
+
+
 def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0) -> dict:
     from ..runner import Runner
-    from . import DEFAULT_OPSET, export_graphs, manifest, write_manifest
+    from . import write_export
 
     with tempfile.TemporaryDirectory(prefix="edgettt-onnx-") as tmp:
         directory = Path(tmp)
-        io = export_graphs(model, directory)
-        write_manifest(directory, manifest(model, "speed", io, DEFAULT_OPSET))
+        write_export(model, directory, "speed")
         runner = Runner(directory)
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, prompt + steps))
-
-        def prefill():
-            return runner.run_prefill(ids[:, :prompt])
-
-        def decode():
-            _, states = prefill_out
-            for t in range(prompt, prompt + steps):
-                _, states = runner.run_decode(ids[:, t], t, states)
-
-        prefill_out = prefill()  # warm-up, and the states decode starts from
-        decode()
-        prefill_s = statistics.median(_seconds(prefill) for _ in range(repeats))
-        decode_s = statistics.median(_seconds(decode) for _ in range(repeats))
+        time_round(runner, ids[:, :prompt + 16], prompt)  # warm-up
+        rounds = [time_round(runner, ids, prompt) for _ in range(repeats)]
         return {"onnx_prefill_mb": (directory / "prefill.onnx").stat().st_size / 1e6,
                 "onnx_decode_mb": (directory / "decode.onnx").stat().st_size / 1e6,
-                "ort_prefill_tokens_per_s": prompt / prefill_s, "ort_decode_tokens_per_s": steps / decode_s,
+                "ort_prefill_tokens_per_s": statistics.median(r[0] for r in rounds),
+                "ort_decode_tokens_per_s": statistics.median(r[1] for r in rounds),
                 "ort_prompt_tokens": prompt, "ort_decode_steps": steps}
-
-
-def _seconds(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t

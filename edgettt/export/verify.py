@@ -33,12 +33,8 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
         ref, _ = model.float().eval().prefill(ids)
     ort_logits, _ = runner.run_prefill(ids.numpy())
     split = b + 3  # prefill a first part, decode the rest token by token
-    logits, states = runner.run_prefill(ids[:, :split].numpy())
-    decoded = []
-    for t in range(split, length):
-        step, states = runner.run_decode(ids[:, t].numpy(), t, states)
-        decoded.append(step)
-    decoded = np.stack(decoded, axis=1)  # logits after tokens split..length-1, i.e. at positions split..
+    _, states = runner.run_prefill(ids[:, :split].numpy())
+    decoded, _ = runner.decode_tokens(ids[:, split:].numpy(), split, states)  # logits at positions split..
     prefill_vs_torch = compare(ref.numpy(), ort_logits)
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
     quantized = bool(model.config.quantization)
