@@ -37,6 +37,7 @@ def cli():
     edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
     edgettt run OUT --prompt P    generate with onnxruntime and numpy only (no torch)
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
+    edgettt bench                 kernel speed against the references on a CUDA GPU
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
     ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
@@ -477,6 +478,78 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json
                f"peak memory {stats['peak_memory_mb']:.0f} MB", err=True)
     if json_path:
         Path(json_path).write_text(json.dumps(stats, indent=2) + "\n")
+
+
+def int_list(ctx, param, value):
+    try:
+        return [int(v) for v in value.split(",") if v]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 8192,32768") from None
+
+
+def shape_list(ctx, param, value):
+    try:
+        return [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: expected NxK shapes, e.g. 4096x4096,11008x4096") from None
+
+
+@cli.command()
+@click.option("--seq-lens", default="8192,32768", show_default=True, callback=int_list,
+              help="Prefill lengths T (comma-separated).")
+@click.option("--batch", default=4, show_default=True, help="Prefill batch B.")
+@click.option("--heads", default=16, show_default=True)
+@click.option("--head-dim", default=64, show_default=True)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--decode-batch", default="64,256", show_default=True, callback=int_list,
+              help="Sequences per decode step (comma-separated).")
+@click.option("--gemv", default="4096x4096,11008x4096", show_default=True, callback=shape_list,
+              help="Weight shapes NxK for the GEMV (M=1) and GEMM (M=2048) rows.")
+@click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
+@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write every row here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), help="Write the tables here.")
+@click.option("--force", is_flag=True, help="Overwrite the output files.")
+def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, no_references, json_path, md_path, force):
+    """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
+
+    \b
+    prefill  one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
+             scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
+             flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
+    decode   the state step for a batch of sequences: float state against int8 state
+    weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
+             edgettt's int4 kernel, bitsandbytes NF4 and LLM.int8 when installed
+
+    Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
+    bandwidth measured in the same run, and ratios against the references (x > 1: faster).
+    """
+    import torch
+
+    from .checkpoint import check_output, output_file
+
+    if not torch.cuda.is_available():
+        raise EdgetttError("edgettt bench needs a CUDA GPU (torch.cuda.is_available() is False)")
+    for path in (json_path, md_path):
+        if path:
+            check_output(path, force, directory=False)
+    from tqdm import tqdm
+
+    from . import bench as benchmark
+
+    result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
+                           references=not no_references, progress=lambda jobs: tqdm(jobs, desc="bench", unit="case"))
+    meta = result["meta"]
+    header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
+              f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "
+              f"bitsandbytes {meta['bitsandbytes']}")
+    tables = benchmark.table(result)
+    click.echo(header + "\n" + tables)
+    if json_path:
+        with output_file(json_path, force) as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+    if md_path:
+        with output_file(md_path, force) as tmp:
+            tmp.write_text(header + "\n" + tables + "\n")
 
 
 def main():

@@ -84,7 +84,9 @@ class LinearAttentionLayer(MixerBase):
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         attend = self._decode_attend if decode else la.chunk
-        if self.config.form == "parallel":
+        if not decode and self._prefill_kernel_applies(x):
+            out = self._prefill_kernel(state, q, k, v, lr, start)
+        elif self.config.form == "parallel":
             out = self._mix(state, q, k, v, lr, start, self.initial_states(), attend)
         else:  # exact: values at each mini-batch's boundary state, so one mini-batch at a time
             outs = []
@@ -95,6 +97,24 @@ class LinearAttentionLayer(MixerBase):
                                       start + offset, boundary, attend))
             out = torch.cat(outs, dim=2)
         return self.finish(x, out)
+
+    def _prefill_kernel_applies(self, x: torch.Tensor) -> bool:
+        """The Triton prefill kernels cover TTT-Linear with a float state, without autograd (the
+        kernels have no backward: distillation trains through the torch path) and without a
+        calibration observer; the mini-batch size must be a power of two."""
+        b = self.config.mini_batch_size
+        training = torch.is_grad_enabled() and self.state0.requires_grad if not self.mlp else True
+        return (not self.mlp and not training and self.state_format == "fp32" and self.observer is None
+                and b & (b - 1) == 0 and b <= 64 and kernels_enabled(x))
+
+    def _prefill_kernel(self, st, q, k, v, lr, start):
+        from .kernels import prefill
+
+        fn = prefill.parallel if self.config.form == "parallel" else prefill.exact
+        out, S, A = fn(q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias, self.mask_eta,
+                       start, st["S1"], st["A1"])
+        st["S1"], st["A1"] = S.to(st["S1"].dtype), A.to(st["A1"].dtype)
+        return out
 
     @staticmethod
     def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None):

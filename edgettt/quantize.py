@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .errors import EdgetttError
+from .kernels import kernels_enabled
 
 WEIGHT_FORMATS = ("int8", "int4", "nf4", "fp4", "bnb-int8")
 LLM_INT8_THRESHOLD = 6.0
@@ -264,6 +265,10 @@ class QuantLinear(nn.Module):
     def forward(self, x):
         if self.fmt == "bnb-int8":
             return llm_int8_matmul(x, self.tensors())
+        if self.fmt == "int4" and self.group_size >= 32 and kernels_enabled(x):
+            from .kernels.int4 import int4_matmul  # reads the packed bytes: no dequantized copy
+
+            return int4_matmul(x, self.qweight, self.scales, self.zero_points)
         return F.linear(x, self.weight.to(x.dtype))
 
     def nbytes(self) -> int:

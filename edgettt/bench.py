@@ -1,0 +1,261 @@
+"""`edgettt bench`: the speed of the kernels against the references, measured in one run on CUDA.
+
+Three groups of rows, each figure as time, tokens/s, bytes moved per second against the copy
+bandwidth measured in the same run, and a ratio against named references of the same run:
+- prefill of one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
+  scan (`ttt.py`, fp32), the exact and parallel forms in torch and as kernels, and, when
+  flash-linear-attention is installed, its `chunk_ttt_linear` and `chunk_linear_attn`;
+- the decode step of the state for a batch of sequences: float state against int8 state;
+- one decode token through a weight matrix (GEMV, M = 1): fp16 against int4 (edgettt's kernel),
+  bitsandbytes NF4 and LLM.int8 when installed; and int4 GEMM for a prefill block.
+"""
+
+from __future__ import annotations
+
+import math
+import platform
+import statistics
+
+import torch
+
+from .kernels import decode, int4, prefill
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+# ---- timing ---------------------------------------------------------------------------------------
+
+def time_ms(fn, budget_ms: float = 300.0) -> float:
+    """Median time of `fn` in ms. Fast functions go through triton's do_bench (L2 flushed between
+    runs); slow ones (the torch references) are timed with CUDA events, at least 3 runs."""
+    from triton.testing import do_bench
+
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    once = start.elapsed_time(end)
+    if once < budget_ms / 20:
+        return do_bench(fn, warmup=max(10.0, 5 * once), rep=budget_ms, return_mode="median")
+    times = []
+    for _ in range(max(3, min(10, int(budget_ms / once)))):
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
+    """Device-to-device copy, bytes read + written per second: the ceiling every row is set against."""
+    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = time_ms(lambda: dst.copy_(src))
+    del src, dst
+    return 2 * n_bytes / (ms * 1e-3)
+
+
+def row(group: str, name: str, ms: float, moved: int, ceiling: float, tokens: int, **extra) -> dict:
+    return {"group": group, "name": name, "ms": ms, "tokens_per_s": tokens / (ms * 1e-3), "bytes": moved,
+            "GBps": moved / (ms * 1e-3) / 1e9, "fraction_of_copy": moved / (ms * 1e-3) / ceiling, **extra}
+
+
+def add_ratios(rows: list[dict], references: list[str]) -> None:
+    """rows[i]['x_<ref>'] = reference time / row time (> 1: faster than the reference)."""
+    by_name = {r["name"]: r for r in rows}
+    for r in rows:
+        for ref in references:
+            if ref in by_name:
+                r[f"x {ref}"] = by_name[ref]["ms"] / r["ms"]
+
+
+# ---- prefill --------------------------------------------------------------------------------------
+
+def prefill_inputs(B, H, T, d, b, dtype):
+    """The layer operator's inputs in the projections' layout ([B, T, H, d] seen as [B, H, T, d])."""
+    g = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
+    q, k, v = (x.to(dtype).transpose(1, 2) for x in g(3, B, T, H, d) / math.sqrt(d) * 2)
+    lr = torch.rand(B, H, T, device="cuda") * (1.0 / d)
+    S0 = torch.cat((0.02 * g(H, d, d), torch.zeros(H, 1, d, device="cuda")), dim=1)
+    gamma, beta = torch.ones(H, d, device="cuda"), torch.zeros(H, d, device="cuda")
+    eta = 1.0 / torch.arange(1, b + 1, device="cuda", dtype=torch.float32)
+    return q, k, v, lr, S0, gamma, beta, eta
+
+
+def ttt_scan(q, k, v, lr, S0, gamma, beta, eta, b):
+    """The original layer's mini-batch scan (`TTTLayer._linear_step`) on the operator's inputs, fp32."""
+    from .config import ModelConfig
+    from .ops import segments
+    from .ttt import TTTLayer
+
+    B, H, T, d = q.shape
+    layer = TTTLayer(ModelConfig(hidden_size=H * d, num_attention_heads=H, mini_batch_size=b)).cuda()
+    st = layer.init_state(B)
+    st["W1"], st["b1"] = S0[None, :, :d].expand(B, -1, -1, -1), S0[None, :, d:].expand(B, -1, -1, -1)
+    q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
+    with torch.no_grad():
+        for offset, count, inner in segments(0, T, b):
+            sl = slice(offset, offset + count)
+            layer._linear_step(st, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta, inner)
+
+
+def fla_functions():
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.ttt import chunk_ttt_linear
+    except Exception:  # not installed, or built for another torch/triton
+        return None
+    return chunk_ttt_linear, chunk_linear_attn
+
+
+def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict]:
+    q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, b, dtype)
+    args = (q, k, v, lr, S0, gamma, beta, eta)
+    io = 4 * q.numel() * q.element_size() + lr.numel() * 4  # q, k, v read, o written, lr read
+    shape = dict(B=B, H=H, d=d, T=T, dtype=str(dtype).replace("torch.", ""))
+    runs = {"parallel kernel": lambda: prefill.parallel(*args),
+            "exact kernel": lambda: prefill.exact(*args)}
+    if references:
+        runs["parallel torch"] = lambda: prefill.parallel_ref(*args)
+        runs["exact torch"] = lambda: prefill.exact_ref(*args)
+        runs["ttt mini-batch scan (fp32)"] = lambda: ttt_scan(*args, b)
+    if (fla := fla_functions()) is not None:
+        chunk_ttt_linear, chunk_linear_attn = fla
+        qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))  # fla's [B, T, H, d], the same memory
+        eta_fla = lr.transpose(1, 2)[..., None].to(dtype).contiguous()
+        runs["fla chunk_ttt_linear"] = lambda: chunk_ttt_linear(qf, kf, vf, gamma.to(dtype), beta.to(dtype), eta_fla,
+                                                                 chunk_size=b)
+        runs["fla chunk_linear_attn"] = lambda: chunk_linear_attn(qf, kf, vf, normalize=False)
+    rows = []
+    for name, fn in runs.items():
+        with torch.no_grad():
+            rows.append(row("prefill", name, time_ms(fn), io, ceiling, B * T, **shape))
+    add_ratios(rows, ["fla chunk_ttt_linear", "fla chunk_linear_attn", "ttt mini-batch scan (fp32)"])
+    return rows
+
+
+# ---- decode: the state step --------------------------------------------------------------------------
+
+def state_step_rows(B, H, d, dtype, ceiling, sets=8) -> list[dict]:
+    """One decode token of one layer's state for B sequences, float state vs int8 state (A in `dtype`).
+    The step of a token that ends its mini-batch (commit) is timed too. State sets rotate past L2."""
+    Dk, Dv = d + 1, d
+    g = lambda *s: torch.randn(*s, device="cuda", dtype=dtype)  # noqa: E731
+    qa, ka, vh, out = g(B, H, Dk), g(B, H, Dk), g(B, H, Dv), g(B, H, Dv)
+    eta = 1.0 / torch.arange(1, 17, device="cuda", dtype=torch.float32)
+    S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
+    rows = []
+    for state in ("float", "int8"):
+        if state == "int8":
+            sets_ = [(torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8), g(B, H, Dk, Dv))
+                     for _ in range(sets)]
+            step = lambda S, A, i: decode.decode_step_int8(qa, ka, vh, S, scale, S0, A, eta, i, out=out)  # noqa: E731
+        else:
+            sets_ = [(g(B, H, Dk, Dv), g(B, H, Dk, Dv)) for _ in range(sets)]
+            step = lambda S, A, i: decode.decode_step(qa, ka, vh, S, A, eta, i, out=out)  # noqa: E731
+        s_bytes = 1 if state == "int8" else dtype.itemsize
+        for commit in (False, True):
+            counter = [0]
+
+            def run(step=step, sets_=sets_, inner=15 if commit else 3):
+                S, A = sets_[counter[0] % sets]
+                counter[0] += 1
+                step(S, A, inner)
+
+            elements = B * H * Dk * Dv
+            moved = elements * (s_bytes * (2 if commit else 1) + 2 * dtype.itemsize) + B * H * (2 * Dk + 2 * Dv) * dtype.itemsize
+            name = f"state {state if state == 'int8' else str(dtype).replace('torch.', '')}" + (" commit" if commit else "")
+            rows.append(row("decode state", name, time_ms(run), moved, ceiling, B, B=B, H=H, d=d,
+                            A_dtype=str(dtype).replace("torch.", ""), bytes_per_token=moved / B))
+        del sets_
+    add_ratios(rows, [f"state {str(dtype).replace('torch.', '')}"])
+    return rows
+
+
+# ---- weights: GEMV and GEMM ---------------------------------------------------------------------------
+
+def weight_rows(N, K, M, dtype, ceiling, group=64) -> list[dict]:
+    from .quantize import quantize_int4_rtn
+
+    w = torch.randn(N, K, device="cuda") * 0.02
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    t = quantize_int4_rtn(w, group)
+    packed = (t["qweight"], t["scales"], t["zero_points"])
+    w16 = w.to(dtype)
+    act = 2 * M * (K + N) * dtype.itemsize
+    runs = {f"{str(dtype).replace('torch.', '')} (torch.matmul)": (lambda: x @ w16.T, N * K * dtype.itemsize),
+            "int4 g64 (edgettt kernel)": (lambda: int4.int4_matmul(x, *packed), sum(p.nbytes for p in packed))}
+    try:
+        import bitsandbytes as bnb
+
+        qw, qs = bnb.functional.quantize_4bit(w.to(dtype), blocksize=64, quant_type="nf4", compress_statistics=False)
+        runs["nf4 b64 (bitsandbytes)"] = (lambda: bnb.matmul_4bit(x, qw.t(), quant_state=qs), qw.nbytes + qs.absmax.nbytes)
+        if dtype == torch.float16:
+            cb, scb, _ = bnb.functional.int8_vectorwise_quant(w.half())
+            state = bnb.MatmulLtState()
+            state.CB, state.SCB, state.threshold, state.has_fp16_weights = cb, scb, 6.0, False
+            runs["int8 LLM.int8 (bitsandbytes)"] = (lambda: bnb.matmul(x, cb, state=state), cb.nbytes + scb.nbytes)
+    except Exception:  # not installed, or no CUDA backend
+        pass
+    group_name = "decode GEMV (M=1)" if M == 1 else f"prefill GEMM (M={M})"
+    rows = [row(group_name, name, time_ms(fn), nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes)
+            for name, (fn, nbytes) in runs.items()]
+    add_ratios(rows, [f"{str(dtype).replace('torch.', '')} (torch.matmul)", "nf4 b64 (bitsandbytes)"])
+    return rows
+
+
+# ---- the whole run -------------------------------------------------------------------------------------
+
+def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, references=True, progress=None) -> dict:
+    """Every row of the benchmark, with the run's device, versions and copy ceiling."""
+    import triton
+
+    ceiling = copy_bandwidth()
+    jobs = [("prefill", T) for T in seq_lens] + [("state", B) for B in decode_batch] + \
+           [("weights", s) for s in gemv_shapes]
+    rows = []
+    for kind, arg in (progress(jobs) if progress else jobs):
+        if kind == "prefill":
+            rows += prefill_rows(batch, heads, head_dim, arg, dtype, ceiling, references=references and arg <= 8192)
+        elif kind == "state":
+            rows += state_step_rows(arg, heads, head_dim, dtype, ceiling)
+        else:
+            N, K = arg
+            rows += weight_rows(N, K, 1, dtype, ceiling) + weight_rows(N, K, 2048, dtype, ceiling)
+        torch.cuda.empty_cache()
+    try:
+        import fla
+        fla_version = getattr(fla, "__version__", "installed")
+    except Exception:
+        fla_version = None
+    try:
+        import bitsandbytes
+        bnb_version = bitsandbytes.__version__
+    except Exception:
+        bnb_version = None
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+            "python": platform.python_version(), "flash-linear-attention": fla_version, "bitsandbytes": bnb_version,
+            "copy_bandwidth_GBps": ceiling / 1e9}
+    return {"meta": meta, "rows": rows}
+
+
+def table(result: dict) -> str:
+    """Markdown tables, one per group, with the ratio columns each group has."""
+    lines = []
+    groups = list(dict.fromkeys(r["group"] for r in result["rows"]))
+    for group in groups:
+        rows = [r for r in result["rows"] if r["group"] == group]
+        ratio_cols = list(dict.fromkeys(c for r in rows for c in r if c.startswith("x ")))
+        shape_cols = [c for c in ("T", "B", "N", "K") if c in rows[0]]
+        head = shape_cols + ["name", "ms", "tokens/s", "GB/s", "of copy"] + ratio_cols
+        lines += [f"\n{group}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for r in rows:
+            cells = [str(r[c]) for c in shape_cols] + [r["name"], f"{r['ms']:.4g}", f"{r['tokens_per_s']:.3g}",
+                                                       f"{r['GBps']:.0f}", f"{r['fraction_of_copy']:.1%}"]
+            cells += [f"{r[c]:.2f}x" if c in r else "" for c in ratio_cols]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)

@@ -1,0 +1,140 @@
+"""Weight-only int4 matmul on edgettt's packed format (the layout of ONNX Runtime's MatMulNBits).
+
+    y = x @ W^T,   W[n, k] = (code[n, k] - zero[n, k // g]) * scale[n, k // g]
+    x: [..., K] fp16/bf16/fp32;  qweight: uint8 [N, K/g, g/2] (two codes a byte, the even k in the low
+    nibble);  scales: float [N, K/g];  zero_points: uint8 [N, ceil(K/g / 2)] (packed the same way)
+    returns y: [..., N] in x's dtype
+
+`int4_matmul_ref` dequantizes in torch. `int4_matmul` picks a kernel by the number of rows M:
+- GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K; a step reads NG whole
+  groups: per group `scale * (sum_k code_k x_k - zero * sum_k x_k)`,
+  so the codes are never turned into weights one by one.
+- GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
+  cores; the low and high nibbles are interleaved back into k order in registers.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quantize import dequantize_int4
+
+GEMV_MAX_ROWS = 8
+
+
+def int4_matmul_ref(x, qweight, scales, zero_points):
+    w = dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points})
+    return (x.float() @ w.T).to(x.dtype)
+
+
+def _interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
+@triton.jit
+def _zero_points(zp_ptr, n, gi, ZPW, mask):
+    """Zero points of groups gi of rows n: packed two a byte, the even group in the low nibble."""
+    byte = tl.load(zp_ptr + n[:, None] * ZPW + gi[None, :] // 2, mask=mask, other=0).to(tl.int32)
+    return ((byte >> ((gi[None, :] % 2) * 4)) & 0xF).to(tl.float32)
+
+
+def _gemv_configs():
+    if _interpreting():
+        return [triton.Config({"BN": 16, "NG": 2}, num_warps=4)]
+    return [triton.Config({"BN": bn, "NG": ng}, num_warps=w, num_stages=s)
+            for bn, ng, w, s in [(8, 4, 4, 3), (16, 4, 4, 3), (32, 4, 8, 3), (8, 8, 4, 3), (16, 8, 8, 3),
+                                 (4, 16, 4, 3), (8, 16, 8, 2), (16, 16, 8, 2), (4, 32, 8, 2), (2, 32, 4, 3),
+                                 (8, 32, 8, 2), (32, 8, 8, 2)]]
+
+
+@triton.autotune(configs=_gemv_configs(), key=["N", "K", "GROUP"])
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
+                      GROUP: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr):
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    c = tl.arange(0, GH)  # byte inside a group
+    blocks = K // GROUP
+    acc = tl.zeros([BN], dtype=tl.float32)
+    x_row = x_ptr + m * stride_xm
+    for g0 in range(0, blocks, NG):
+        gi = g0 + tl.arange(0, NG)  # [NG] group indices
+        g_ok = gi < blocks
+        xk = gi[:, None] * GROUP + 2 * c[None, :]  # [NG, GH] the even k of each byte
+        xe = tl.load(x_row + xk, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        xo = tl.load(x_row + xk + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
+        mask3 = n_ok[:, None, None] & g_ok[None, :, None]
+        byte = tl.load(qw_ptr + n[:, None, None] * (K // 2) + gi[None, :, None] * GH + c[None, None, :],
+                       mask=mask3, other=0).to(tl.int32)  # [BN, NG, GH]
+        lo, hi = (byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32)
+        qx = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)  # [BN, NG]
+        xs = tl.sum(xe + xo, axis=1)  # [NG]
+        mask2 = n_ok[:, None] & g_ok[None, :]
+        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
+        zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)
+        acc += tl.sum(scale * (qx - zero * xs[None, :]), axis=1)
+    tl.store(y_ptr + m * N + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def _gemm_configs():
+    if _interpreting():
+        return [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]
+    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
+            for bm, bn, w, s in [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3),
+                                 (128, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3), (32, 64, 4, 4)]]
+
+
+@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "GROUP"])
+@triton.jit
+def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride_xm, M_BUCKET,
+                      GROUP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    c = tl.arange(0, GH)
+    kk = tl.arange(0, GROUP)
+    blocks = K // GROUP
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for g in range(0, blocks):  # one group of K per step
+        x = tl.load(x_ptr + m[:, None] * stride_xm + g * GROUP + kk[None, :], mask=m_ok[:, None], other=0.0)
+        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0)
+        byte = byte.to(tl.int32)  # [BN, GH]
+        scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
+        zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
+        zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
+        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
+        w = ((codes - zero[:, None]) * scale[:, None]).to(dt)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+    tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def int4_matmul(x, qweight, scales, zero_points):
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
+    assert GH * 2 >= 32, "the kernels need int4 groups of at least 32"
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    qweight, scales, zero_points = qweight.contiguous(), scales.contiguous(), zero_points.contiguous()
+    ZPW = zero_points.shape[1]
+    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    if M <= GEMV_MAX_ROWS:
+        grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
+        _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
+    else:
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+        prec = "ieee" if x.dtype == torch.float32 else "tf32"
+        _int4_gemm_kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
+                                triton.next_power_of_2(M), GROUP=GH * 2, PREC=prec)
+    return y.reshape(*x.shape[:-1], N)

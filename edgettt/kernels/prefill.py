@@ -1,0 +1,404 @@
+"""Prefill of a TTT-Linear layer in its linear-attention form: the parallel and the exact form.
+
+Both take the rotated per-head queries, keys, values and learning rates and return the layer's head
+outputs `q + LN(Zbar)` with the state left behind (DESIGN section 4). One signature, four functions:
+
+    fn(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None) -> (out, S, A)
+    q, k, v: [B, H, T, d] (one layout, the last dim contiguous; else copied)   lr: [B, H, T]
+    S0: [H, d+1, d] the initial fast weights [W1; b1]   gamma, beta: [H, d] (the inner LayerNorm)
+    eta_tok: [b] the mini-batch mask weights   start: position of the first token
+    S, A: [B, H, d+1, d] the state to continue from (None: S0 and zeros)
+    out: like q;  S, A: float32 [B, H, d+1, d]
+
+- `parallel_ref` / `parallel`: every value at S0, `Zbar = Qa S + ((Qa Ka^T) * M) Vh`.
+- `exact_ref` / `exact`: the values of each mini-batch at its own boundary state (recurrent across
+  mini-batches; equals the original TTT-Linear layer).
+
+The kernels work on aligned, whole mini-batches from a fresh A. The wrapper runs the few tokens up
+to the first mini-batch boundary (when `start` is not one) through the reference, then the kernel.
+
+`parallel` is two passes over the sequence, split into segments for parallelism: pass 1 sums each
+segment's `Ka^T Vh` (state increments, [d+1, d] per segment), pass 2 starts each segment from
+S plus the sums of the segments before it and writes the outputs tile by tile. `exact` has one
+program per (sequence, head) walking the mini-batches in order.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .. import linear_attention as la
+from ..ops import layer_norm
+
+LN_EPS = 1e-6
+
+
+# ---- references -----------------------------------------------------------------------------------
+
+def _gamma_beta(gamma, beta):
+    H, d = gamma.shape
+    return gamma.reshape(H, 1, d).float(), beta.reshape(H, 1, d).float()
+
+
+def _fresh_state(q, S0, S, A):
+    B = q.shape[0]
+    S = S0.float().expand(B, -1, -1, -1) if S is None else S.float()
+    return S, torch.zeros_like(S) if A is None else A.float()
+
+
+def parallel_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+    g, bt = _gamma_beta(gamma, beta)
+    q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
+    S, A = _fresh_state(q, S0, S, A)
+    qa, ka = la.augment(q), la.augment(k)
+    vh = la.linear_values(ka, k, v, lr, S0.float(), g, bt)
+    zbar, S, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start)
+    return q + layer_norm(zbar, g, bt), S, A
+
+
+def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+    from ..ops import segments
+
+    g, bt = _gamma_beta(gamma, beta)
+    q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
+    S, A = _fresh_state(q, S0, S, A)
+    outs = []
+    for offset, count, _ in segments(start, q.shape[2], eta_tok.shape[0]):
+        sl = slice(offset, offset + count)
+        qa, ka = la.augment(q[:, :, sl]), la.augment(k[:, :, sl])
+        vh = la.linear_values(ka, k[:, :, sl], v[:, :, sl], lr[:, :, sl], S, g, bt)
+        zbar, S, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start + offset)
+        outs.append(q[:, :, sl] + layer_norm(zbar, g, bt))
+    return torch.cat(outs, dim=2), S, A
+
+
+# ---- shared pieces of the kernels --------------------------------------------------------------------
+
+def _configs(warps=(4, 8), stages=(1, 2, 3)):
+    """Launch configurations to try on a GPU; one under the interpreter."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return [triton.Config({}, num_warps=4)]
+    return [triton.Config({}, num_warps=w, num_stages=s) for w in warps for s in stages]
+
+
+@triton.jit
+def _ln_l2_values(z, k, v, lr, gamma, beta, d_ok, D: tl.constexpr):
+    """vh = -lr * d/dz 0.5|LN(z) - (v - k)|^2, the closed form of DESIGN 3.4 (all fp32).
+    z, k, v: [BT, BD]; lr: [BT]; gamma, beta: [BD]; columns >= D are padding and come out zero."""
+    z = tl.where(d_ok[None, :], z, 0.0)
+    mu = tl.sum(z, axis=1) / D
+    zc = tl.where(d_ok[None, :], z - mu[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
+    xh = zc * rstd[:, None]
+    e = (gamma[None, :] * xh + beta[None, :] - (v - k)) * gamma[None, :]
+    e = tl.where(d_ok[None, :], e, 0.0)
+    g = (e - (tl.sum(e, axis=1) / D)[:, None] - xh * (tl.sum(e * xh, axis=1) / D)[:, None]) * rstd[:, None]
+    return tl.where(d_ok[None, :], -lr[:, None] * g, 0.0)
+
+
+@triton.jit
+def _ln_out(q, zbar, gamma, beta, d_ok, D: tl.constexpr):
+    """q + LN(zbar) over the D real columns (fp32)."""
+    zbar = tl.where(d_ok[None, :], zbar, 0.0)
+    mu = tl.sum(zbar, axis=1) / D
+    zc = tl.where(d_ok[None, :], zbar - mu[:, None], 0.0)
+    rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
+    return q + zc * rstd[:, None] * gamma[None, :] + beta[None, :]
+
+
+@triton.jit
+def _chunk_mask(rows, cols, eta_ptr, MB: tl.constexpr):
+    """M[t, j] for tile positions (aligned to mini-batches): eta_tok[t % MB] inside t's mini-batch,
+    eta_tok[MB-1] for an earlier one, 0 after t. [BT, BT] fp32."""
+    eta_row = tl.load(eta_ptr + rows % MB).to(tl.float32)
+    eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
+    same = (rows[:, None] // MB) == (cols[None, :] // MB)
+    m = tl.where(same, eta_row[:, None], eta_last)
+    return tl.where(rows[:, None] >= cols[None, :], m, 0.0)
+
+
+# ---- parallel form --------------------------------------------------------------------------------
+
+@triton.jit
+def _load_tile(ptr, rows, stride_t, cols, ok):
+    return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=ok, other=0.0)
+
+
+@triton.jit
+def _parallel_tile_values(k_ptr, v_ptr, lr_ptr, rows, cols, stride_t, stride_lr, row_ok, d_ok,
+                          w0, b0, gamma, beta, D: tl.constexpr, PREC: tl.constexpr):
+    """Load one tile's keys and compute its values at S0 = [w0; b0]. Returns k (input dtype), vh (fp32)."""
+    ok = row_ok[:, None] & d_ok[None, :]
+    k = _load_tile(k_ptr, rows, stride_t, cols, ok)  # [BT, BD]
+    v = _load_tile(v_ptr, rows, stride_t, cols, ok).to(tl.float32)
+    lr = tl.load(lr_ptr + rows * stride_lr, mask=row_ok, other=0.0).to(tl.float32)  # [BT]
+    z = tl.dot(k, w0, input_precision=PREC) + b0[None, :]  # [BT, BD]
+    return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
+
+
+@triton.autotune(configs=_configs(), key=["D", "BT"])
+@triton.jit
+def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr,
+                          T, T_DONE, H, TILES_PER_SEG, NSEG,
+                          stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
+                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
+                          STORE_VH: tl.constexpr):
+    """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
+    With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute."""
+    bh, seg = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols = tl.arange(0, BD)
+    d_ok = cols < D
+    w_ok = d_ok[:, None] & d_ok[None, :]
+    w0 = tl.load(s0_ptr + h * (D + 1) * D + cols[:, None] * D + cols[None, :], mask=w_ok, other=0.0)
+    b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    base = b.to(tl.int64) * stride_b + h * stride_h
+    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
+    w0 = w0.to(k_ptr.dtype.element_ty)
+    uw = tl.zeros([BD, BD], dtype=tl.float32)
+    ub = tl.zeros([BD], dtype=tl.float32)
+    dt = k_ptr.dtype.element_ty
+    for i in range(TILES_PER_SEG):
+        rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
+        row_ok = rows < (T if STORE_VH else T_DONE)
+        k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr_ptr + lbase, rows, cols, stride_t,
+                                      stride_lt, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+        if STORE_VH:
+            tl.store(vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :], vh.to(dt),
+                     mask=row_ok[:, None] & d_ok[None, :])
+            vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
+        uw += tl.dot(tl.trans(k), vh.to(dt), input_precision=PREC)  # [BD, BD]
+        ub += tl.sum(vh, axis=0)
+    out = u_ptr + (bh * NSEG + seg).to(tl.int64) * (D + 1) * D
+    tl.store(out + cols[:, None] * D + cols[None, :], uw, mask=w_ok)
+    tl.store(out + D * D + cols, ub, mask=d_ok)
+
+
+@triton.autotune(configs=_configs(), key=["D", "BT", "MB"])
+@triton.jit
+def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr,
+                         s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
+                         T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
+                         stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
+                         stride_ob, stride_oh, stride_ot,
+                         D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
+                         PREC: tl.constexpr, LOAD_VH: tl.constexpr):
+    """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it)."""
+    bh, seg = tl.program_id(0), tl.program_id(1)
+    b, h = bh // H, bh % H
+    cols = tl.arange(0, BD)
+    d_ok = cols < D
+    w_ok = d_ok[:, None] & d_ok[None, :]
+    dt = q_ptr.dtype.element_ty
+    sq = cols[:, None] * D + cols[None, :]  # [BD, BD] offsets of W inside a [D+1, D] state
+    w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(dt)
+    b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    gamma = tl.load(gamma_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
+    # the running state: S, plus every earlier segment's committed increments
+    s_in = s_in_ptr + b.to(tl.int64) * stride_sb + h * (D + 1) * D
+    rw = tl.load(s_in + sq, mask=w_ok, other=0.0).to(tl.float32)  # [BD, BD]
+    rb = tl.load(s_in + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)  # [BD]
+    for s in range(seg):
+        u = u_ptr + (bh * NSEG + s).to(tl.int64) * (D + 1) * D
+        rw += eta_last * tl.load(u + sq, mask=w_ok, other=0.0)
+        rb += eta_last * tl.load(u + D * D + cols, mask=d_ok, other=0.0)
+    base = b.to(tl.int64) * stride_b + h * stride_h
+    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
+    obase = b.to(tl.int64) * stride_ob + h * stride_oh
+    aw = tl.zeros([BD, BD], dtype=tl.float32)  # the unfinished last mini-batch: becomes A
+    ab = tl.zeros([BD], dtype=tl.float32)
+    for i in range(TILES_PER_SEG):
+        rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
+        row_ok = rows < T
+        if LOAD_VH:
+            k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
+            vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, row_ok[:, None] & d_ok[None, :])
+            vh = vh.to(tl.float32)
+        else:
+            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr_ptr + lbase, rows, cols, stride_t,
+                                          stride_lt, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+        q = _load_tile(q_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
+        scores = tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0  # [BT, BT] = qa . ka
+        p = scores * _chunk_mask(rows, rows, eta_ptr, MB)
+        zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
+        zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
+        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
+        tl.store(o_ptr + obase + rows[:, None] * stride_ot + cols[None, :], out.to(dt),
+                 mask=row_ok[:, None] & d_ok[None, :])
+        done = rows < T_DONE
+        vh_done = tl.where(done[:, None], vh, 0.0)
+        rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
+        rb += eta_last * tl.sum(vh_done, axis=0)
+        if (seg * TILES_PER_SEG + i + 1) * BT > T_DONE:  # the tile holding the unfinished mini-batch
+            vh_open = tl.where((row_ok & ~done)[:, None], vh, 0.0)
+            aw += tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC)
+            ab += tl.sum(vh_open, axis=0)
+    if seg == LAST_SEG:
+        st = bh.to(tl.int64) * (D + 1) * D
+        tl.store(s_out_ptr + st + sq, rw, mask=w_ok)
+        tl.store(s_out_ptr + st + D * D + cols, rb, mask=d_ok)
+        tl.store(a_out_ptr + st + sq, aw, mask=w_ok)
+        tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
+
+
+def _same_layout(q, k, v):
+    """q, k, v with one set of strides and a contiguous last dim (the kernels share their strides)."""
+    if q.stride(-1) == 1 and q.stride() == k.stride() == v.stride():
+        return q, k, v
+    return q.contiguous(), k.contiguous(), v.contiguous()
+
+
+def _precision(dtype):
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _head_start(fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A):
+    """Run the tokens before the first mini-batch boundary through the reference.
+    Returns (head output or None, number of tokens done, S, A) with S, A ready for the kernel."""
+    b, T = eta_tok.shape[0], q.shape[2]
+    S, A = _fresh_state(q, S0, S, A)
+    lead = (-start) % b
+    if lead == 0 and bool(A.any()):  # A at a boundary counts as part of the next mini-batch
+        lead = b
+    lead = min(lead, T)
+    if lead == 0:
+        return None, 0, S, None
+    out, S, A = fn_ref(q[:, :, :lead], k[:, :, :lead], v[:, :, :lead], lr[:, :, :lead], S0, gamma, beta,
+                       eta_tok, start, S, A)
+    return out.to(q.dtype), lead, S, A
+
+
+def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A):
+    head, lead, S, A = _head_start(fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
+    if lead == q.shape[2]:
+        return head, S, A
+    sl = slice(lead, None)
+    out, S, A = kernel(q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], S0, gamma, beta, eta_tok, S.contiguous())
+    return (out if head is None else torch.cat((head, out), dim=2)), S, A
+
+
+def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=False):
+    B, H, T, D = q.shape
+    MB = eta_tok.shape[0]
+    BT = max(tile, MB)
+    assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
+    BD = max(16, triton.next_power_of_2(D))
+    tiles = triton.cdiv(T, BT)
+    if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor
+        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+        segments = max(1, min(tiles, triton.cdiv(4 * sms, B * H)))
+    per_seg = triton.cdiv(tiles, segments)
+    segments = triton.cdiv(tiles, per_seg)
+    t_done = T - T % MB
+    f32 = dict(device=q.device, dtype=torch.float32)
+    U = torch.empty(B * H, segments, D + 1, D, **f32)
+    S_out, A_out = torch.empty(B, H, D + 1, D, **f32), torch.empty(B, H, D + 1, D, **f32)
+    o = torch.empty_like(q)
+    S0, gamma, beta = S0.float().contiguous(), gamma.float().contiguous(), beta.float().contiguous()
+    eta = eta_tok.float().contiguous()
+    sb, sh, st, _ = q.stride()
+    lb, lh, lt = lr.stride()
+    prec = _precision(q.dtype)
+    vh = torch.empty(B * H, T, D, device=q.device, dtype=q.dtype) if store_values else U
+    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg, segments,
+                                             sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT, PREC=prec,
+                                             STORE_VH=store_values)
+    _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, S, o, S_out, A_out,
+                                            T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
+                                            sb, sh, st, lb, lh, lt, *o.stride()[:3],
+                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values)
+    return o, S_out, A_out
+
+
+def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+    q, k, v = _same_layout(q, k, v)
+    return _with_head(_parallel_aligned, parallel_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
+
+
+# ---- exact form -------------------------------------------------------------------------------------
+
+@triton.autotune(configs=_configs(warps=(2, 4, 8), stages=(1, 2)), key=["D", "MB"])
+@triton.jit
+def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_in_ptr, o_ptr,
+                  s_out_ptr, a_out_ptr, T, H, stride_sb,
+                  stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
+                  stride_ob, stride_oh, stride_ot,
+                  D: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, BM: tl.constexpr, PREC: tl.constexpr):
+    """One (sequence, head): mini-batch after mini-batch, values at the boundary state (W, wb).
+    A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real."""
+    bh = tl.program_id(0)
+    b, h = bh // H, bh % H
+    cols = tl.arange(0, BD)
+    d_ok = cols < D
+    w_ok = d_ok[:, None] & d_ok[None, :]
+    dt = q_ptr.dtype.element_ty
+    sq = cols[:, None] * D + cols[None, :]
+    gamma = tl.load(gamma_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    beta = tl.load(beta_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+    eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
+    s_in = s_in_ptr + b.to(tl.int64) * stride_sb + h * (D + 1) * D
+    w = tl.load(s_in + sq, mask=w_ok, other=0.0).to(tl.float32)  # [BD, BD] the boundary state
+    wb = tl.load(s_in + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)  # [BD]
+    base = b.to(tl.int64) * stride_b + h * stride_h
+    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
+    obase = b.to(tl.int64) * stride_ob + h * stride_oh
+    inner = tl.arange(0, BM)
+    mask = _chunk_mask(inner, inner, eta_ptr, MB)  # [BM, BM]: one mini-batch's M (rows >= MB unused)
+    aw = tl.zeros([BD, BD], dtype=tl.float32)
+    ab = tl.zeros([BD], dtype=tl.float32)
+    for start in range(0, T, MB):
+        rows = start + inner
+        row_ok = (rows < T) & (inner < MB)
+        ok = row_ok[:, None] & d_ok[None, :]
+        q = _load_tile(q_ptr + base, rows, stride_t, cols, ok)  # [BM, BD]
+        k = _load_tile(k_ptr + base, rows, stride_t, cols, ok)
+        v = _load_tile(v_ptr + base, rows, stride_t, cols, ok).to(tl.float32)
+        lr = tl.load(lr_ptr + lbase + rows * stride_lt, mask=row_ok, other=0.0).to(tl.float32)
+        w_dt = w.to(dt)
+        z = tl.dot(k, w_dt, input_precision=PREC) + wb[None, :]
+        vh = _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
+        vh = tl.where(row_ok[:, None], vh, 0.0)
+        p = (tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0) * mask
+        zbar = tl.dot(q, w_dt, input_precision=PREC) + wb[None, :] + tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)
+        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
+        tl.store(o_ptr + obase + rows[:, None] * stride_ot + cols[None, :], out.to(dt), mask=ok)
+        uw = tl.dot(tl.trans(k), vh.to(dt), input_precision=PREC)
+        ub = tl.sum(vh, axis=0)
+        if start + MB <= T:  # a whole mini-batch: commit
+            w += eta_last * uw
+            wb += eta_last * ub
+        else:  # the unfinished last one stays in A
+            aw, ab = uw, ub
+    st = bh.to(tl.int64) * (D + 1) * D
+    tl.store(s_out_ptr + st + sq, w, mask=w_ok)
+    tl.store(s_out_ptr + st + D * D + cols, wb, mask=d_ok)
+    tl.store(a_out_ptr + st + sq, aw, mask=w_ok)
+    tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
+
+
+def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S):
+    B, H, T, D = q.shape
+    MB = eta_tok.shape[0]
+    assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
+    BD = max(16, triton.next_power_of_2(D))
+    f32 = dict(device=q.device, dtype=torch.float32)
+    S_out, A_out = torch.empty(B, H, D + 1, D, **f32), torch.empty(B, H, D + 1, D, **f32)
+    o = torch.empty_like(q)
+    gamma, beta, eta = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
+    _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, T, H, S.stride(0),
+                            *q.stride()[:3], *lr.stride(), *o.stride()[:3],
+                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=_precision(q.dtype))
+    return o, S_out, A_out
+
+
+def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+    q, k, v = _same_layout(q, k, v)
+    return _with_head(_exact_aligned, exact_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)

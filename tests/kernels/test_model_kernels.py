@@ -1,0 +1,51 @@
+"""The models with their kernels switched on against the same models on the torch path.
+
+On a CPU the kernels run in the Triton interpreter: `kernels_enabled` is patched to say yes."""
+
+import pytest
+import torch
+
+from conftest import rel_err
+from edgettt import convert
+from edgettt.quantize import QuantConfig, quantize_
+
+
+def use_kernels(monkeypatch, on: bool):
+    for module in ("edgettt.converted", "edgettt.quantize"):
+        monkeypatch.setattr(f"{module}.kernels_enabled", lambda x, on=on: on and (x.is_cuda or not torch.cuda.is_available()))
+
+
+def prefill_then_decode(model, ids, split):
+    logits, state = model.prefill(ids[:, :split])
+    outs = [logits]
+    for t in range(split, ids.shape[1]):
+        step, state = model.step(ids[:, t], state)
+        outs.append(step[:, None])
+    return torch.cat(outs, dim=1), state
+
+
+@pytest.mark.parametrize("form", ["parallel", "exact"])
+@torch.no_grad()
+def test_converted_model_with_kernels_matches_torch_path(tiny_model, monkeypatch, form):
+    model = convert(tiny_model("linear", seed=2, mini_batch_size=8, hidden_size=64), form)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 45), generator=torch.Generator().manual_seed(0)).to(device)
+    use_kernels(monkeypatch, False)
+    expected, state_ref = prefill_then_decode(model, ids, 37)  # prefill ends mid-mini-batch, decode commits
+    use_kernels(monkeypatch, True)
+    got, state = prefill_then_decode(model, ids, 37)
+    assert rel_err(got, expected) < 1e-5
+    for name in state_ref.layers[0]:
+        assert rel_err(state.layers[0][name], state_ref.layers[0][name]) < 1e-5, name
+
+
+@torch.no_grad()
+def test_int4_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch):
+    model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
+    quantize_(model, QuantConfig(weights="int4", group_size=32))
+    ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
+    use_kernels(monkeypatch, False)
+    expected = model(ids)
+    use_kernels(monkeypatch, True)
+    assert rel_err(model(ids), expected) < 1e-5

@@ -1,0 +1,114 @@
+"""The parallel- and exact-form prefill kernels against their plain-torch references.
+
+CPU: the Triton interpreter, fp32 and fp16; GPU (marked): compiled, bf16 too, the paper's shape."""
+
+import pytest
+import torch
+
+from conftest import rel_err
+from edgettt.kernels import prefill
+
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+# named tolerances (relative RMS error of outputs and states against the fp32 reference)
+TOL = {torch.float32: 1e-5, torch.float16: 5e-3, torch.bfloat16: 3e-2}
+FORMS = {"parallel": (prefill.parallel, prefill.parallel_ref), "exact": (prefill.exact, prefill.exact_ref)}
+
+
+def layer_inputs(B, H, T, d, b, dtype, device, seed=0, layout="bhtd"):
+    """Rotated q, k, v as the model makes them ([B, T, H, d] memory seen as [B, H, T, d])."""
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    qkv = r(3, B, T, H, d) if layout == "bthd" else r(3, B, H, T, d)
+    qkv = qkv.to(device=device, dtype=dtype)
+    q, k, v = (x.transpose(1, 2) for x in qkv) if layout == "bthd" else qkv
+    lr = (torch.rand(B, H, T, generator=g) * 0.05).to(device)
+    S0 = torch.cat((0.2 * r(H, d, d), 0.1 * r(H, 1, d)), dim=1).to(device)
+    gamma, beta = (1 + 0.1 * r(H, d)).to(device), (0.1 * r(H, d)).to(device)
+    eta = (1.0 / torch.arange(1, b + 1) + 0.05 * r(b)).clamp_min(0).to(device)
+    return q, k, v, lr, S0, gamma, beta, eta
+
+
+def state(B, H, d, device, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    S = torch.cat((0.2 * torch.randn(B, H, d, d, generator=g), 0.1 * torch.randn(B, H, 1, d, generator=g)), 2)
+    return S.to(device), (0.05 * torch.randn(B, H, d + 1, d, generator=g)).to(device)
+
+
+def check(form, B, H, T, d, b, dtype, device, start=0, with_state=False, layout="bhtd"):
+    kernel, reference = FORMS[form]
+    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(B, H, T, d, b, dtype, device, layout=layout)
+    S, A = state(B, H, d, device) if with_state else (None, None)
+    out_ref, S_ref, A_ref = reference(q, k, v, lr, S0, gamma, beta, eta, start, S, A)
+    out, S_new, A_new = kernel(q, k, v, lr, S0, gamma, beta, eta, start, S, A)
+    assert out.shape == q.shape and out.dtype == q.dtype and not torch.isnan(out).any()
+    tol = TOL[dtype]
+    assert rel_err(out.float(), out_ref) < tol, ("out", dtype)
+    assert rel_err(S_new, S_ref) < tol, ("S", dtype)
+    if A_ref.abs().max() > 0:
+        assert rel_err(A_new, A_ref) < tol, ("A", dtype)
+    else:
+        assert A_new.abs().max() == 0
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("T,d,b", [(200, 16, 16), (75, 48, 8)])  # T ends inside a mini-batch; d of 48 pads
+def test_kernel_matches_reference_from_the_start(device, form, dtype, T, d, b):
+    check(form, 2, 3, T, d, b, dtype, device)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("form", FORMS)
+@pytest.mark.parametrize("start,T", [(5, 70), (16, 40), (3, 4)])  # continue mid-mini-batch; aligned; short
+def test_kernel_continues_a_state(device, form, start, T):
+    check(form, 1, 2, T, 16, 16, torch.float32, device, start=start, with_state=True, layout="bthd")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parallel_segments_agree(device):
+    """Pass 2 starts each segment from the sums of the ones before it: any split gives one answer."""
+    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(1, 2, 300, 16, 16, torch.float32, device)
+    S = S0.expand(1, -1, -1, -1).contiguous()
+    one = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=1)
+    four = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=4)
+    for a, b in zip(one, four):
+        assert rel_err(a, b) < 1e-6
+
+
+def test_exact_reference_is_the_model_exact_form(tiny_model):
+    """exact_ref is what the converted model computes in form exact (same layer, same inputs)."""
+    from edgettt import convert
+
+    model = convert(tiny_model("linear", mini_batch_size=8), form="exact")
+    layer = model.model.layers[0].seq_modeling_block
+    x = torch.randn(1, 21, 32)
+    state = layer.init_state(1)
+    q, k, v = layer.project(x, {}, 0)
+    H, d = layer.num_heads, layer.head_dim
+    out, S, A = prefill.exact_ref(q, k, v, layer.learning_rates(x), layer.state0, layer.value_norm.weight,
+                                  layer.value_norm.bias, layer.mask_eta, 0)
+    expected = layer(x, state, 0)
+    assert rel_err(layer.finish(x, out), expected) < 1e-5
+    assert rel_err(S, state["S1"]) < 1e-5 and rel_err(A, state["A1"]) < 1e-5
+    assert (H, d) == tuple(layer.value_norm.weight.shape)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("form", FORMS)
+def test_kernel_bf16_benchmark_shape_on_gpu(form):
+    """bf16 on the benchmark's head shape (d = 64, b = 16), a few thousand tokens."""
+    check(form, 2, 4, 4096 + 5, 64, 16, torch.bfloat16, "cuda", layout="bthd")
+    check(form, 1, 2, 1000, 64, 16, torch.bfloat16, "cuda", start=7, with_state=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_parallel_stored_values_agree(device):
+    """Pass 2 reading the values pass 1 stored equals pass 2 recomputing them."""
+    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(1, 2, 150, 16, 16, torch.float32, device)
+    S = S0.expand(1, -1, -1, -1).contiguous()
+    recomputed = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2)
+    stored = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, store_values=True)
+    for a, b in zip(recomputed, stored):
+        assert rel_err(a, b) < 1e-6
