@@ -1,10 +1,15 @@
-"""Benchmark: design choices of the parallel-form prefill kernel (edgettt/kernels/prefill.py), on CUDA.
+"""Benchmark: design choices of the parallel-form prefill kernel, on CUDA (which variant the code
+keeps, and why).
 
-    python benchmarks/bench_parallel_variants.py --json benchmarks/results/parallel_variants_h200.json
+    python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
 
-Pass 2 either recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more bytes,
-less arithmetic); the sequence is split into segments (programs per (sequence, head)) for
-parallelism. bf16, B=4, H=16, d=64, T=32768: the issue's target shape.
+- parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
+  target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
+  bytes, less arithmetic); segments per (sequence, head); pass 1 timed alone.
+
+The committed results also hold int4 GEMV rows from the same run (commit 99f9c40's script): 3-D
+tiles [rows, groups, bytes] against 2-D byte tiles reshaped into groups; the 2-D kernel won (11.1 vs
+14.2 us at 4096x4096, 24.1 vs 30.9 us at 11008x4096) and is the one kept.
 """
 
 import argparse
@@ -16,27 +21,35 @@ from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms
 from edgettt.kernels import prefill
 
 
+def parallel_rows(T, ceiling):
+    B, H, d = 4, 16, 64
+    q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
+    S = S0.expand(B, -1, -1, -1).contiguous()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tensor = q.numel() * q.element_size()
+    rows = []
+    cases = [(store, per_sm, 64) for store in (False, True) for per_sm in (2, 4, 8)] + [(True, 4, 32), (True, 4, 128)]
+    for store, per_sm, tile in cases:
+        segments = max(1, per_sm * sms // (B * H))
+        for first in (True, False):
+            ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, tile=tile,
+                                                            segments=segments, store_values=store, first_pass_only=first))
+            # pass 1 reads k, v (and writes vh); pass 2 reads q, k, v or vh and writes o
+            moved = tensor * ((3 if store else 2) if first else (7 if store else 6))
+            r = {"kernel": "parallel", "store_values": store, "segments": segments, "tile": tile,
+                 "passes": "1" if first else "1+2", "ms": ms, "fraction_of_copy": moved / (ms * 1e-3) / ceiling}
+            rows.append(r)
+            print(json.dumps(r))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=32768)
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ceiling = copy_bandwidth()
-    B, H, d, T = 4, 16, 64, args.seq_len
-    q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
-    S = S0.expand(B, -1, -1, -1).contiguous()
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = []
-    for store in (False, True):
-        for per_sm in (1, 2, 4, 8, 16):
-            segments = max(1, per_sm * sms // (B * H))
-            ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=segments,
-                                                            store_values=store))
-            moved = (6 + (2 if store else 0)) * q.numel() * q.element_size()
-            rows.append({"store_values": store, "segments": segments, "ms": ms,
-                         "GBps": moved / ms / 1e6, "fraction_of_copy": moved / (ms * 1e-3) / ceiling})
-            print(f"store_values={store!s:5} segments={segments:4d}  {ms:.3f} ms  {rows[-1]['GBps']:.0f} GB/s "
-                  f"({rows[-1]['fraction_of_copy']:.1%} of copy)")
+    rows = parallel_rows(args.seq_len, ceiling)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -25,13 +25,17 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 # ---- timing ---------------------------------------------------------------------------------------
 
-def time_ms(fn, budget_ms: float = 300.0) -> float:
-    """Median time of `fn` in ms. Fast functions go through triton's do_bench (L2 flushed between
-    runs); slow ones (the torch references) are timed with CUDA events, at least 3 runs."""
-    from triton.testing import do_bench
+def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
+    """Median time of `fn` in ms. With `graph`, the replays of a captured CUDA graph (no launch
+    gaps: for microsecond kernels; the caller rotates inputs past L2). Otherwise fast functions go
+    through triton's do_bench (L2 flushed between runs) and slow ones (the torch references) are
+    timed with CUDA events, at least 3 runs."""
+    from triton.testing import do_bench, do_bench_cudagraph
 
     fn()
     torch.cuda.synchronize()
+    if graph:
+        return do_bench_cudagraph(fn, rep=budget_ms, return_mode="median")
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     fn()
@@ -48,6 +52,22 @@ def time_ms(fn, budget_ms: float = 300.0) -> float:
         torch.cuda.synchronize()
         times.append(start.elapsed_time(end))
     return statistics.median(times)
+
+
+def time_rotating_ms(calls: list, graph: bool = True) -> tuple[float, str]:
+    """Time per call of a list of calls over different buffers (together larger than L2), run back to
+    back in a CUDA graph, or with events around the eager list (calls that cannot be captured)."""
+    def run_all():
+        for call in calls:
+            call()
+    return time_ms(run_all, graph=graph) / len(calls), "cuda graph" if graph else "events"
+
+
+L2_ROTATION_BYTES = 512 << 20  # rotate inputs over at least this much memory: several times the L2
+
+
+def copies_for(nbytes: int) -> int:
+    return max(2, math.ceil(L2_ROTATION_BYTES / max(nbytes, 1)))
 
 
 def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
@@ -140,71 +160,94 @@ def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict
 
 # ---- decode: the state step --------------------------------------------------------------------------
 
-def state_step_rows(B, H, d, dtype, ceiling, sets=8) -> list[dict]:
-    """One decode token of one layer's state for B sequences, float state vs int8 state (A in `dtype`).
-    The step of a token that ends its mini-batch (commit) is timed too. State sets rotate past L2."""
+STATE_KINDS = (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("int8", torch.float32))
+
+
+def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
+    """One decode token of one layer's state for B sequences (vectors qa, ka, vh in `dtype`): S and A
+    in float32 (the models' default), in bfloat16, and S in int8 with A in float32 (the models' int8
+    state); also the step of a token that ends its mini-batch (commit). State sets rotate past L2."""
     Dk, Dv = d + 1, d
-    g = lambda *s: torch.randn(*s, device="cuda", dtype=dtype)  # noqa: E731
+    g = lambda *s, dt=dtype: torch.randn(*s, device="cuda", dtype=dt)  # noqa: E731
     qa, ka, vh, out = g(B, H, Dk), g(B, H, Dk), g(B, H, Dv), g(B, H, Dv)
     eta = 1.0 / torch.arange(1, 17, device="cuda", dtype=torch.float32)
     S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
+    elements = B * H * Dk * Dv
     rows = []
-    for state in ("float", "int8"):
-        if state == "int8":
-            sets_ = [(torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8), g(B, H, Dk, Dv))
-                     for _ in range(sets)]
+    for kind, a_dtype in STATE_KINDS:
+        s_bytes = 1 if kind == "int8" else a_dtype.itemsize
+        sets = copies_for(elements * (s_bytes + a_dtype.itemsize))
+        if kind == "int8":
+            states = [(torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8), g(B, H, Dk, Dv, dt=a_dtype))
+                      for _ in range(sets)]
             step = lambda S, A, i: decode.decode_step_int8(qa, ka, vh, S, scale, S0, A, eta, i, out=out)  # noqa: E731
         else:
-            sets_ = [(g(B, H, Dk, Dv), g(B, H, Dk, Dv)) for _ in range(sets)]
+            states = [(g(B, H, Dk, Dv, dt=a_dtype), g(B, H, Dk, Dv, dt=a_dtype)) for _ in range(sets)]
             step = lambda S, A, i: decode.decode_step(qa, ka, vh, S, A, eta, i, out=out)  # noqa: E731
-        s_bytes = 1 if state == "int8" else dtype.itemsize
         for commit in (False, True):
-            counter = [0]
-
-            def run(step=step, sets_=sets_, inner=15 if commit else 3):
-                S, A = sets_[counter[0] % sets]
-                counter[0] += 1
-                step(S, A, inner)
-
-            elements = B * H * Dk * Dv
-            moved = elements * (s_bytes * (2 if commit else 1) + 2 * dtype.itemsize) + B * H * (2 * Dk + 2 * Dv) * dtype.itemsize
-            name = f"state {state if state == 'int8' else str(dtype).replace('torch.', '')}" + (" commit" if commit else "")
-            rows.append(row("decode state", name, time_ms(run), moved, ceiling, B, B=B, H=H, d=d,
-                            A_dtype=str(dtype).replace("torch.", ""), bytes_per_token=moved / B))
-        del sets_
-    add_ratios(rows, [f"state {str(dtype).replace('torch.', '')}"])
+            inner = 15 if commit else 3
+            ms, timing = time_rotating_ms([lambda S=S, A=A: step(S, A, inner) for S, A in states])
+            moved = elements * (s_bytes * (2 if commit else 1) + 2 * a_dtype.itemsize) + B * H * (2 * Dk + 2 * Dv) * dtype.itemsize
+            if kind == "int8":
+                moved += H * Dk * Dv * 4 + H * Dk * 4  # S0 and the scales, shared by the batch
+            rows.append(row("decode state", f"state {kind}" + (" commit" if commit else ""), ms, moved, ceiling, B,
+                            B=B, H=H, d=d, A_dtype=str(a_dtype).replace("torch.", ""), bytes_per_token=moved / B,
+                            timing=timing))
+        del states
+    add_ratios(rows, ["state float32", "state float32 commit"])
     return rows
 
 
 # ---- weights: GEMV and GEMM ---------------------------------------------------------------------------
 
-def weight_rows(N, K, M, dtype, ceiling, group=64) -> list[dict]:
+def weight_variants(N, K, dtype, group=64) -> dict:
+    """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
+    CUDA graph)."""
     from .quantize import quantize_int4_rtn
 
     w = torch.randn(N, K, device="cuda") * 0.02
-    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    dt_name = str(dtype).replace("torch.", "")
     t = quantize_int4_rtn(w, group)
     packed = (t["qweight"], t["scales"], t["zero_points"])
-    w16 = w.to(dtype)
-    act = 2 * M * (K + N) * dtype.itemsize
-    runs = {f"{str(dtype).replace('torch.', '')} (torch.matmul)": (lambda: x @ w16.T, N * K * dtype.itemsize),
-            "int4 g64 (edgettt kernel)": (lambda: int4.int4_matmul(x, *packed), sum(p.nbytes for p in packed))}
+    variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True),
+                f"int4 g{group} (edgettt kernel)": (lambda: tuple(p.clone() for p in packed),
+                                                    lambda x, c: int4.int4_matmul(x, *c), sum(p.nbytes for p in packed),
+                                                    True)}
     try:
         import bitsandbytes as bnb
+        import bitsandbytes.functional as bnbf
 
-        qw, qs = bnb.functional.quantize_4bit(w.to(dtype), blocksize=64, quant_type="nf4", compress_statistics=False)
-        runs["nf4 b64 (bitsandbytes)"] = (lambda: bnb.matmul_4bit(x, qw.t(), quant_state=qs), qw.nbytes + qs.absmax.nbytes)
+        qw, qs = bnbf.quantize_4bit(w.to(dtype), blocksize=64, quant_type="nf4", compress_statistics=False)
+        variants["nf4 b64 (bitsandbytes)"] = (lambda: (qw.clone(), qs), lambda x, c: bnb.matmul_4bit(x, c[0].t(), quant_state=c[1]),
+                                              qw.nbytes + qs.absmax.nbytes, True)
         if dtype == torch.float16:
-            cb, scb, _ = bnb.functional.int8_vectorwise_quant(w.half())
-            state = bnb.MatmulLtState()
-            state.CB, state.SCB, state.threshold, state.has_fp16_weights = cb, scb, 6.0, False
-            runs["int8 LLM.int8 (bitsandbytes)"] = (lambda: bnb.matmul(x, cb, state=state), cb.nbytes + scb.nbytes)
+            cb, scb, _ = bnbf.int8_vectorwise_quant(w.half())
+
+            def llm_int8(x, c):
+                state = bnb.MatmulLtState()
+                state.CB, state.SCB, state.threshold, state.has_fp16_weights = c[0], c[1], 6.0, False
+                return bnb.matmul(x, c[0], state=state)
+            # its outlier search synchronises: timed eagerly
+            variants["int8 LLM.int8 (bitsandbytes)"] = (lambda: (cb.clone(), scb), llm_int8, cb.nbytes + scb.nbytes, False)
     except Exception:  # not installed, or no CUDA backend
         pass
+    return variants
+
+
+def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
+    """x [M, K] through one weight matrix [N, K] stored in each format; weight copies rotate past L2."""
+    x = torch.randn(M, K, device="cuda", dtype=dtype)
+    act = M * (K + N) * dtype.itemsize
     group_name = "decode GEMV (M=1)" if M == 1 else f"prefill GEMM (M={M})"
-    rows = [row(group_name, name, time_ms(fn), nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes)
-            for name, (fn, nbytes) in runs.items()]
-    add_ratios(rows, [f"{str(dtype).replace('torch.', '')} (torch.matmul)", "nf4 b64 (bitsandbytes)"])
+    rows = []
+    for name, (copy, matmul, nbytes, capturable) in weight_variants(N, K, dtype).items():
+        copies = [copy() for _ in range(copies_for(nbytes) if M == 1 else 2)]
+        ms, timing = time_rotating_ms([lambda c=c: matmul(x, c) for c in copies], capturable)
+        rows.append(row(group_name, name, ms, nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes,
+                        bits_per_weight=8 * nbytes / (N * K), timing=timing))
+        del copies
+    dt_name = str(dtype).replace("torch.", "")
+    add_ratios(rows, [f"{dt_name} (torch.matmul)", "nf4 b64 (bitsandbytes)"])
     return rows
 
 

@@ -6,9 +6,9 @@
     returns y: [..., N] in x's dtype
 
 `int4_matmul_ref` dequantizes in torch. `int4_matmul` picks a kernel by the number of rows M:
-- GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K; a step reads NG whole
-  groups: per group `scale * (sum_k code_k x_k - zero * sum_k x_k)`,
-  so the codes are never turned into weights one by one.
+- GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K; a step reads a byte
+  tile [BN, BKB] (wide loads along K) that covers whole groups, each group summed as
+  `scale * (sum_k code_k x_k - zero * sum_k x_k)`: the codes never become weights one by one.
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers.
 """
@@ -44,38 +44,40 @@ def _zero_points(zp_ptr, n, gi, ZPW, mask):
 
 def _gemv_configs():
     if _interpreting():
-        return [triton.Config({"BN": 16, "NG": 2}, num_warps=4)]
-    return [triton.Config({"BN": bn, "NG": ng}, num_warps=w, num_stages=s)
-            for bn, ng, w, s in [(8, 4, 4, 3), (16, 4, 4, 3), (32, 4, 8, 3), (8, 8, 4, 3), (16, 8, 8, 3),
-                                 (4, 16, 4, 3), (8, 16, 8, 2), (16, 16, 8, 2), (4, 32, 8, 2), (2, 32, 4, 3),
-                                 (8, 32, 8, 2), (32, 8, 8, 2)]]
+        return [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]
+    return [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
+            for bn, bkb, w, s in [(8, 128, 4, 3), (16, 128, 4, 3), (4, 256, 4, 3), (8, 256, 4, 3), (16, 256, 8, 3),
+                                  (32, 128, 8, 3), (4, 512, 4, 2), (8, 512, 8, 2), (2, 512, 4, 3), (16, 64, 4, 4),
+                                  (2, 1024, 4, 2), (4, 1024, 8, 2), (8, 1024, 8, 2), (4, 256, 2, 4), (2, 256, 1, 4),
+                                  (4, 128, 2, 4), (16, 512, 8, 2), (32, 256, 8, 2)]]
 
 
 @triton.autotune(configs=_gemv_configs(), key=["N", "K", "GROUP"])
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
-                      GROUP: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr):
+                      GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
+    """Byte tiles [BN, BKB] (contiguous along K: wide loads), reshaped into groups for the scales."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     GH: tl.constexpr = GROUP // 2
+    NGS: tl.constexpr = BKB // GH
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    c = tl.arange(0, GH)  # byte inside a group
+    j = tl.arange(0, BKB)
+    KB = K // 2
     blocks = K // GROUP
     acc = tl.zeros([BN], dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
-    for g0 in range(0, blocks, NG):
-        gi = g0 + tl.arange(0, NG)  # [NG] group indices
-        g_ok = gi < blocks
-        xk = gi[:, None] * GROUP + 2 * c[None, :]  # [NG, GH] the even k of each byte
-        xe = tl.load(x_row + xk, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        xo = tl.load(x_row + xk + 1, mask=g_ok[:, None], other=0.0).to(tl.float32)
-        mask3 = n_ok[:, None, None] & g_ok[None, :, None]
-        byte = tl.load(qw_ptr + n[:, None, None] * (K // 2) + gi[None, :, None] * GH + c[None, None, :],
-                       mask=mask3, other=0).to(tl.int32)  # [BN, NG, GH]
-        lo, hi = (byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32)
-        qx = tl.sum(lo * xe[None, :, :] + hi * xo[None, :, :], axis=2)  # [BN, NG]
-        xs = tl.sum(xe + xo, axis=1)  # [NG]
-        mask2 = n_ok[:, None] & g_ok[None, :]
+    for j0 in range(0, KB, BKB):
+        j_ok = j0 + j < KB
+        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
+        byte = byte.to(tl.int32)  # [BN, BKB]
+        xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
+        xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
+        prod = (byte & 0xF).to(tl.float32) * xe[None, :] + (byte >> 4).to(tl.float32) * xo[None, :]
+        qx = tl.sum(tl.reshape(prod, [BN, NGS, GH]), axis=2)  # [BN, NGS]
+        xs = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
+        gi = j0 // GH + tl.arange(0, NGS)
+        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
         scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
         zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)
         acc += tl.sum(scale * (qx - zero * xs[None, :]), axis=1)

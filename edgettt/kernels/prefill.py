@@ -7,7 +7,8 @@ outputs `q + LN(Zbar)` with the state left behind (DESIGN section 4). One signat
     q, k, v: [B, H, T, d] (one layout, the last dim contiguous; else copied)   lr: [B, H, T]
     S0: [H, d+1, d] the initial fast weights [W1; b1]   gamma, beta: [H, d] (the inner LayerNorm)
     eta_tok: [b] the mini-batch mask weights   start: position of the first token
-    S, A: [B, H, d+1, d] the state to continue from (None: S0 and zeros)
+    S, A: [B, H, d+1, d] the state to continue from (None: S0 and zeros; pass A=None whenever it is
+          known to be zero, e.g. at a mini-batch boundary of a model's state: it saves a reference step)
     out: like q;  S, A: float32 [B, H, d+1, d]
 
 - `parallel_ref` / `parallel`: every value at S0, `Zbar = Qa S + ((Qa Ka^T) * M) Vh`.
@@ -17,9 +18,11 @@ outputs `q + LN(Zbar)` with the state left behind (DESIGN section 4). One signat
 The kernels work on aligned, whole mini-batches from a fresh A. The wrapper runs the few tokens up
 to the first mini-batch boundary (when `start` is not one) through the reference, then the kernel.
 
-`parallel` is two passes over the sequence, split into segments for parallelism: pass 1 sums each
-segment's `Ka^T Vh` (state increments, [d+1, d] per segment), pass 2 starts each segment from
-S plus the sums of the segments before it and writes the outputs tile by tile. `exact` has one
+`parallel` is two passes over the sequence, split into segments for parallelism: pass 1 computes
+the values, stores them and sums each segment's `Ka^T Vh` (state increments, [d+1, d] per
+segment); pass 2 starts each segment from S plus the sums of the segments before it and writes the
+outputs tile by tile. (Pass 2 recomputing the values instead moves fewer bytes but was slower:
+`benchmarks/bench_parallel_variants.py`.) `exact` has one
 program per (sequence, head) walking the mini-batches in order.
 """
 
@@ -264,11 +267,11 @@ def _head_start(fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A):
     """Run the tokens before the first mini-batch boundary through the reference.
     Returns (head output or None, number of tokens done, S, A) with S, A ready for the kernel."""
     b, T = eta_tok.shape[0], q.shape[2]
-    S, A = _fresh_state(q, S0, S, A)
     lead = (-start) % b
-    if lead == 0 and bool(A.any()):  # A at a boundary counts as part of the next mini-batch
-        lead = b
+    if lead == 0 and A is not None:  # A at a boundary counts as part of the next mini-batch
+        lead = b  # (callers that know A is zero there pass None: no reference step, no sync)
     lead = min(lead, T)
+    S, A = _fresh_state(q, S0, S, A)
     if lead == 0:
         return None, 0, S, None
     out, S, A = fn_ref(q[:, :, :lead], k[:, :, :lead], v[:, :, :lead], lr[:, :, :lead], S0, gamma, beta,
@@ -285,16 +288,17 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
     return (out if head is None else torch.cat((head, out), dim=2)), S, A
 
 
-def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=False):
+def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
+                      first_pass_only=False):
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
     assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
     BD = max(16, triton.next_power_of_2(D))
     tiles = triton.cdiv(T, BT)
-    if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor
+    if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
-        segments = max(1, min(tiles, triton.cdiv(4 * sms, B * H)))
+        segments = max(1, min(tiles, 4 * sms // (B * H)))
     per_seg = triton.cdiv(tiles, segments)
     segments = triton.cdiv(tiles, per_seg)
     t_done = T - T % MB
@@ -311,6 +315,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg, segments,
                                              sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT, PREC=prec,
                                              STORE_VH=store_values)
+    if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
+        return U
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, S, o, S_out, A_out,
                                             T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],

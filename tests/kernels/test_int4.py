@@ -36,3 +36,4 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
     weight = packed(11008, 4096, 64, "cuda")
     x = torch.randn(M, 4096, device="cuda", dtype=torch.bfloat16)
     assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.bfloat16]
+
