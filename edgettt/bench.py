@@ -295,7 +295,7 @@ def table(result: dict) -> str:
         ratio_cols = list(dict.fromkeys(c for r in rows for c in r if c.startswith("x ")))
         shape_cols = [c for c in ("T", "B", "N", "K") if c in rows[0]]
         head = shape_cols + ["name", "ms", "tokens/s", "GB/s", "of copy"] + ratio_cols
-        lines += [f"\n{group}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += [f"\n### {group}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             cells = [str(r[c]) for c in shape_cols] + [r["name"], f"{r['ms']:.4g}", f"{r['tokens_per_s']:.3g}",
                                                        f"{r['GBps']:.0f}", f"{r['fraction_of_copy']:.1%}"]

@@ -1,0 +1,82 @@
+"""Registers, spills and shared memory of the prefill kernels compiled for Hopper (sm_90a), on any
+machine: Triton compiles for a named target without a GPU, and its bundled ptxas reports resources.
+
+    python benchmarks/kernel_resources.py > benchmarks/results/kernel_resources.txt
+
+Occupancy follows from registers: an H100/H200 multiprocessor has 65536 of them, so a program of
+W warps using R registers a thread fits floor(65536 / (32 W R)) times. (The local Triton may be
+newer than the GPU machine's: the numbers are a guide to the code generated there.)
+"""
+
+import glob
+import os
+import re
+import subprocess
+import tempfile
+import warnings
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from edgettt.kernels import prefill
+
+warnings.filterwarnings("ignore")
+BF16, F32 = "*bf16", "*fp32"
+KERNELS = {
+    "parallel pass 1 (values, segment sums)": (
+        prefill._parallel_sums_kernel,
+        dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, u_ptr=F32, vh_ptr=BF16),
+        ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh",
+         "stride_lt"],
+        dict(D=64, BD=64, BT=64, PREC="tf32", STORE_VH=True)),
+    "parallel pass 2 (outputs)": (
+        prefill._parallel_out_kernel,
+        dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32,
+             u_ptr=F32, vh_ptr=BF16, s_in_ptr=F32, o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
+        ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "LAST_SEG", "stride_sb", "stride_b", "stride_h", "stride_t",
+         "stride_lb", "stride_lh", "stride_lt", "stride_ob", "stride_oh", "stride_ot"],
+        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", LOAD_VH=True)),
+    "exact (one program per sequence and head)": (
+        prefill._exact_kernel,
+        dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, s_in_ptr=F32,
+             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
+        ["T", "H", "stride_sb", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh", "stride_lt", "stride_ob",
+         "stride_oh", "stride_ot"],
+        dict(D=64, BD=64, MB=16, BM=16, PREC="tf32")),
+}
+
+
+def ptxas() -> str:
+    """The newest ptxas Triton ships (the plain one may not read the PTX version Triton writes)."""
+    found = sorted(glob.glob(os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas*")))
+    return max(found, key=lambda p: "blackwell" in p)
+
+
+def resources(kernel, pointers, ints, consts, warps, stages) -> str:
+    signature = {**pointers, **{name: "i32" for name in ints}, **{name: "constexpr" for name in consts}}
+    compiled = triton.compile(ASTSource(fn=kernel.fn, signature=signature, constexprs=consts),
+                              target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
+    with tempfile.TemporaryDirectory() as tmp:
+        ptx = os.path.join(tmp, "k.ptx")
+        with open(ptx, "w") as f:
+            f.write(compiled.asm["ptx"])
+        out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
+                             capture_output=True, text=True).stderr
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))
+    spill = re.search(r"(\d+) bytes spill stores", out)
+    fits = 65536 // (32 * warps * regs)
+    return (f"{regs:4d} registers, {int(spill.group(1)) if spill else 0:4d} bytes spilled, "
+            f"{compiled.metadata.shared:6d} bytes shared; {fits} program(s) = {fits * warps} warps per multiprocessor")
+
+
+def main():
+    print(f"triton {triton.__version__}, target sm_90a, bf16 inputs, d = 64, tile 64, mini-batch 16")
+    for name, (kernel, pointers, ints, consts) in KERNELS.items():
+        for warps in (2, 4, 8):
+            for stages in (1, 2):
+                print(f"{name:44s} warps {warps} stages {stages}: {resources(kernel, pointers, ints, consts, warps, stages)}")
+
+
+if __name__ == "__main__":
+    main()
