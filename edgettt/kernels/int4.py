@@ -7,8 +7,9 @@
 
 `int4_matmul_ref` dequantizes in torch. `int4_matmul` picks a kernel by the number of rows M:
 - GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K; a step reads a byte
-  tile [BN, BKB] (wide loads along K) that covers whole groups, each group summed as
-  `scale * (sum_k code_k x_k - zero * sum_k x_k)`: the codes never become weights one by one.
+  tile [BN, BKB] (wide loads along K, whole groups), turns the codes into `(code - zero) * scale * x`
+  in place and accumulates the tile; one reduction at the end. (Summing each group across lanes
+  every step was slower: `benchmarks/results/gemv_h200.json`.)
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers.
 """
@@ -66,41 +67,7 @@ def _gemv_configs():
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
                       GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
-    """Byte tiles [BN, BKB] (contiguous along K: wide loads), reshaped into groups for the scales."""
-    pid_n, m = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
-    NGS: tl.constexpr = BKB // GH
-    n = pid_n * BN + tl.arange(0, BN)
-    n_ok = n < N
-    j = tl.arange(0, BKB)
-    KB = K // 2
-    blocks = K // GROUP
-    acc = tl.zeros([BN], dtype=tl.float32)
-    x_row = x_ptr + m * stride_xm
-    for j0 in range(0, KB, BKB):
-        j_ok = j0 + j < KB
-        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-        byte = byte.to(tl.int32)  # [BN, BKB]
-        xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
-        xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
-        lo, hi = _nibbles(byte)
-        prod = lo * xe[None, :] + hi * xo[None, :]
-        qx = tl.sum(tl.reshape(prod, [BN, NGS, GH]), axis=2)  # [BN, NGS]
-        xs = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
-        gi = j0 // GH + tl.arange(0, NGS)
-        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
-        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-        zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)
-        acc += tl.sum(scale * (qx - zero * xs[None, :]), axis=1)
-    tl.store(y_ptr + m * N + n, acc.to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
-@triton.autotune(configs=_gemv_configs(), key=["N", "K", "GROUP"])
-@triton.jit
-def _int4_gemv_acc_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
-                          GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
-    """Variant: scale every code in place and accumulate a [BN, BKB] tile; one reduction at the end
-    (no per-step group sums across lanes)."""
+    """Every code is scaled in place into a [BN, BKB] tile; one reduction across lanes at the end."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     GH: tl.constexpr = GROUP // 2
     NGS: tl.constexpr = BKB // GH
@@ -125,10 +92,6 @@ def _int4_gemv_acc_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, strid
         zero = tl.reshape(tl.broadcast_to(zero[:, :, None], [BN, NGS, GH]), [BN, BKB])
         acc += ((lo - zero) * xe[None, :] + (hi - zero) * xo[None, :]) * scale
     tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
-GEMV_KERNELS = {"group-sum": _int4_gemv_kernel, "accumulate": _int4_gemv_acc_kernel}
-GEMV = "group-sum"
 
 
 def _gemm_configs():
@@ -160,8 +123,7 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride
         scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
         zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
         zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
-        lo, hi = _nibbles(byte)
-        codes = tl.interleave(lo, hi)  # [BN, GROUP], k order
+        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
         w = ((codes - zero[:, None]) * scale[:, None]).to(dt)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
     tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
@@ -181,7 +143,7 @@ def int4_matmul(x, qweight, scales, zero_points):
     y = torch.empty(M, N, device=x.device, dtype=x.dtype)
     if M <= GEMV_MAX_ROWS:
         grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
-        GEMV_KERNELS[GEMV][grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
+        _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
     else:
         grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"

@@ -38,13 +38,3 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
     assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.bfloat16]
 
 
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("variant", ["group-sum", "accumulate"])
-def test_gemv_variants(device, variant, monkeypatch):
-    import edgettt.kernels.int4 as int4
-
-    monkeypatch.setattr(int4, "GEMV", variant)
-    weight = packed(40, 320, 64, device)
-    x = torch.randn(2, 320, generator=torch.Generator().manual_seed(1)).to(device)
-    assert rel_err(int4_matmul(x, *weight), int4_matmul_ref(x, *weight)) < 1e-5

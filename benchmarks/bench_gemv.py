@@ -1,11 +1,13 @@
-"""Benchmark: the two int4 GEMV variants of edgettt/kernels/int4.py against bitsandbytes NF4, on CUDA;
-then the weight rows of `edgettt bench` with the faster variant.
+"""Benchmark: the int4 GEMV of edgettt/kernels/int4.py alone, then the weight rows of `edgettt bench`
+(bf16 cuBLAS, the int4 kernel, bitsandbytes NF4), on CUDA.
 
-    python benchmarks/bench_gemv_variants.py --json benchmarks/results/gemv_h200.json
+    python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json
 
-- group-sum: per step, each group's codes are summed against x across lanes, then scaled once;
-- accumulate: every code is scaled in place into a [rows, bytes] tile, reduced once at the end.
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
+The committed results come from the commit "int4 GEMV: nibbles to float ..." (d220746), which timed
+two kernels: "group-sum" (each group's codes summed against x across lanes every step, then scaled)
+and "accumulate" (every code scaled in place into a tile, one reduction at the end). Accumulate won
+on both shapes and is the one kept.
 """
 
 import argparse
@@ -26,8 +28,7 @@ def variant_rows(ceiling):
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        for name in int4.GEMV_KERNELS:
-            int4.GEMV = name
+        for name in ("accumulate",):
             ms, _ = time_rotating_ms([lambda c=c: int4.int4_matmul(x, *c) for c in copies])
             rows.append({"variant": name, "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
             print(json.dumps(rows[-1]))
@@ -41,9 +42,6 @@ def main():
     args = ap.parse_args()
     ceiling = copy_bandwidth()
     variants = variant_rows(ceiling)
-    total = {name: sum(r["us"] for r in variants if r["variant"] == name) for name in int4.GEMV_KERNELS}
-    int4.GEMV = min(total, key=total.get)
-    print(f"faster: {int4.GEMV}")
     rows = [r for N, K in SHAPES for r in weight_rows(N, K, 1, torch.bfloat16, ceiling)]
     for r in rows:
         print(f"{r['N']}x{r['K']} {r['name']:32s} {r['ms'] * 1e3:7.2f} us  {r['fraction_of_copy']:6.1%} of copy  "
@@ -51,7 +49,7 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                       "copy_bandwidth_GBps": ceiling / 1e9, "variants": variants, "chosen": int4.GEMV,
+                       "copy_bandwidth_GBps": ceiling / 1e9, "variants": variants,
                        "rows": rows}, f, indent=2)
 
 
