@@ -102,10 +102,12 @@ class LinearAttentionLayer(MixerBase):
         """The Triton prefill kernels cover TTT-Linear with a float state, without autograd (the
         kernels have no backward: distillation trains through the torch path) and without a
         calibration observer; the mini-batch size must be a power of two."""
+        if self.mlp or self.state_format != "fp32" or self.observer is not None:
+            return False
+        if torch.is_grad_enabled() and self.state0.requires_grad:
+            return False
         b = self.config.mini_batch_size
-        training = torch.is_grad_enabled() and self.state0.requires_grad if not self.mlp else True
-        return (not self.mlp and not training and self.state_format == "fp32" and self.observer is None
-                and b & (b - 1) == 0 and b <= 64 and kernels_enabled(x))
+        return b & (b - 1) == 0 and b <= 64 and kernels_enabled(x)
 
     def _prefill_kernel(self, st, q, k, v, lr, start):
         from .kernels import prefill

@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import fresh
+
 
 def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
     A += ka[..., :, None] * vh[..., None, :]
@@ -61,7 +63,7 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
     DV = vh.shape[-1]
     for t in (qa, ka, vh, S, A):
         assert t.is_contiguous(), "decode_step needs contiguous tensors"
-    z = torch.empty(B, H, DV, device=qa.device, dtype=vh.dtype) if out is None else out
+    z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=vh.dtype)) if out is None else out
     block_k = triton.next_power_of_2(DK)
     block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
     grid = (B * H, triton.cdiv(DV, block_v))
@@ -134,7 +136,7 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
     DV = vh.shape[-1]
     for t in (qa, ka, vh, Sq, scale, S0, A):
         assert t.is_contiguous(), "decode_step_int8 needs contiguous tensors"
-    z = torch.empty(B, H, DV, device=qa.device, dtype=torch.float32) if out is None else out
+    z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
     block_k = triton.next_power_of_2(DK)
     block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
     last = eta_tok.shape[0] - 1

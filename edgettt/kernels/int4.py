@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from ..quantize import dequantize_int4
+from . import fresh
 
 GEMV_MAX_ROWS = 8
 
@@ -140,7 +141,7 @@ def int4_matmul(x, qweight, scales, zero_points):
     M = x2.shape[0]
     qweight, scales, zero_points = qweight.contiguous(), scales.contiguous(), zero_points.contiguous()
     ZPW = zero_points.shape[1]
-    y = torch.empty(M, N, device=x.device, dtype=x.dtype)
+    y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS:
         grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)

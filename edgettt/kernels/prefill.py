@@ -35,6 +35,7 @@ import triton
 import triton.language as tl
 
 from .. import linear_attention as la
+from . import fresh
 from ..ops import layer_norm
 
 LN_EPS = 1e-6
@@ -303,15 +304,15 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     segments = triton.cdiv(tiles, per_seg)
     t_done = T - T % MB
     f32 = dict(device=q.device, dtype=torch.float32)
-    U = torch.empty(B * H, segments, D + 1, D, **f32)
-    S_out, A_out = torch.empty(B, H, D + 1, D, **f32), torch.empty(B, H, D + 1, D, **f32)
-    o = torch.empty_like(q)
+    U = fresh(torch.empty(B * H, segments, D + 1, D, **f32))
+    S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
+    o = fresh(torch.empty_like(q))
     S0, gamma, beta = S0.float().contiguous(), gamma.float().contiguous(), beta.float().contiguous()
     eta = eta_tok.float().contiguous()
     sb, sh, st, _ = q.stride()
     lb, lh, lt = lr.stride()
     prec = _precision(q.dtype)
-    vh = torch.empty(B * H, T, D, device=q.device, dtype=q.dtype) if store_values else U
+    vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg, segments,
                                              sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT, PREC=prec,
                                              STORE_VH=store_values)
@@ -396,8 +397,8 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S):
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
     BD = max(16, triton.next_power_of_2(D))
     f32 = dict(device=q.device, dtype=torch.float32)
-    S_out, A_out = torch.empty(B, H, D + 1, D, **f32), torch.empty(B, H, D + 1, D, **f32)
-    o = torch.empty_like(q)
+    S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
+    o = fresh(torch.empty_like(q))
     gamma, beta, eta = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
     _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, T, H, S.stride(0),
                             *q.stride()[:3], *lr.stride(), *o.stride()[:3],

@@ -49,3 +49,23 @@ def test_int4_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypat
     expected = model(ids)
     use_kernels(monkeypatch, True)
     assert rel_err(model(ids), expected) < 1e-5
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@torch.no_grad()
+def test_models_take_the_kernels_on_cuda_by_default(tiny_model, monkeypatch):
+    from edgettt.kernels import int4, prefill
+
+    calls = []
+    for module, name in ((prefill, "parallel"), (int4, "int4_matmul")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
+    quantize_(model, QuantConfig(weights="int4", group_size=32))
+    model.cuda()(torch.zeros(1, 20, dtype=torch.long, device="cuda"))
+    assert "parallel" in calls and "int4_matmul" in calls
+    monkeypatch.setenv("EDGETTT_KERNELS", "0")
+    calls.clear()
+    model(torch.zeros(1, 20, dtype=torch.long, device="cuda"))
+    assert calls == []
