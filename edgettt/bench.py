@@ -23,7 +23,21 @@ from .kernels import decode, int4, prefill
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
 # ---- timing ---------------------------------------------------------------------------------------
+
+def _event_ms(fn) -> float:
+    """One run of `fn` between CUDA events, in ms."""
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
 
 def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
     """Median time of `fn` in ms. With `graph`, the replays of a captured CUDA graph (no launch
@@ -36,22 +50,10 @@ def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
     torch.cuda.synchronize()
     if graph:
         return do_bench_cudagraph(fn, rep=budget_ms, return_mode="median")
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    once = start.elapsed_time(end)
+    once = _event_ms(fn)
     if once < budget_ms / 20:
         return do_bench(fn, warmup=max(10.0, 5 * once), rep=budget_ms, return_mode="median")
-    times = []
-    for _ in range(max(3, min(10, int(budget_ms / once)))):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(_event_ms(fn) for _ in range(max(3, min(10, int(budget_ms / once)))))
 
 
 def time_rotating_ms(calls: list, graph: bool = True) -> tuple[float, str]:
@@ -136,7 +138,7 @@ def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict
     q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, b, dtype)
     args = (q, k, v, lr, S0, gamma, beta, eta)
     io = 4 * q.numel() * q.element_size() + lr.numel() * 4  # q, k, v read, o written, lr read
-    shape = dict(B=B, H=H, d=d, T=T, dtype=str(dtype).replace("torch.", ""))
+    shape = dict(B=B, H=H, d=d, T=T, dtype=dtype_name(dtype))
     runs = {"parallel kernel": lambda: prefill.parallel(*args),
             "exact kernel": lambda: prefill.exact(*args)}
     if references:
@@ -191,7 +193,7 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
             if kind == "int8":
                 moved += H * Dk * Dv * 4 + H * Dk * 4  # S0 and the scales, shared by the batch
             rows.append(row("decode state", f"state {kind}" + (" commit" if commit else ""), ms, moved, ceiling, B,
-                            B=B, H=H, d=d, A_dtype=str(a_dtype).replace("torch.", ""), bytes_per_token=moved / B,
+                            B=B, H=H, d=d, A_dtype=dtype_name(a_dtype), bytes_per_token=moved / B,
                             timing=timing))
         del states
     add_ratios(rows, ["state float32", "state float32 commit"])
@@ -206,7 +208,7 @@ def weight_variants(N, K, dtype, group=64) -> dict:
     from .quantize import quantize_int4_rtn
 
     w = torch.randn(N, K, device="cuda") * 0.02
-    dt_name = str(dtype).replace("torch.", "")
+    dt_name = dtype_name(dtype)
     t = quantize_int4_rtn(w, group)
     packed = (t["qweight"], t["scales"], t["zero_points"])
     variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True),
@@ -246,7 +248,7 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
         rows.append(row(group_name, name, ms, nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes,
                         bits_per_weight=8 * nbytes / (N * K), timing=timing))
         del copies
-    dt_name = str(dtype).replace("torch.", "")
+    dt_name = dtype_name(dtype)
     add_ratios(rows, [f"{dt_name} (torch.matmul)", "nf4 b64 (bitsandbytes)"])
     return rows
 
