@@ -8,6 +8,8 @@ import torch
 
 if not torch.cuda.is_available():  # Triton kernels run in the interpreter; must precede their import
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# one launch configuration per kernel (tests/kernels/test_configs.py runs all of them on the GPU)
+os.environ.setdefault("EDGETTT_AUTOTUNE", "0")
 
 from edgettt import ModelConfig, random_model
 

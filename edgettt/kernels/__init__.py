@@ -2,6 +2,9 @@
 
 Kernels are used on CUDA by default; `EDGETTT_KERNELS=0` forces the references. On a CPU, tests
 run the kernels under `TRITON_INTERPRET=1` (fp32/fp16 only), set before this package is imported.
+`EDGETTT_AUTOTUNE=0` (set by the tests) launches every kernel with the first of its configurations
+instead of timing them all on each new shape: compiling and timing every configuration for every
+test shape took the GPU test run past ten minutes. One GPU test runs every configuration.
 """
 
 import os
@@ -15,6 +18,14 @@ POISON_OUTPUTS = False  # tests switch it on: every kernel output starts as NaN,
 def fresh(t: torch.Tensor) -> torch.Tensor:
     """A newly allocated kernel output: as is, or filled with NaN when POISON_OUTPUTS is on."""
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
+
+
+def autotune_configs(configs: list, interpreter_configs: list) -> list:
+    """The configurations a kernel's autotuner tries: one under the interpreter, the first (a good
+    default) with EDGETTT_AUTOTUNE=0, else all of them."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        return interpreter_configs
+    return configs[:1] if os.environ.get("EDGETTT_AUTOTUNE", "1") == "0" else configs
 
 
 def kernels_enabled(x: torch.Tensor) -> bool:

@@ -16,14 +16,12 @@
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from ..quantize import dequantize_int4
-from . import fresh
+from . import autotune_configs, fresh
 
 GEMV_MAX_ROWS = 8
 
@@ -31,10 +29,6 @@ GEMV_MAX_ROWS = 8
 def int4_matmul_ref(x, qweight, scales, zero_points):
     w = dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points})
     return (x.float() @ w.T).to(x.dtype)
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @triton.jit
@@ -54,17 +48,15 @@ def _nibbles(byte):
     return lo, hi
 
 
-def _gemv_configs():
-    if _interpreting():
-        return [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]
-    return [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
+GEMV_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
             for bn, bkb, w, s in [(8, 128, 4, 3), (16, 128, 4, 3), (4, 256, 4, 3), (8, 256, 4, 3), (16, 256, 8, 3),
                                   (32, 128, 8, 3), (4, 512, 4, 2), (8, 512, 8, 2), (2, 512, 4, 3), (16, 64, 4, 4),
                                   (2, 1024, 4, 2), (4, 1024, 8, 2), (8, 1024, 8, 2), (4, 256, 2, 4), (2, 256, 1, 4),
                                   (4, 128, 2, 4), (16, 512, 8, 2), (32, 256, 8, 2)]]
 
 
-@triton.autotune(configs=_gemv_configs(), key=["N", "K", "GROUP"])
+@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
+                 key=["N", "K", "GROUP"])
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
                       GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
@@ -95,15 +87,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm
     tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-def _gemm_configs():
-    if _interpreting():
-        return [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]
-    return [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
+GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
             for bm, bn, w, s in [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3),
                                  (128, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3), (32, 64, 4, 4)]]
 
 
-@triton.autotune(configs=_gemm_configs(), key=["M_BUCKET", "N", "K", "GROUP"])
+@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]),
+                 key=["M_BUCKET", "N", "K", "GROUP"])
 @triton.jit
 def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride_xm, M_BUCKET,
                       GROUP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):

@@ -28,15 +28,13 @@ program per (sequence, head) walking the mini-batches in order.
 
 from __future__ import annotations
 
-import os
-
 import torch
 import triton
 import triton.language as tl
 
 from .. import linear_attention as la
 from ..ops import layer_norm, segments
-from . import fresh
+from . import autotune_configs, fresh
 
 
 # ---- references -----------------------------------------------------------------------------------
@@ -78,11 +76,13 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 
 # ---- shared pieces of the kernels --------------------------------------------------------------------
 
-def _configs(warps=(4, 8), stages=(1, 2, 3)):
-    """Launch configurations to try on a GPU; one under the interpreter."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
-        return [triton.Config({}, num_warps=4)]
-    return [triton.Config({}, num_warps=w, num_stages=s) for w in warps for s in stages]
+PARALLEL_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2, 3)]
+EXACT_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2)]
+
+
+def _configs(configs):
+    """What the autotuner tries: `configs` on a GPU, one under the interpreter."""
+    return autotune_configs(configs, [triton.Config({}, num_warps=4)])
 
 
 @triton.jit
@@ -141,7 +141,7 @@ def _parallel_tile_values(k_ptr, v_ptr, lr_ptr, rows, cols, stride_t, stride_lr,
     return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
 
 
-@triton.autotune(configs=_configs(), key=["D", "BT"])
+@triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
 @triton.jit
 def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr,
                           T, T_DONE, H, TILES_PER_SEG, NSEG,
@@ -181,7 +181,7 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     tl.store(out + D * D + cols, ub, mask=d_ok)
 
 
-@triton.autotune(configs=_configs(), key=["D", "BT", "MB"])
+@triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT", "MB"])
 @triton.jit
 def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr,
                          s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
@@ -329,7 +329,7 @@ def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 
 # ---- exact form -------------------------------------------------------------------------------------
 
-@triton.autotune(configs=_configs(warps=(2, 4, 8), stages=(1, 2)), key=["D", "MB"])
+@triton.autotune(configs=_configs(EXACT_CONFIGS), key=["D", "MB"])
 @triton.jit
 def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_in_ptr, o_ptr,
                   s_out_ptr, a_out_ptr, T, H, stride_sb,

@@ -21,12 +21,16 @@ def packed(N, K, group, device, seed=0):
 @pytest.mark.parametrize("M", [1, 3, GEMV_MAX_ROWS + 9])  # GEMV, GEMV of a few rows, GEMM
 @pytest.mark.parametrize("N,K,group", [(40, 192, 64), (33, 96, 32), (24, 256, 128)])  # odd blocks; N not a tile
 def test_int4_matmul_matches_reference(device, M, N, K, group):
-    weight = packed(N, K, group, device)
     for dtype in [torch.float32, torch.float16]:
-        x = torch.randn(2, M, K, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
-        y = int4_matmul(x, *weight)
-        assert y.shape == (2, M, N) and y.dtype == dtype and not torch.isnan(y).any()
-        assert rel_err(y.float(), int4_matmul_ref(x.float(), *weight)) < TOL[dtype], dtype
+        check_int4(M, N, K, group, dtype, device)
+
+
+def check_int4(M, N, K, group, dtype, device):
+    weight = packed(N, K, group, device)
+    x = torch.randn(2, M, K, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+    y = int4_matmul(x, *weight)
+    assert y.shape == (2, M, N) and y.dtype == dtype and not torch.isnan(y).any()
+    assert rel_err(y.float(), int4_matmul_ref(x.float(), *weight)) < TOL[dtype], dtype
 
 
 @pytest.mark.gpu

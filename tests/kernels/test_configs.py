@@ -1,0 +1,43 @@
+"""Every launch configuration the autotuners may pick, each checked against the reference on the GPU.
+
+The other kernel tests run with EDGETTT_AUTOTUNE=0 (the first configuration only, see
+tests/conftest.py); here each autotuner is given one configuration at a time, in bf16 on one shape
+with ragged edges, so a configuration that computes wrong results cannot be picked unnoticed."""
+
+import pytest
+import torch
+
+from edgettt.kernels import int4, prefill
+from edgettt.kernels.int4 import GEMM_CONFIGS, GEMV_CONFIGS
+from edgettt.kernels.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
+from test_int4 import check_int4
+from test_prefill import check
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def each_config(monkeypatch, autotuner, configs):
+    """Yield once per configuration with the autotuner holding only that one."""
+    assert len(configs) > 1, "the full list, not the one EDGETTT_AUTOTUNE=0 leaves"
+    for config in configs:
+        monkeypatch.setattr(autotuner, "configs", [config])
+        monkeypatch.setattr(autotuner, "cache", {})
+        yield config
+
+
+def test_every_parallel_config(monkeypatch):
+    for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
+        for config in each_config(monkeypatch, tuner, PARALLEL_CONFIGS):
+            check("parallel", 2, 3, 1000 + 5, 64, 16, torch.bfloat16, "cuda", start=3, with_state=True)
+
+
+def test_every_exact_config(monkeypatch):
+    for config in each_config(monkeypatch, prefill._exact_kernel, EXACT_CONFIGS):
+        check("exact", 2, 3, 500 + 5, 64, 16, torch.bfloat16, "cuda", start=3, with_state=True)
+
+
+@pytest.mark.parametrize("M", [1, 40])
+def test_every_int4_config(monkeypatch, M):
+    tuner, configs = (int4._int4_gemv_kernel, GEMV_CONFIGS) if M == 1 else (int4._int4_gemm_kernel, GEMM_CONFIGS)
+    for config in each_config(monkeypatch, tuner, configs):
+        check_int4(M, 1000, 4096 + 64, 64, torch.bfloat16, "cuda")
