@@ -4,21 +4,67 @@
     python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json
 
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
-The committed results come from the commit "int4 GEMV: nibbles to float ..." (d220746), which timed
-two kernels: "group-sum" (each group's codes summed against x across lanes every step, then scaled)
-and "accumulate" (every code scaled in place into a tile, one reduction at the end). Accumulate won
-on both shapes and is the one kept.
+Variants timed in the same run: "zero per group" (the kernel in edgettt: code * x * scale summed
+into a tile, the zero points applied once a group through the group sums of x) and "zero per code"
+(the previous kernel, kept here: (code - zero) * scale * x for every code). An earlier run (commit
+d220746) measured a "group-sum" kernel (each group summed across lanes every step) slower than
+zero per code on both shapes.
 """
 
 import argparse
 import json
 
 import torch
+import triton
+import triton.language as tl
 
 from edgettt.bench import copies_for, copy_bandwidth, time_rotating_ms, weight_rows, weight_variants
 from edgettt.kernels import int4
 
 SHAPES = ((4096, 4096), (11008, 4096))
+
+
+@triton.autotune(configs=int4.GEMV_CONFIGS, key=["N", "K", "GROUP"])
+@triton.jit
+def zero_per_code_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
+                         GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
+    """The previous kernel: (code - zero) * scale * x for every code, one reduction at the end."""
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    NGS: tl.constexpr = BKB // GH
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    j = tl.arange(0, BKB)
+    KB = K // 2
+    blocks = K // GROUP
+    acc = tl.zeros([BN, BKB], dtype=tl.float32)
+    x_row = x_ptr + m * stride_xm
+    for j0 in range(0, KB, BKB):
+        j_ok = j0 + j < KB
+        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
+        lo, hi = int4._nibbles(byte.to(tl.int32))  # [BN, BKB]
+        xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
+        xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
+        gi = j0 // GH + tl.arange(0, NGS)
+        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
+        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
+        zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
+        zero = tl.reshape(tl.broadcast_to(zero[:, :, None], [BN, NGS, GH]), [BN, BKB])
+        acc += ((lo - zero) * xe[None, :] + (hi - zero) * xo[None, :]) * scale
+    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+def zero_per_code(x, qweight, scales, zero_points):
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), 1)  # noqa: E731
+    zero_per_code_kernel[grid](x, qweight, scales, zero_points, y, N, K, zero_points.shape[1], x.stride(0), GROUP=GH * 2)
+    return y
+
+
+VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code}
 
 
 def variant_rows(ceiling):
@@ -28,8 +74,9 @@ def variant_rows(ceiling):
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        for name in ("accumulate",):
-            ms, _ = time_rotating_ms([lambda c=c: int4.int4_matmul(x, *c) for c in copies])
+        assert torch.allclose(zero_per_code(x, *copies[0]), int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1)
+        for name, fn in VARIANTS.items():
+            ms, _ = time_rotating_ms([lambda c=c, fn=fn: fn(x, *c) for c in copies])
             rows.append({"variant": name, "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
             print(json.dumps(rows[-1]))
         del copies

@@ -265,10 +265,11 @@ class QuantLinear(nn.Module):
     def forward(self, x):
         if self.fmt == "bnb-int8":
             return llm_int8_matmul(x, self.tensors())
-        if self.fmt == "int4" and self.group_size >= 32 and kernels_enabled(x) and not x.requires_grad:
-            from .kernels.int4 import int4_matmul  # reads the packed bytes: no dequantized copy
+        if self.fmt == "int4" and kernels_enabled(x) and not x.requires_grad:
+            from .kernels.int4 import int4_matmul, kernel_supports  # reads the packed bytes: no dequantized copy
 
-            return int4_matmul(x, self.qweight, self.scales, self.zero_points)
+            if kernel_supports(self.group_size):
+                return int4_matmul(x, self.qweight, self.scales, self.zero_points)
         return F.linear(x, self.weight.to(x.dtype))
 
     def nbytes(self) -> int:

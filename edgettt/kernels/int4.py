@@ -7,9 +7,9 @@
 
 `int4_matmul_ref` dequantizes in torch. `int4_matmul` picks a kernel by the number of rows M:
 - GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K; a step reads a byte
-  tile [BN, BKB] (wide loads along K, whole groups), turns the codes into `(code - zero) * scale * x`
-  in place and accumulates the tile; one reduction at the end. (Summing each group across lanes
-  every step was slower: `benchmarks/results/gemv_h200.json`.)
+  tile [BN, BKB] (wide loads along K, whole groups), turns the codes into `code * x * scale` in
+  place and accumulates the tile; one reduction at the end. The zero points are applied once a
+  group, through the group sums of x. (Variants measured in `benchmarks/bench_gemv.py`.)
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers.
 """
@@ -60,7 +60,10 @@ GEMV_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
                       GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
-    """Every code is scaled in place into a [BN, BKB] tile; one reduction across lanes at the end."""
+    """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).
+    code * x is scaled in place into a [BN, BKB] tile, reduced once at the end; the zero points
+    enter once a group through the group sums of x (two fewer operations a byte than subtracting
+    them from every code)."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     GH: tl.constexpr = GROUP // 2
     NGS: tl.constexpr = BKB // GH
@@ -70,6 +73,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm
     KB = K // 2
     blocks = K // GROUP
     acc = tl.zeros([BN, BKB], dtype=tl.float32)
+    zacc = tl.zeros([BN, NGS], dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
     for j0 in range(0, KB, BKB):
         j_ok = j0 + j < KB
@@ -80,11 +84,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm
         gi = j0 // GH + tl.arange(0, NGS)
         mask2 = n_ok[:, None] & (gi < blocks)[None, :]
         scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-        zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)
+        zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
+        x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
+        zacc += zero * scale * x_group[None, :]
         scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
-        zero = tl.reshape(tl.broadcast_to(zero[:, :, None], [BN, NGS, GH]), [BN, BKB])
-        acc += ((lo - zero) * xe[None, :] + (hi - zero) * xo[None, :]) * scale
-    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+        acc += (lo * xe[None, :] + hi * xo[None, :]) * scale
+    y = tl.sum(acc, axis=1) - tl.sum(zacc, axis=1)
+    tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
@@ -120,11 +126,17 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride
     tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+def kernel_supports(group: int) -> bool:
+    """Groups the kernels take: powers of two (tl.arange) from 32 (tl.dot's least K tile) to 128
+    (two groups fit the GEMV's narrowest byte tile)."""
+    return group in (32, 64, 128)
+
+
 def int4_matmul(x, qweight, scales, zero_points):
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
-    assert GH * 2 >= 32, "the kernels need int4 groups of at least 32"
+    assert kernel_supports(GH * 2), f"the kernels take int4 groups of 32, 64 or 128, not {GH * 2}"
     x2 = x.reshape(-1, K)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()

@@ -76,7 +76,10 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 
 # ---- shared pieces of the kernels --------------------------------------------------------------------
 
-PARALLEL_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (4, 8) for s in (1, 2, 3)]
+# without a register cap ptxas gives these kernels ~255 registers a thread: 8 warps per multiprocessor;
+# capped (maxnreg) they spill a few hundred bytes but fit 12-16 warps (benchmarks/kernel_resources.py)
+PARALLEL_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s, maxnreg=r)
+                    for w, r in ((4, None), (8, None), (4, 128), (4, 168), (8, 128)) for s in (1, 2, 3)]
 EXACT_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2)]
 
 
@@ -86,27 +89,34 @@ def _configs(configs):
 
 
 @triton.jit
+def _zero_pad(x, d_ok, D: tl.constexpr):
+    """x with its padding columns (>= D) zeroed; nothing to do (no instructions) when D fills the tile."""
+    if x.shape[1] != D:
+        x = tl.where(d_ok[None, :], x, 0.0)
+    return x
+
+
+@triton.jit
 def _ln_l2_values(z, k, v, lr, gamma, beta, d_ok, D: tl.constexpr):
     """vh = -lr * d/dz 0.5|LN(z) - (v - k)|^2, the closed form of DESIGN 3.4 (all fp32; eps 1e-6 as
     ops.LN_EPS).
-    z, k, v: [BT, BD]; lr: [BT]; gamma, beta: [BD]; columns >= D are padding and come out zero."""
-    z = tl.where(d_ok[None, :], z, 0.0)
+    z, k, v: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma, beta: [BD], gamma zero in
+    the padding (so e is too). vh comes out zero in the padding."""
     mu = tl.sum(z, axis=1) / D
-    zc = tl.where(d_ok[None, :], z - mu[:, None], 0.0)
+    zc = _zero_pad(z - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
     xh = zc * rstd[:, None]
     e = (gamma[None, :] * xh + beta[None, :] - (v - k)) * gamma[None, :]
-    e = tl.where(d_ok[None, :], e, 0.0)
-    g = (e - (tl.sum(e, axis=1) / D)[:, None] - xh * (tl.sum(e * xh, axis=1) / D)[:, None]) * rstd[:, None]
-    return tl.where(d_ok[None, :], -lr[:, None] * g, 0.0)
+    row_scale = -lr * rstd  # [BT]
+    g = (e - (tl.sum(e, axis=1) / D)[:, None] - xh * (tl.sum(e * xh, axis=1) / D)[:, None]) * row_scale[:, None]
+    return _zero_pad(g, d_ok, D)
 
 
 @triton.jit
 def _ln_out(q, zbar, gamma, beta, d_ok, D: tl.constexpr):
-    """q + LN(zbar) over the D real columns (fp32)."""
-    zbar = tl.where(d_ok[None, :], zbar, 0.0)
+    """q + LN(zbar) over the D real columns (fp32); zbar is zero in the padding columns."""
     mu = tl.sum(zbar, axis=1) / D
-    zc = tl.where(d_ok[None, :], zbar - mu[:, None], 0.0)
+    zc = _zero_pad(zbar - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
     return q + zc * rstd[:, None] * gamma[None, :] + beta[None, :]
 
@@ -214,10 +224,10 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     base = b.to(tl.int64) * stride_b + h * stride_h
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
-    aw = tl.zeros([BD, BD], dtype=tl.float32)  # the unfinished last mini-batch: becomes A
-    ab = tl.zeros([BD], dtype=tl.float32)
+    st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     for i in range(TILES_PER_SEG):
-        rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
+        tile = seg * TILES_PER_SEG + i
+        rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
         if LOAD_VH:
             k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
@@ -238,16 +248,14 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         vh_done = tl.where(done[:, None], vh, 0.0)
         rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
         rb += eta_last * tl.sum(vh_done, axis=0)
-        if (seg * TILES_PER_SEG + i + 1) * BT > T_DONE:  # the tile holding the unfinished mini-batch
-            vh_open = tl.where((row_ok & ~done)[:, None], vh, 0.0)
-            aw += tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC)
-            ab += tl.sum(vh_open, axis=0)
+        if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
+            vh_open = tl.where((row_ok & ~done)[:, None], vh, 0.0)  # (written here, not accumulated in
+            tl.store(a_out_ptr + st + sq, tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC),
+                     mask=w_ok)  # the loop: fewer live registers)
+            tl.store(a_out_ptr + st + D * D + cols, tl.sum(vh_open, axis=0), mask=d_ok)
     if seg == LAST_SEG:
-        st = bh.to(tl.int64) * (D + 1) * D
         tl.store(s_out_ptr + st + sq, rw, mask=w_ok)
         tl.store(s_out_ptr + st + D * D + cols, rb, mask=d_ok)
-        tl.store(a_out_ptr + st + sq, aw, mask=w_ok)
-        tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
 
 
 def _same_layout(q, k, v):
