@@ -2,10 +2,13 @@
 keeps, and why).
 
     python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
+    python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
 
 - parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
   bytes, less arithmetic); segments per (sequence, head); pass 1 timed alone.
+- `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
+  passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
 The committed results also hold int4 GEMV rows from the same run (commit 99f9c40's script): 3-D
 tiles [rows, groups, bytes] against 2-D byte tiles reshaped into groups; the 2-D kernel won (11.1 vs
@@ -43,13 +46,35 @@ def parallel_rows(T, ceiling):
     return rows
 
 
+def config_rows(ceiling):
+    B, H, d = 4, 16, 64
+    rows = []
+    for T in (8192, 32768):
+        q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
+        S = S0.expand(B, -1, -1, -1).contiguous()
+        tensor = q.numel() * q.element_size()
+        for config in prefill.PARALLEL_CONFIGS:
+            for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
+                tuner.configs, tuner.cache = [config], {}
+            for first in (True, False):
+                ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
+                                                                first_pass_only=first))
+                r = {"T": T, "warps": config.num_warps, "stages": config.num_stages, "maxnreg": config.maxnreg,
+                     "passes": "1" if first else "1+2", "ms": ms,
+                     "fraction_of_copy": tensor * (3 if first else 7) / (ms * 1e-3) / ceiling}
+                rows.append(r)
+                print(json.dumps(r))
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=32768)
+    ap.add_argument("--configs", action="store_true", help="time every launch configuration instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     ceiling = copy_bandwidth()
-    rows = parallel_rows(args.seq_len, ceiling)
+    rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -76,10 +76,10 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 
 # ---- shared pieces of the kernels --------------------------------------------------------------------
 
-# without a register cap ptxas gives these kernels ~255 registers a thread: 8 warps per multiprocessor;
-# capped (maxnreg) they spill a few hundred bytes but fit 12-16 warps (benchmarks/kernel_resources.py)
-PARALLEL_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s, maxnreg=r)
-                    for w, r in ((4, None), (8, None), (4, 128), (4, 168), (8, 128)) for s in (1, 2, 3)]
+# 4 warps, the first (3 stages) is the measured best at T = 8192 and 32768 on an H200; 8 warps and
+# register caps (maxnreg 128/168: 12-16 warps a multiprocessor instead of 8, but spills) took 1.4-2.3x
+# as long (benchmarks/results/configs_h200.json). The autotuner once picked a capped one at T = 8192.
+PARALLEL_CONFIGS = [triton.Config({}, num_warps=4, num_stages=s) for s in (3, 1, 2)]
 EXACT_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2)]
 
 
