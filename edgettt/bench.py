@@ -6,8 +6,8 @@ bandwidth measured in the same run, and a ratio against named references of the 
   scan (`ttt.py`, fp32), the exact and parallel forms in torch and as kernels, and, when
   flash-linear-attention is installed, its `chunk_ttt_linear` and `chunk_linear_attn`;
 - the decode step of the state for a batch of sequences: float state against int8 state;
-- one decode token through a weight matrix (GEMV, M = 1): fp16 against int4 (edgettt's kernel),
-  bitsandbytes NF4 and LLM.int8 when installed; and int4 GEMM for a prefill block.
+- one decode token through a weight matrix (GEMV, M = 1): fp16 against int8 and int4 (edgettt's
+  kernels), bitsandbytes NF4 and LLM.int8 when installed; and the same GEMMs for a prefill block.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from .kernels import decode, int4, prefill
+from .kernels import decode, int4, int8, prefill
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -205,13 +205,18 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
 def weight_variants(N, K, dtype, group=64) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
-    from .quantize import quantize_int4_rtn
+    from .quantize import quantize_int4_rtn, quantize_int8
 
     w = torch.randn(N, K, device="cuda") * 0.02
     dt_name = dtype_name(dtype)
     t = quantize_int4_rtn(w, group)
     packed = (t["qweight"], t["scales"], t["zero_points"])
+    t8 = quantize_int8(w)
+    per_channel = (t8["qweight"], t8["scales"])
     variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True),
+                "int8 per-channel (edgettt kernel)": (lambda: tuple(p.clone() for p in per_channel),
+                                                      lambda x, c: int8.int8_matmul(x, *c),
+                                                      sum(p.nbytes for p in per_channel), True),
                 f"int4 g{group} (edgettt kernel)": (lambda: tuple(p.clone() for p in packed),
                                                     lambda x, c: int4.int4_matmul(x, *c), sum(p.nbytes for p in packed),
                                                     True)}

@@ -265,9 +265,13 @@ class QuantLinear(nn.Module):
     def forward(self, x):
         if self.fmt == "bnb-int8":
             return llm_int8_matmul(x, self.tensors())
-        if self.fmt == "int4" and kernels_enabled(x) and not x.requires_grad:
-            from .kernels.int4 import int4_matmul, kernel_supports  # reads the packed bytes: no dequantized copy
+        if self.fmt in ("int4", "int8") and kernels_enabled(x) and not x.requires_grad:
+            # the kernels read the stored bytes: no dequantized float copy on the GPU
+            from .kernels.int4 import int4_matmul, kernel_supports
+            from .kernels.int8 import int8_matmul
 
+            if self.fmt == "int8":
+                return int8_matmul(x, self.qweight, self.scales)
             if kernel_supports(self.group_size):
                 return int4_matmul(x, self.qweight, self.scales, self.zero_points)
         return F.linear(x, self.weight.to(x.dtype))

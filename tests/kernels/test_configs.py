@@ -7,10 +7,10 @@ with ragged edges, so a configuration that computes wrong results cannot be pick
 import pytest
 import torch
 
-from edgettt.kernels import int4, prefill
-from edgettt.kernels.int4 import GEMM_CONFIGS, GEMV_CONFIGS
+from edgettt.kernels import int4, int8, prefill
 from edgettt.kernels.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
 from test_int4 import check_int4
+from test_int8 import check_int8
 from test_prefill import check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -38,6 +38,15 @@ def test_every_exact_config(monkeypatch):
 
 @pytest.mark.parametrize("M", [1, 40])
 def test_every_int4_config(monkeypatch, M):
-    tuner, configs = (int4._int4_gemv_kernel, GEMV_CONFIGS) if M == 1 else (int4._int4_gemm_kernel, GEMM_CONFIGS)
+    tuner, configs = ((int4._int4_gemv_kernel, int4.GEMV_CONFIGS) if M == 1
+                      else (int4._int4_gemm_kernel, int4.GEMM_CONFIGS))
     for config in each_config(monkeypatch, tuner, configs):
         check_int4(M, 1000, 4096 + 64, 64, torch.bfloat16, "cuda")
+
+
+@pytest.mark.parametrize("M", [1, 40])
+def test_every_int8_config(monkeypatch, M):
+    tuner, configs = ((int8._int8_gemv_kernel, int8.GEMV_CONFIGS) if M == 1
+                      else (int8._int8_gemm_kernel, int8.GEMM_CONFIGS))
+    for config in each_config(monkeypatch, tuner, configs):
+        check_int8(M, 1000, 4096 + 40, torch.bfloat16, "cuda")

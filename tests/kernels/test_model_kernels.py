@@ -41,26 +41,36 @@ def test_converted_model_with_kernels_matches_torch_path(tiny_model, monkeypatch
 
 
 @torch.no_grad()
-def test_int4_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch):
+@pytest.mark.parametrize("weights", ["int4", "int8"])
+def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch, weights):
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
-    quantize_(model, QuantConfig(weights="int4", group_size=32))
+    quantize_(model, QuantConfig(weights=weights, group_size=32))
     ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
     use_kernels(monkeypatch, False)
     expected = model(ids)
     use_kernels(monkeypatch, True)
+    calls = count_calls(monkeypatch, [(f"edgettt.kernels.{weights}", f"{weights}_matmul")])
     assert rel_err(model(ids), expected) < 1e-5
+    assert len(calls) > 0, "the kernel was not taken"
+
+
+def count_calls(monkeypatch, functions):
+    """Wrap module.name for each pair so that every call appends its name to the returned list."""
+    import importlib
+
+    calls = []
+    for module_name, name in functions:
+        module = importlib.import_module(module_name)
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    return calls
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @torch.no_grad()
 def test_models_take_the_kernels_on_cuda_by_default(tiny_model, monkeypatch):
-    from edgettt.kernels import int4, prefill
-
-    calls = []
-    for module, name in ((prefill, "parallel"), (int4, "int4_matmul")):
-        original = getattr(module, name)
-        monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    calls = count_calls(monkeypatch, [("edgettt.kernels.prefill", "parallel"), ("edgettt.kernels.int4", "int4_matmul")])
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
     quantize_(model, QuantConfig(weights="int4", group_size=32))
     model.cuda()(torch.zeros(1, 20, dtype=torch.long, device="cuda"))

@@ -1,0 +1,108 @@
+"""Weight-only int8 matmul on edgettt's per-channel int8 format (`quantize.quantize_int8`).
+
+    y = x @ W^T,   W[n, k] = qweight[n, k] * scales[n]
+    x: [..., K] fp16/bf16/fp32;  qweight: int8 [N, K];  scales: float [N]
+    returns y: [..., N] in x's dtype
+
+`int8_matmul_ref` dequantizes in torch. `int8_matmul` picks a kernel by the number of rows M; both
+apply the per-row scale once, at the end (it factors out of the sum over k):
+- GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K in [BN, BK] tiles of
+  codes, accumulating code * x in place; one reduction and one scale at the end. Codes become
+  floats through the mantissa of 2^23 (as `int4._nibbles`), not an int-to-float conversion.
+- GEMM (prefill): x tiles times code tiles converted to x's dtype (exact: |code| <= 127) on the
+  tensor cores; the scale multiplies the finished tile.
+The layer keeps only the int8 bytes on the GPU (no dequantized float copy).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quantize import dequantize_int8
+from . import autotune_configs, fresh
+
+GEMV_MAX_ROWS = 8
+
+
+def int8_matmul_ref(x, qweight, scales):
+    w = dequantize_int8({"qweight": qweight, "scales": scales})
+    return (x.float() @ w.T).to(x.dtype)
+
+
+@triton.jit
+def _codes(q):
+    """int8 codes (loaded as int32, sign-extended) as fp32: the byte, offset to 0..255, goes into
+    the mantissa of 2^23; subtracting 2^23 + 128 is exact."""
+    return (((q & 0xFF) ^ 0x80) | 0x4B000000).to(tl.float32, bitcast=True) - 8388736.0
+
+
+GEMV_CONFIGS = [triton.Config({"BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+                for bn, bk, w, s in [(8, 256, 4, 3), (4, 512, 4, 3), (16, 256, 8, 3), (8, 512, 8, 2),
+                                     (2, 1024, 4, 2), (4, 1024, 8, 2), (16, 128, 4, 4), (32, 128, 8, 3)]]
+
+
+@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 16, "BK": 64}, num_warps=4)]),
+                 key=["N", "K"])
+@triton.jit
+def _int8_gemv_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, N, K, stride_xm, BN: tl.constexpr, BK: tl.constexpr):
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    k = tl.arange(0, BK)
+    acc = tl.zeros([BN, BK], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = k0 + k < K
+        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        x = tl.load(x_ptr + m * stride_xm + k0 + k, mask=k_ok, other=0.0).to(tl.float32)  # [BK]
+        acc += _codes(q.to(tl.int32)) * x[None, :]  # [BN, BK]
+    scale = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * N + n, (tl.sum(acc, axis=1) * scale).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+                for bm, bn, bk, w, s in [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (64, 128, 64, 4, 4),
+                                         (128, 128, 64, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+                                         (128, 128, 128, 8, 3), (32, 64, 64, 4, 4)]]
+
+
+@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16, "BK": 32}, num_warps=4)]),
+                 key=["M_BUCKET", "N", "K"])
+@triton.jit
+def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET,
+                      PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    k = tl.arange(0, BK)
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = k0 + k < K
+        x = tl.load(x_ptr + m[:, None] * stride_xm + k0 + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc = tl.dot(x, tl.trans(q.to(dt)), acc, input_precision=PREC)  # [BM, BN]
+    scale = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m[:, None] * N + n[None, :], (acc * scale[None, :]).to(y_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def int8_matmul(x, qweight, scales):
+    N, K = qweight.shape
+    assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
+    x2 = x.reshape(-1, K)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    M = x2.shape[0]
+    qweight, scales = qweight.contiguous(), scales.contiguous()
+    y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
+    if M <= GEMV_MAX_ROWS:
+        grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
+        _int8_gemv_kernel[grid](x2, qweight, scales, y, N, K, x2.stride(0))
+    else:
+        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+        prec = "ieee" if x.dtype == torch.float32 else "tf32"
+        _int8_gemm_kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), triton.next_power_of_2(M), PREC=prec)
+    return y.reshape(*x.shape[:-1], N)
