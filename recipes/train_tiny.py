@@ -109,6 +109,9 @@ def batches(sources: list[tuple[torch.Tensor, float]], batch: int, ctx: int, gen
         yield torch.stack(rows)
 
 
+EVAL_CTX = 512
+
+
 @torch.no_grad()
 def bits_per_byte(model, data: bytes, ctx: int, device, batch: int = 16) -> float:
     """Non-overlapping windows of ctx+1 bytes; every byte after a window's first is predicted."""
@@ -230,8 +233,9 @@ def main():
         "continued_from": None if args.init is None else {k: v for k, v in previous.items() if k != "log"},
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
-        "val_bits_per_byte": bits_per_byte(model, parts["val"], args.ctx, device),
-        "test_bits_per_byte": bits_per_byte(model, parts["test"], args.ctx, device),
+        "eval_ctx": EVAL_CTX,  # the model cards' convention, whatever the training window
+        "val_bits_per_byte": bits_per_byte(model, parts["val"], EVAL_CTX, device),
+        "test_bits_per_byte": bits_per_byte(model, parts["test"], EVAL_CTX, device),
         "log": log,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "log"}), flush=True)
