@@ -340,12 +340,15 @@ def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 @triton.autotune(configs=_configs(EXACT_CONFIGS), key=["D", "MB"])
 @triton.jit
 def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_in_ptr, o_ptr,
-                  s_out_ptr, a_out_ptr, T, H, stride_sb,
+                  s_out_ptr, a_out_ptr, states_ptr, T, H, stride_sb,
                   stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                   stride_ob, stride_oh, stride_ot,
-                  D: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, BM: tl.constexpr, PREC: tl.constexpr):
+                  D: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, BM: tl.constexpr, PREC: tl.constexpr,
+                  STORE_STATES: tl.constexpr = False):
     """One (sequence, head): mini-batch after mini-batch, values at the boundary state (W, wb).
-    A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real."""
+    A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real.
+    With STORE_STATES every boundary state is written to states [B*H, T/MB, D+1, D] (for the
+    backward of kernels/train.py)."""
     bh = tl.program_id(0)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -367,6 +370,10 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     aw = tl.zeros([BD, BD], dtype=tl.float32)
     ab = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, T, MB):
+        if STORE_STATES:
+            at = states_ptr + (bh.to(tl.int64) * tl.cdiv(T, MB) + start // MB) * (D + 1) * D
+            tl.store(at + sq, w, mask=w_ok)
+            tl.store(at + D * D + cols, wb, mask=d_ok)
         rows = start + inner
         row_ok = (rows < T) & (inner < MB)
         ok = row_ok[:, None] & d_ok[None, :]
@@ -396,7 +403,9 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
 
 
-def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S):
+def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None):
+    """The exact kernel from a mini-batch boundary; `states` ([B*H, T/MB, D+1, D] fp32), when given,
+    receives every boundary state."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
@@ -405,9 +414,10 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S):
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
     o = fresh(torch.empty_like(q))
     gamma, beta, eta = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
-    _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, T, H, S.stride(0),
-                            *q.stride()[:3], *lr.stride(), *o.stride()[:3],
-                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=_precision(q.dtype))
+    _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, S_out if states is None else states,
+                            T, H, S.stride(0), *q.stride()[:3], *lr.stride(), *o.stride()[:3],
+                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=_precision(q.dtype),
+                            STORE_STATES=states is not None)
     return o, S_out, A_out
 
 

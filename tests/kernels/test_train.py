@@ -1,0 +1,49 @@
+"""The exact-form layer with a backward (kernels/train.py) against torch autograd through exact_ref."""
+
+import pytest
+import torch
+
+from conftest import rel_err
+from edgettt.kernels.prefill import exact_ref
+from edgettt.kernels.train import exact_train
+from test_prefill import layer_inputs
+
+DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
+NAMES = ("q", "k", "v", "lr", "S0", "gamma", "beta", "eta_tok")
+
+
+def grads(fn, inputs, dout):
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)[0]
+    out.backward(dout)
+    return out.detach(), [x.grad for x in leaves]
+
+
+def check(B, H, T, d, b, dtype, device, tol, layout="bhtd"):
+    inputs = list(layer_inputs(B, H, T, d, b, dtype, device, layout=layout))
+    dout = torch.randn(B, H, T, d, generator=torch.Generator().manual_seed(5)).to(device=device, dtype=dtype)
+    out_ref, grads_ref = grads(lambda *x: exact_ref(*(t.float() for t in x)), inputs, dout.float())
+    out, grads_kernel = grads(exact_train, inputs, dout)
+    assert rel_err(out.float(), out_ref) < tol, "out"
+    for name, g, g_ref in zip(NAMES, grads_kernel, grads_ref):
+        assert g.shape == g_ref.shape and not torch.isnan(g).any(), name
+        assert rel_err(g.float(), g_ref) < tol, name
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("T,d,b", [(48, 16, 16), (24, 12, 8)])  # d of 12 pads; a mini-batch of 8 pads the tile
+def test_exact_train_gradients_match_autograd(device, T, d, b):
+    check(2, 2, T, d, b, torch.float32, device, 1e-4)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_exact_train_gradients_strided_half(device):
+    """q, k, v as the model makes them ([B, T, H, d] memory), fp16."""
+    check(1, 2, 32, 16, 16, torch.float16, device, 1e-2, layout="bthd")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_exact_train_training_shape_on_gpu():
+    """The tiny models' training shape: d = 48, b = 16, T = 512."""
+    check(4, 4, 512, 48, 16, torch.float32, "cuda", 1e-3, layout="bthd")
