@@ -71,7 +71,7 @@ class LinearAttentionLayer(MixerBase):
     def init_state(self, batch_size: int) -> dict:
         state = zeros_state(self.conv_state_shapes(), batch_size, self.mask_eta)
         for level, s0 in enumerate(self.initial_states(), start=1):
-            state[f"S{level}"] = s0.detach().unsqueeze(0).repeat(batch_size, 1, 1, 1)
+            state[f"S{level}"] = s0.unsqueeze(0).repeat(batch_size, 1, 1, 1)  # trainable, as in ttt.py
             if (requant := self.requantizer(level)) is not None:
                 state[f"S{level}"] = requant(state[f"S{level}"])
             state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
@@ -123,7 +123,7 @@ class LinearAttentionLayer(MixerBase):
     @staticmethod
     def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None):
         """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA."""
-        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa):
+        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa) or S.requires_grad:
             return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant)
         from .kernels.decode import decode_step
 

@@ -131,7 +131,8 @@ class CausalLM(nn.Module):
         for layer, layer_state in zip(self.model.layers, state.layers):
             h = layer(h, layer_state, state.pos, decode)
         state.pos += input_ids.shape[1]
-        return self.lm_head(self.model.norm(h)).float(), state
+        logits = self.lm_head(self.model.norm(h))
+        return (logits if logits.dtype == torch.float64 else logits.float()), state  # fp32 at least
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.prefill(input_ids)[0]

@@ -42,8 +42,9 @@ class TTTLayer(MixerBase):
     def init_state(self, batch_size: int) -> dict:
         state = zeros_state(self.conv_state_shapes(), batch_size, self.W1)
         for name in self.fast_weight_names():
-            weight = getattr(self, name).detach()
-            state[name] = weight.unsqueeze(0).repeat(batch_size, 1, 1, 1)
+            # not detached: the initial fast weights are parameters the outer loop trains (as in
+            # ttt-lm-pytorch); under no_grad this is the same copy
+            state[name] = getattr(self, name).unsqueeze(0).repeat(batch_size, 1, 1, 1)
             state["G" + name] = torch.zeros_like(state[name])  # running gradient sums
         return state
 

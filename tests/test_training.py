@@ -1,0 +1,36 @@
+"""Training through the TTT layers: every parameter, the initial fast weights included, gets the
+gradient of the loss (ttt-lm-pytorch trains W1, b1 (W2, b2) by backpropagating through the inner loop)."""
+
+import pytest
+import torch
+
+from edgettt import convert
+
+
+@pytest.mark.parametrize("family", ["linear", "mlp"])
+@pytest.mark.parametrize("form", ["ttt", "exact", "parallel"])
+def test_initial_fast_weights_get_the_gradient(tiny_model, family, form):
+    model = tiny_model(family, seed=3)
+    model = model if form == "ttt" else convert(model, form)
+    model.double()
+    ids = torch.randint(0, model.config.vocab_size, (2, 20), generator=torch.Generator().manual_seed(0))
+    loss = lambda: model(ids).logsumexp(-1).mean()  # noqa: E731
+    loss().backward()
+    layer = model.model.layers[0].seq_modeling_block
+    name = "W1" if form == "ttt" else ("state0_1" if family == "mlp" else "state0")
+    weight = getattr(layer, name)
+    assert weight.grad is not None and weight.grad.abs().max() > 0, name
+    # the gradient along a random unit direction against a central finite difference (a step of 1e-2:
+    # parts of the model round to fp32, so smaller steps drown in rounding)
+    direction = torch.randn(weight.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    direction /= direction.norm()
+    eps = 1e-2
+    with torch.no_grad():
+        weight += eps * direction
+        up = loss()
+        weight -= 2 * eps * direction
+        down = loss()
+        weight += eps * direction
+    numeric = (up - down) / (2 * eps)
+    analytic = (weight.grad * direction).sum()
+    assert torch.isclose(analytic.double(), numeric.double(), rtol=2e-3, atol=1e-7), (analytic.item(), numeric.item())
