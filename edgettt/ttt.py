@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .kernels import kernels_enabled
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, gelu_tanh_grad, layer_norm, ln_l2_grad, mini_batch_etas, segments
 
@@ -57,12 +58,31 @@ class TTTLayer(MixerBase):
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         eta_tok = mini_batch_etas(self.learnable_token_idx)
+        if self._train_kernel_applies(x, start):
+            return self.finish(x, self._train_kernel(state, q, k, v, lr, eta_tok))
         step = self._mlp_step if self.mlp else self._linear_step
         outs = []
         for offset, count, inner in segments(start, x.shape[1], self.config.mini_batch_size):
             sl = slice(offset, offset + count)
             outs.append(step(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta_tok, inner))
         return self.finish(x, torch.cat(outs, dim=2))
+
+    def _train_kernel_applies(self, x: torch.Tensor, start: int) -> bool:
+        """Training TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form
+        kernel with a backward (kernels/train.py) replaces the mini-batch loop. (Position 0 means
+        the fresh state of `init_state`: the kernel starts from the parameters W1, b1.)"""
+        b = self.config.mini_batch_size
+        return (not self.mlp and torch.is_grad_enabled() and start == 0 and x.shape[1] % b == 0
+                and b & (b - 1) == 0 and b <= 64 and kernels_enabled(x))
+
+    def _train_kernel(self, st, q, k, v, lr, eta_tok):
+        from .kernels.train import exact_train
+
+        d = self.head_dim
+        out, S = exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
+                             self.ttt_norm_bias, eta_tok)
+        st["W1"], st["b1"] = S[:, :, :d].to(st["W1"].dtype), S[:, :, d:].to(st["b1"].dtype)  # GW1, Gb1 stay 0
+        return out
 
     def _ln_params(self):
         H, d = self.num_heads, self.head_dim

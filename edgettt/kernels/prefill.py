@@ -403,9 +403,9 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
 
 
-def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None):
+def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precision=None):
     """The exact kernel from a mini-batch boundary; `states` ([B*H, T/MB, D+1, D] fp32), when given,
-    receives every boundary state."""
+    receives every boundary state; `precision` of the dots (default: `_precision(q.dtype)`)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
@@ -416,7 +416,7 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None):
     gamma, beta, eta = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
     _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, S_out if states is None else states,
                             T, H, S.stride(0), *q.stride()[:3], *lr.stride(), *o.stride()[:3],
-                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=_precision(q.dtype),
+                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=precision or _precision(q.dtype),
                             STORE_STATES=states is not None)
     return o, S_out, A_out
 

@@ -143,6 +143,13 @@ def _exact_backward_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta
     tl.store(deta_ptr + bh * MB + inner, deta, mask=row_ok)
 
 
+def _dot_precision(dtype) -> str:
+    """fp32 inputs take tf32 dots when torch's matmuls do (training sets allow_tf32), else ieee."""
+    if dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32:
+        return "tf32"
+    return _precision(dtype)
+
+
 class _ExactTTTLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lr, S0, gamma, beta, eta_tok):
@@ -150,7 +157,8 @@ class _ExactTTTLinear(torch.autograd.Function):
         MB = eta_tok.shape[0]
         S = S0.float().contiguous().expand(B, -1, -1, -1)
         states = torch.empty(B * H, T // MB, D + 1, D, device=q.device, dtype=torch.float32)
-        out, S_out, _ = _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=states)
+        out, S_out, _ = _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=states,
+                                       precision=_dot_precision(q.dtype))
         ctx.save_for_backward(q, k, v, lr, gamma, beta, eta_tok, states)
         ctx.mark_non_differentiable(S_out)
         ctx.dtypes = (S0.dtype, gamma.dtype, eta_tok.dtype)
@@ -173,7 +181,7 @@ class _ExactTTTLinear(torch.autograd.Function):
         _exact_backward_kernel[(B * H,)](q, k, v, lr, gamma_c, beta_c, eta_c, states, dout, dq, dk, dv, dlr, dS,
                                          dgamma, dbeta, deta, T, H, *q.stride()[:3], *lr.stride(), *dout.stride()[:3],
                                          D=D, BD=max(16, triton.next_power_of_2(D)), MB=MB, BM=max(16, MB),
-                                         PREC=_precision(q.dtype))
+                                         PREC=_dot_precision(q.dtype))
         s0_dtype, gamma_dtype, eta_dtype = ctx.dtypes
         return (dq, dk, dv, dlr, dS.sum(0).to(s0_dtype), dgamma.sum(0).to(gamma_dtype), dbeta.sum(0).to(gamma_dtype),
                 deta.sum((0, 1)).to(eta_dtype))

@@ -47,3 +47,30 @@ def test_exact_train_gradients_strided_half(device):
 def test_exact_train_training_shape_on_gpu():
     """The tiny models' training shape: d = 48, b = 16, T = 512."""
     check(4, 4, 512, 48, 16, torch.float32, "cuda", 1e-3, layout="bthd")
+
+
+def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_model, monkeypatch):
+    """The original TTT-Linear model, loss and every parameter's gradient: kernel path against the loop."""
+    from conftest import rel_err as err
+
+    model = tiny_model("linear", seed=5, mini_batch_size=8)
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
+
+    def loss_and_grads(kernels: bool):
+        monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: kernels)
+        calls = []
+        import edgettt.kernels.train as train
+
+        original = train.exact_train
+        monkeypatch.setattr(train, "exact_train", lambda *a: calls.append(1) or original(*a))
+        model.zero_grad()
+        loss = model(ids).logsumexp(-1).mean()
+        loss.backward()
+        assert bool(calls) == kernels
+        return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+    loss_loop, grads_loop = loss_and_grads(False)
+    loss_kernel, grads_kernel = loss_and_grads(True)
+    assert err(loss_kernel, loss_loop) < 1e-5
+    for name, g in grads_loop.items():
+        assert err(grads_kernel[name], g) < 1e-4, name
