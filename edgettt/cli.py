@@ -518,7 +518,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, no_refere
              flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
     decode   the state step for a batch of sequences: float state against int8 state
     weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
-             edgettt's int4 kernel, bitsandbytes NF4 and LLM.int8 when installed
+             edgettt's int8 and int4 kernels, bitsandbytes NF4 and LLM.int8 when installed
 
     Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
     bandwidth measured in the same run, and ratios against the references (x > 1: faster).
