@@ -6,7 +6,8 @@ keeps, and why).
 
 - parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
-  bytes, less arithmetic); segments per (sequence, head); pass 1 timed alone.
+  bytes, less arithmetic); segments per (sequence, head); the tiles of the passes (pass 1 may take
+  a wider tile than pass 2: it has no [tile, tile] scores); pass 1 timed alone.
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
@@ -31,16 +32,19 @@ def parallel_rows(T, ceiling):
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     tensor = q.numel() * q.element_size()
     rows = []
-    cases = [(store, per_sm, 64) for store in (False, True) for per_sm in (2, 4, 8)] + [(True, 4, 32), (True, 4, 128)]
-    for store, per_sm, tile in cases:
+    cases = [(store, per_sm, 64, 64) for store in (False, True) for per_sm in (2, 4, 8)] + \
+        [(True, 4, 32, 32), (True, 4, 128, 128), (True, 4, 64, 128), (True, 4, 64, 256)]
+    for store, per_sm, tile, values_tile in cases:
         segments = max(1, per_sm * sms // (B * H))
         for first in (True, False):
             ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, tile=tile,
-                                                            segments=segments, store_values=store, first_pass_only=first))
+                                                            segments=segments, store_values=store, first_pass_only=first,
+                                                            values_tile=values_tile))
             # pass 1 reads k, v (and writes vh); pass 2 reads q, k, v or vh and writes o
             moved = tensor * ((3 if store else 2) if first else (7 if store else 6))
             r = {"kernel": "parallel", "store_values": store, "segments": segments, "tile": tile,
-                 "passes": "1" if first else "1+2", "ms": ms, "fraction_of_copy": moved / (ms * 1e-3) / ceiling}
+                 "values_tile": values_tile, "passes": "1" if first else "1+2", "ms": ms,
+                 "fraction_of_copy": moved / (ms * 1e-3) / ceiling}
             rows.append(r)
             print(json.dumps(r))
     return rows

@@ -295,17 +295,22 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
 
 
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False):
+                      first_pass_only=False, values_tile=None):
+    """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
+    benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
+    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
     assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
+    BT1 = values_tile or BT
+    assert BT1 % BT == 0, "pass 1's tile must be a multiple of pass 2's"
     BD = max(16, triton.next_power_of_2(D))
     tiles = triton.cdiv(T, BT)
     if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
         sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         segments = max(1, min(tiles, 4 * sms // (B * H)))
-    per_seg = triton.cdiv(tiles, segments)
+    per_seg = triton.cdiv(triton.cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
     segments = triton.cdiv(tiles, per_seg)
     t_done = T - T % MB
     f32 = dict(device=q.device, dtype=torch.float32)
@@ -318,8 +323,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     lb, lh, lt = lr.stride()
     prec = _precision(q.dtype)
     vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
-    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg, segments,
-                                             sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT, PREC=prec,
+    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg // (BT1 // BT),
+                                             segments, sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT1, PREC=prec,
                                              STORE_VH=store_values)
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U

@@ -72,8 +72,9 @@ def test_parallel_segments_agree(device):
     S = S0.expand(1, -1, -1, -1).contiguous()
     one = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=1)
     four = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=4)
-    for a, b in zip(one, four):
-        assert rel_err(a, b) < 1e-6
+    wide = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=3, tile=16, values_tile=64)
+    for a, b, c in zip(one, four, wide):
+        assert rel_err(a, b) < 1e-6 and rel_err(a, c) < 1e-6
 
 
 def test_exact_reference_is_the_model_exact_form(tiny_model):
