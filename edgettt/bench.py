@@ -12,6 +12,7 @@ bandwidth measured in the same run, and a ratio against named references of the 
 
 from __future__ import annotations
 
+import functools
 import math
 import platform
 import statistics
@@ -97,32 +98,41 @@ def add_ratios(rows: list[dict], references: list[str]) -> None:
 
 # ---- prefill --------------------------------------------------------------------------------------
 
-def prefill_inputs(B, H, T, d, b, dtype):
+def prefill_inputs(B, H, T, d, b, dtype, device="cuda"):
     """The layer operator's inputs in the projections' layout ([B, T, H, d] seen as [B, H, T, d])."""
-    g = lambda *s: torch.randn(*s, device="cuda")  # noqa: E731
+    g = lambda *s: torch.randn(*s, device=device)  # noqa: E731
     q, k, v = (x.to(dtype).transpose(1, 2) for x in g(3, B, T, H, d) / math.sqrt(d) * 2)
-    lr = torch.rand(B, H, T, device="cuda") * (1.0 / d)
-    S0 = torch.cat((0.02 * g(H, d, d), torch.zeros(H, 1, d, device="cuda")), dim=1)
-    gamma, beta = torch.ones(H, d, device="cuda"), torch.zeros(H, d, device="cuda")
-    eta = 1.0 / torch.arange(1, b + 1, device="cuda", dtype=torch.float32)
+    lr = torch.rand(B, H, T, device=device) * (1.0 / d)
+    S0 = torch.cat((0.02 * g(H, d, d), torch.zeros(H, 1, d, device=device)), dim=1)
+    gamma, beta = torch.ones(H, d, device=device), torch.zeros(H, d, device=device)
+    eta = 1.0 / torch.arange(1, b + 1, device=device, dtype=torch.float32)
     return q, k, v, lr, S0, gamma, beta, eta
 
 
-def ttt_scan(q, k, v, lr, S0, gamma, beta, eta, b):
-    """The original layer's mini-batch scan (`TTTLayer._linear_step`) on the operator's inputs, fp32."""
+@functools.lru_cache(maxsize=None)
+def _scan_layer(H: int, d: int, b: int, device: str):
     from .config import ModelConfig
-    from .ops import segments
     from .ttt import TTTLayer
 
+    return TTTLayer(ModelConfig(hidden_size=H * d, num_attention_heads=H, mini_batch_size=b)).to(device)
+
+
+def ttt_scan(q, k, v, lr, S0, gamma, beta, eta, b):
+    """The original layer's mini-batch scan (`TTTLayer._linear_step`) on the operator's inputs, fp32;
+    returns the output and the state. (Its LN parameters are the layer's own: ones and zeros, as
+    `prefill_inputs` makes gamma and beta.)"""
+    from .ops import segments
+
     B, H, T, d = q.shape
-    layer = TTTLayer(ModelConfig(hidden_size=H * d, num_attention_heads=H, mini_batch_size=b)).cuda()
-    st = layer.init_state(B)
+    layer = _scan_layer(H, d, b, str(q.device))
+    st = {"GW1": torch.zeros(B, H, d, d, device=q.device), "Gb1": torch.zeros(B, H, 1, d, device=q.device)}
     st["W1"], st["b1"] = S0[None, :, :d].expand(B, -1, -1, -1), S0[None, :, d:].expand(B, -1, -1, -1)
     q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
-    with torch.no_grad():
-        for offset, count, inner in segments(0, T, b):
-            sl = slice(offset, offset + count)
-            layer._linear_step(st, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta, inner)
+    outs = []
+    for offset, count, inner in segments(0, T, b):
+        sl = slice(offset, offset + count)
+        outs.append(layer._linear_step(st, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta, inner))
+    return torch.cat(outs, dim=2), st
 
 
 def fla_functions():
@@ -157,6 +167,46 @@ def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict
         with torch.no_grad():
             rows.append(row("prefill", name, time_ms(fn), io, ceiling, B * T, **shape))
     add_ratios(rows, ["fla chunk_ttt_linear", "fla chunk_linear_attn", "ttt mini-batch scan (fp32)"])
+    return rows
+
+
+# ---- training: the layer operator forward and backward -----------------------------------------------
+
+def train_runs(B, H, T, d, b=16, device="cuda") -> dict:
+    """name -> a function running one forward and backward (see train_rows)."""
+    from .kernels.train import exact_train
+
+    inputs = prefill_inputs(B, H, T, d, b, torch.float32, device)
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    dout = torch.randn(B, H, T, d, device=device)
+
+    def forward_backward(fn):
+        def run():
+            for x in leaves:
+                x.grad = None
+            fn(*leaves)[0].backward(dout)
+            return [x.grad for x in leaves]
+        return run
+
+    return {"exact kernel (forward + backward)": forward_backward(exact_train),
+            "ttt mini-batch scan (autograd)": forward_backward(lambda *x: ttt_scan(*x, b)),
+            "exact torch (autograd)": forward_backward(prefill.exact_ref)}
+
+
+def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
+    """One TTT-Linear layer operator, forward and backward, fp32 with tf32 dots (as
+    recipes/train_tiny.py trains): the exact-form kernel with its backward (kernels/train.py) against
+    autograd through the original mini-batch scan and through the exact form in torch. Bytes: q, k, v
+    read twice, lr and dout read, o, dq, dk, dv written (the least either way)."""
+    runs = train_runs(B, H, T, d, b)
+    io = 10 * B * H * T * d * 4 + 2 * B * H * T * 4
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        rows = [row("train", name, time_ms(fn), io, ceiling, B * T, B=B, H=H, d=d, T=T) for name, fn in runs.items()]
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    add_ratios(rows, ["ttt mini-batch scan (autograd)"])
     return rows
 
 
@@ -260,19 +310,22 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
 
 # ---- the whole run -------------------------------------------------------------------------------------
 
-def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, references=True, progress=None) -> dict:
+def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, references=True, progress=None,
+        train_shapes=()) -> dict:
     """Every row of the benchmark, with the run's device, versions and copy ceiling."""
     import triton
 
     ceiling = copy_bandwidth()
     jobs = [("prefill", T) for T in seq_lens] + [("state", B) for B in decode_batch] + \
-           [("weights", s) for s in gemv_shapes]
+           [("weights", s) for s in gemv_shapes] + [("train", s) for s in train_shapes]
     rows = []
     for kind, arg in (progress(jobs) if progress else jobs):
         if kind == "prefill":
             rows += prefill_rows(batch, heads, head_dim, arg, dtype, ceiling, references=references and arg <= 8192)
         elif kind == "state":
             rows += state_step_rows(arg, heads, head_dim, dtype, ceiling)
+        elif kind == "train":
+            rows += train_rows(*arg, ceiling)
         else:
             N, K = arg
             rows += weight_rows(N, K, 1, dtype, ceiling) + weight_rows(N, K, 2048, dtype, ceiling)

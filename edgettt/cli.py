@@ -488,10 +488,17 @@ def int_list(ctx, param, value):
 
 
 def shape_list(ctx, param, value):
+    """Comma-separated shapes AxB... with as many dimensions as the option's default has."""
+    dims = len(param.default.split(",")[0].split("x"))
+    example = param.default
     try:
-        return [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
+        shapes = [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected NxK shapes, e.g. 4096x4096,11008x4096") from None
+        shapes = None
+    if shapes is None or any(len(s) != dims for s in shapes):
+        names = "NxK" if dims == 2 else "x".join("BHTd"[:dims])
+        raise click.BadParameter(f"{value!r}: expected {names} shapes, e.g. {example}")
+    return shapes
 
 
 @cli.command()
@@ -505,11 +512,14 @@ def shape_list(ctx, param, value):
               help="Sequences per decode step (comma-separated).")
 @click.option("--gemv", default="4096x4096,11008x4096", show_default=True, callback=shape_list,
               help="Weight shapes NxK for the GEMV (M=1) and GEMM (M=2048) rows.")
+@click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
+              help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
 @click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
 @click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), help="Write the tables here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, no_references, json_path, md_path, force):
+def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_shapes, no_references, json_path,
+          md_path, force):
     """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
 
     \b
@@ -519,6 +529,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, no_refere
     decode   the state step for a batch of sequences: float state against int8 state
     weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
              edgettt's int8 and int4 kernels, bitsandbytes NF4 and LLM.int8 when installed
+    train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
+             kernel with its backward against autograd through the mini-batch scan
 
     Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
     bandwidth measured in the same run, and ratios against the references (x > 1: faster).
@@ -537,7 +549,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, no_refere
     from . import bench as benchmark
 
     result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
-                           references=not no_references, progress=lambda jobs: tqdm(jobs, desc="bench", unit="case"))
+                           references=not no_references, progress=lambda jobs: tqdm(jobs, desc="bench", unit="case"),
+                           train_shapes=train_shapes)
     meta = result["meta"]
     header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
               f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "

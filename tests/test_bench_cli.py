@@ -4,6 +4,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import rel_err
 from edgettt import bench
 from edgettt.cli import cli
 
@@ -17,7 +18,9 @@ def test_bench_without_cuda_is_a_one_line_error(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [(["--seq-lens", "8k"], "comma-separated integers"),
-                                          (["--gemv", "4096by4096"], "NxK shapes")])
+                                          (["--gemv", "4096by4096"], "NxK shapes"),
+                                          (["--gemv", "4096x4096x2"], "NxK shapes"),
+                                          (["--train", "256x4x512"], "BxHxTxd shapes")])
 def test_bench_rejects_malformed_lists(args, message):
     result = CliRunner().invoke(cli, ["bench", *args])
     assert result.exit_code == 2 and message in result.output
@@ -37,3 +40,14 @@ def test_ratios_and_tables():
 def test_rotation_covers_several_l2s():
     assert bench.copies_for(8 << 20) * (8 << 20) >= bench.L2_ROTATION_BYTES
     assert bench.copies_for(10 << 30) == 2
+
+
+def test_training_rows_compute_the_same_gradients():
+    """The three forward + backward runs the train rows time agree (the scan's gamma and beta are its
+    own layer's, so their gradients go there: compared are q, k, v, lr, S0 and eta)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    runs = bench.train_runs(2, 2, 32, 16, b=16, device=device)
+    grads = {name: fn() for name, fn in runs.items()}
+    kernel, scan, exact = grads.values()
+    for i in (0, 1, 2, 3, 4, 7):
+        assert rel_err(kernel[i], exact[i]) < 1e-4 and rel_err(kernel[i], scan[i]) < 1e-4, i
