@@ -197,7 +197,9 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
     """One TTT-Linear layer operator, forward and backward, fp32 with tf32 dots (as
     recipes/train_tiny.py trains): the exact-form kernel with its backward (kernels/train.py) against
     autograd through the original mini-batch scan and through the exact form in torch. Bytes: q, k, v
-    read twice, lr and dout read, o, dq, dk, dv written (the least either way)."""
+    read twice, lr and dout read, o, dq, dk, dv written (the least either way). All timed eagerly:
+    the recipe captures its whole step in a CUDA graph, which takes the scan's launch gaps away, so
+    the recipe's steps per second are the fairer comparison for the scan."""
     runs = train_runs(B, H, T, d, b)
     io = 10 * B * H * T * d * 4 + 2 * B * H * T * 4
     tf32 = torch.backends.cuda.matmul.allow_tf32
