@@ -24,7 +24,7 @@ from torch import nn
 
 from . import linear_attention as la
 from .config import ModelConfig
-from .kernels import kernels_enabled
+from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
 
@@ -106,8 +106,7 @@ class LinearAttentionLayer(MixerBase):
             return False
         if torch.is_grad_enabled() and self.state0.requires_grad:
             return False
-        b = self.config.mini_batch_size
-        return b & (b - 1) == 0 and b <= 64 and kernels_enabled(x)
+        return mini_batch_supported(self.config.mini_batch_size) and kernels_enabled(x)
 
     def _prefill_kernel(self, st, q, k, v, lr, start):
         from .kernels import prefill

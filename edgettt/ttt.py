@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .kernels import kernels_enabled
+from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, gelu_tanh_grad, layer_norm, ln_l2_grad, mini_batch_etas, segments
 
@@ -73,7 +73,7 @@ class TTTLayer(MixerBase):
         the fresh state of `init_state`: the kernel starts from the parameters W1, b1.)"""
         b = self.config.mini_batch_size
         return (not self.mlp and torch.is_grad_enabled() and start == 0 and x.shape[1] % b == 0
-                and b & (b - 1) == 0 and b <= 64 and kernels_enabled(x))
+                and mini_batch_supported(b) and kernels_enabled(x))
 
     def _train_kernel(self, st, q, k, v, lr, eta_tok):
         from .kernels.train import exact_train

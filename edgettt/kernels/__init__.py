@@ -28,6 +28,11 @@ def autotune_configs(configs: list, interpreter_configs: list) -> list:
     return configs[:1] if os.environ.get("EDGETTT_AUTOTUNE", "1") == "0" else configs
 
 
+def mini_batch_supported(b: int) -> bool:
+    """Mini-batch sizes the prefill and training kernels take: powers of two up to 64."""
+    return b & (b - 1) == 0 and b <= 64
+
+
 def kernels_enabled(x: torch.Tensor) -> bool:
     """Whether a kernel should handle a computation on tensor `x`."""
     return x.is_cuda and os.environ.get("EDGETTT_KERNELS", "1") != "0"

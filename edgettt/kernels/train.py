@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fresh
+from . import fresh, mini_batch_supported
 from .prefill import EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout, _zero_pad
 
 
@@ -191,6 +191,6 @@ def exact_train(q, k, v, lr, S0, gamma, beta, eta_tok):
     """The exact form from S0 over whole mini-batches, with gradients for every input (see the header)."""
     MB = eta_tok.shape[0]
     assert q.shape[2] % MB == 0, "exact_train runs whole mini-batches"
-    assert MB & (MB - 1) == 0, "the exact kernels need a power-of-two mini-batch size"
+    assert mini_batch_supported(MB), "the kernels take mini-batches of a power of two up to 64"
     q, k, v = _same_layout(q, k, v)
     return _ExactTTTLinear.apply(q, k, v, lr, S0, gamma, beta, eta_tok)
