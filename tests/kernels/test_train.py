@@ -51,7 +51,6 @@ def test_exact_train_training_shape_on_gpu():
 
 def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_model, monkeypatch):
     """The original TTT-Linear model, loss and every parameter's gradient: kernel path against the loop."""
-    from conftest import rel_err as err
 
     model = tiny_model("linear", seed=5, mini_batch_size=8)
     ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
@@ -71,6 +70,6 @@ def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_mod
 
     loss_loop, grads_loop = loss_and_grads(False)
     loss_kernel, grads_kernel = loss_and_grads(True)
-    assert err(loss_kernel, loss_loop) < 1e-5
+    assert rel_err(loss_kernel, loss_loop) < 1e-5
     for name, g in grads_loop.items():
-        assert err(grads_kernel[name], g) < 1e-4, name
+        assert rel_err(grads_kernel[name], g) < 1e-4, name
