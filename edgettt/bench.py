@@ -16,6 +16,7 @@ import functools
 import math
 import platform
 import statistics
+import time
 
 import torch
 
@@ -71,6 +72,17 @@ L2_ROTATION_BYTES = 512 << 20  # rotate inputs over at least this much memory: s
 
 def copies_for(nbytes: int) -> int:
     return max(2, math.ceil(L2_ROTATION_BYTES / max(nbytes, 1)))
+
+
+def warm_up(seconds: float = 2.0) -> None:
+    """Keep the GPU busy before the first measurement: a GPU that has sat idle runs its first
+    milliseconds at lower clocks (the first prefill case of one run took twice as long as in another)."""
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for _ in range(20):
+            a @ a
+        torch.cuda.synchronize()
 
 
 def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
@@ -317,6 +329,7 @@ def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, refe
     """Every row of the benchmark, with the run's device, versions and copy ceiling."""
     import triton
 
+    warm_up()
     ceiling = copy_bandwidth()
     jobs = [("prefill", T) for T in seq_lens] + [("state", B) for B in decode_batch] + \
            [("weights", s) for s in gemv_shapes] + [("train", s) for s in train_shapes]

@@ -45,7 +45,9 @@ def test_converted_model_with_kernels_matches_torch_path(tiny_model, monkeypatch
 def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch, weights):
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
     quantize_(model, QuantConfig(weights=weights, group_size=32))
-    ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1)).to(device)
     use_kernels(monkeypatch, False)
     expected = model(ids)
     use_kernels(monkeypatch, True)

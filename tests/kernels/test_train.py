@@ -52,8 +52,9 @@ def test_exact_train_training_shape_on_gpu():
 def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_model, monkeypatch):
     """The original TTT-Linear model, loss and every parameter's gradient: kernel path against the loop."""
 
-    model = tiny_model("linear", seed=5, mini_batch_size=8)
-    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2))
+    device = DEVICES[0]
+    model = tiny_model("linear", seed=5, mini_batch_size=8).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2)).to(device)
 
     def loss_and_grads(kernels: bool):
         monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: kernels)
