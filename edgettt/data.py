@@ -4,10 +4,12 @@
 name, none of which needs a download:
     python-docs[:train|:val|:test]  the English reference documentation every CPython carries
                                     (`pydoc_data.topics`), split by whole topics into about 80/10/10
-                                    of the bytes, parts that never overlap (see `docs_splits`);
+                                    of the bytes; topics that share a paragraph stay in one part,
+                                    so the parts never overlap (see `docs_splits`);
                                     bare `python-docs` is the test part
     python-docs-sample              a fixed 16 KB slice of the test part: quick reports
-    python-stdlib                   the standard library's own .py sources (no tests), for training
+    python-stdlib                   the standard library's own .py sources (no tests, and not
+                                    pydoc_data, which holds the documentation), for training
 Every text is named with a fingerprint (bytes, sha256 prefix) in the reports that use it.
 """
 
@@ -40,14 +42,47 @@ class Text:
         return {"name": self.name, "bytes": len(self.data), "sha256": hashlib.sha256(self.data).hexdigest()[:16]}
 
 
+SHARED_PARAGRAPH = 40  # bytes: shorter paragraphs ("Changed in version 3.8.") may repeat anywhere
+
+
+def topic_groups(topics: dict[str, str]) -> list[list[str]]:
+    """Topics that share a paragraph, as groups (sorted). The reference embeds sections in several
+    topics (`for`, `while`, `try` are also inside `compound`; `augassign` inside `assignment`):
+    splitting those apart would put the same text in two parts."""
+    parent = {key: key for key in topics}
+
+    def root(key: str) -> str:
+        while parent[key] != key:
+            key = parent[key]
+        return key
+
+    first_seen: dict[str, str] = {}
+    for key in sorted(topics):
+        for paragraph in topics[key].split("\n\n"):
+            paragraph = paragraph.strip()
+            if len(paragraph) < SHARED_PARAGRAPH:
+                continue
+            other = first_seen.setdefault(paragraph, key)
+            parent[root(key)] = root(other)
+    groups: dict[str, list[str]] = {}
+    for key in sorted(topics):
+        groups.setdefault(root(key), []).append(key)
+    return list(groups.values())
+
+
 def docs_splits(topics: dict[str, str]) -> dict[str, str]:
-    """Topic -> part. Topics in the order of their name's sha256 fill test, then val, up to 10% of
-    the bytes each; the rest is train. Whole topics, so the parts never overlap."""
-    order = sorted(topics, key=lambda key: hashlib.sha256(key.encode()).hexdigest())
-    total, filled, out = sum(len(v) for v in topics.values()), 0, {}
-    for key in order:
-        out[key] = "test" if filled < 0.1 * total else "val" if filled < 0.2 * total else "train"
-        filled += len(topics[key])
+    """Topic -> part. Groups of topics that share text (`topic_groups`), in the order of their first
+    name's sha256, fill test, then val, each up to 10% of the bytes (a group that would overflow
+    the part waits for the next); the rest is train. Whole groups, so no paragraph is in two parts."""
+    groups = sorted(topic_groups(topics), key=lambda g: hashlib.sha256(g[0].encode()).hexdigest())
+    total = sum(len(v) for v in topics.values())
+    filled = {"test": 0, "val": 0}
+    out = {}
+    for group in groups:
+        size = sum(len(topics[key]) for key in group)
+        part = next((p for p in filled if filled[p] + size <= 0.1 * total), "train")
+        filled[part] = filled.get(part, 0) + size
+        out.update(dict.fromkeys(group, part))
     return out
 
 
@@ -60,7 +95,8 @@ def python_docs(split: str) -> bytes:
 
 def python_stdlib() -> bytes:
     root = Path(sysconfig.get_paths()["stdlib"])
-    skip = {"site-packages", "test", "tests", "idlelib", "lib2to3"}
+    # pydoc_data/topics.py is the reference documentation itself, test part included: not a source
+    skip = {"site-packages", "test", "tests", "idlelib", "lib2to3", "pydoc_data"}
     files = sorted(f for f in root.rglob("*.py") if not skip & set(f.relative_to(root).parts))
     return b"\n".join(f.read_bytes() for f in files)
 

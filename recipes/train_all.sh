@@ -6,7 +6,8 @@
 #   MINUTES=4.4 WORK=/tmp/train PACK=$OUT bash recipes/train_all.sh                      # on the GPU
 # ARCHS: what to train; DISTILL: which trained TTT models in WORK to convert to the parallel form
 # and distill; CTX: training window (fewer sequential mini-batches a step when shorter);
-# DISTILL_DATA: the distillation text (docs_train.bin: the shipped numbers; train.bin: 36x more text). WORK gets the model directories and logs; PACK (optional) gets one .tar per model
+# DISTILL_DATA: the distillation text (docs_train.bin; train.bin, 29x more text: shipped ttt-linear-tiny-parallel).
+# WORK gets the model directories and logs; PACK (optional) gets one .tar per model
 # plus logs.tar. The session's 10-minute device calls split it: ARCHS="ttt-linear ttt-mlp"
 # DISTILL="" first, then ARCHS=transformer with the first call's models carried in WORK.
 set -euo pipefail

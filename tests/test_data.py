@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from edgettt import EdgetttError
-from edgettt.data import SPLITS, docs_splits, python_docs, read_text, token_windows
+from edgettt.data import SPLITS, docs_splits, python_docs, read_text, token_windows, topic_groups
 
 
 def test_docs_splits_are_disjoint_deterministic_and_cover_everything():
@@ -20,6 +20,23 @@ def test_docs_splits_are_disjoint_deterministic_and_cover_everything():
     for key, text in topics.items():  # each topic's text lies in its own part only
         snippet = text[:200].encode()
         assert [s for s in SPLITS if snippet in parts[s]] == [splits[key]]
+
+
+def test_no_paragraph_of_the_held_out_parts_is_in_the_training_text():
+    """The reference repeats sections across topics (`for` is also inside `compound`), and
+    pydoc_data/topics.py, a standard library file, holds all of it: neither may leak into training."""
+    from pydoc_data.topics import topics
+
+    groups = topic_groups(topics)
+    assert any({"compound", "for"} <= set(g) for g in groups)
+    train = python_docs("train")
+    stdlib = read_text("python-stdlib").data
+    for part in ("test", "val"):
+        paragraphs = [p.strip() for p in python_docs(part).split(b"\n\n")]
+        long = [p for p in paragraphs if len(p) >= 80]
+        assert len(long) > 100
+        assert not [p for p in long if p in train], part
+        assert not [p for p in long if p.split(b"\n")[0] in stdlib and len(p.split(b"\n")[0]) >= 60], part
 
 
 def test_builtin_names_and_fingerprints():
