@@ -68,12 +68,11 @@ class TTTLayer(MixerBase):
         return self.finish(x, torch.cat(outs, dim=2))
 
     def _train_kernel_applies(self, x: torch.Tensor, start: int) -> bool:
-        """TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form kernel
-        with a backward (kernels/train.py) replaces the mini-batch loop, in training and in
-        evaluation (a distillation teacher, train_tiny's bits per byte). (Position 0 means the
-        fresh state of `init_state`: the kernel starts from the parameters W1, b1.)"""
+        """Training TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form
+        kernel with a backward (kernels/train.py) replaces the mini-batch loop. (Position 0 means
+        the fresh state of `init_state`: the kernel starts from the parameters W1, b1.)"""
         b = self.config.mini_batch_size
-        return (not self.mlp and start == 0 and x.shape[1] % b == 0
+        return (not self.mlp and torch.is_grad_enabled() and start == 0 and x.shape[1] % b == 0
                 and mini_batch_supported(b) and kernels_enabled(x))
 
     def _train_kernel(self, st, q, k, v, lr, eta_tok):

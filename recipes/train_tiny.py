@@ -239,8 +239,11 @@ def main():
         "log": log,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "log"}), flush=True)
-    if args.arch == "transformer":
+    if args.arch == "transformer":  # not an edgettt model: its weights alone, to measure it again later
+        from safetensors.torch import save_file
+
         args.out.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, args.out / "transformer.safetensors")
     else:
         save_model(model.cpu().eval(), args.out, force=True)
     (args.out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")

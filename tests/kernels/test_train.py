@@ -74,21 +74,3 @@ def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_mod
     assert rel_err(loss_kernel, loss_loop) < 1e-5
     for name, g in grads_loop.items():
         assert rel_err(grads_kernel[name], g) < 1e-4, name
-
-
-@torch.no_grad()
-def test_evaluating_a_ttt_linear_model_takes_the_kernel_too(tiny_model, monkeypatch):
-    """Under no_grad (a distillation teacher, an evaluation) the kernel's forward replaces the loop."""
-    device = DEVICES[0]
-    model = tiny_model("linear", seed=6, mini_batch_size=8).to(device)
-    ids = torch.randint(0, model.config.vocab_size, (2, 32), generator=torch.Generator().manual_seed(3)).to(device)
-    monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: False)
-    expected = model(ids)
-    monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: True)
-    import edgettt.kernels.train as train
-
-    calls = []
-    original = train.exact_train
-    monkeypatch.setattr(train, "exact_train", lambda *a: calls.append(1) or original(*a))
-    assert rel_err(model(ids), expected) < 1e-5
-    assert calls, "the kernel was not taken"
