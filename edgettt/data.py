@@ -81,7 +81,8 @@ def docs_splits(topics: dict[str, str]) -> dict[str, str]:
     for group in groups:
         size = sum(len(topics[key]) for key in group)
         part = next((p for p in filled if filled[p] + size <= 0.1 * total), "train")
-        filled[part] = filled.get(part, 0) + size
+        if part in filled:
+            filled[part] += size
         out.update(dict.fromkeys(group, part))
     return out
 
