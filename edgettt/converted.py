@@ -10,8 +10,10 @@ Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], pl
 
 A quantized state (`set_state_format`) is rounded at every mini-batch commit; A keeps full
 precision inside the mini-batch. int8: S - S0 is stored, with one calibrated scale per head and
-row (buffers state_scale_1, state_scale_2 [H, Dk]); int8-tensor: S itself with one uncalibrated
-scale (for contrast); fp16: S in half precision.
+row for each position bucket (buffers state_scale_1, state_scale_2 [buckets, H, Dk], buckets of
+state_bucket_tokens tokens; the last bucket's scales hold beyond; [H, Dk]: one bucket): S - S0 grows
+along the text, and finer steps early keep the commits' rounding errors, which add up, small;
+int8-tensor: S itself with one uncalibrated scale (for contrast); fp16: S in half precision.
 
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
@@ -47,23 +49,43 @@ class LinearAttentionLayer(MixerBase):
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
 
-    def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None) -> None:
-        """fp32 | fp16 | int8 (per-row `scales`, one [H, Dk] per level) | int8-tensor (same buffers)."""
+    def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
+        """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
+        `bucket_tokens` positions) | int8-tensor (same buffers)."""
         self.state_format = fmt
         for level, scale in enumerate(scales or [], start=1):
             self.register_buffer(f"state_scale_{level}", scale.float().clone())
+        if scales and scales[0].dim() == 3 and scales[0].shape[0] > 1:
+            self.register_buffer("state_bucket_tokens", torch.tensor([int(bucket_tokens)]))  # saved with the model
+            self.bucket_tokens = int(bucket_tokens)  # read as an int (an exported graph must not read the buffer)
+
+    def state_scale(self, level: int, position) -> torch.Tensor:
+        """[H, Dk]: the row scales of the state committed at `position` (tokens seen; an int, or a
+        0-d tensor in an exported graph)."""
+        table = getattr(self, f"state_scale_{level}")
+        if table.dim() == 2 or table.shape[0] == 1:
+            return table.reshape(table.shape[-2:])
+        last = table.shape[0] - 1
+        if torch.is_tensor(position):
+            bucket = torch.clamp(position // self.bucket_tokens, max=last)
+            return table.index_select(0, bucket.reshape(1))[0]
+        return table[min(position // self.bucket_tokens, last)]
 
     def requantizer(self, level: int):
+        """None, or S, position -> S as stored after a commit at `position`."""
         if self.state_format == "fp32":
             return None
         if self.state_format == "fp16":
-            return lambda S: S.half().to(S.dtype)
-        # [H, Dk, Dv], no size-1 dims: they broadcast against any S, also inside an exported Scan
-        # (whose captured tensors get dynamic sizes, which a size-1 dim would not broadcast with)
+            return lambda S, position: S.half().to(S.dtype)
         s0 = self.initial_states()[level - 1].detach()
-        scale = getattr(self, f"state_scale_{level}")[:, :, None].expand_as(s0)
         offset = s0 if self.state_format == "int8" else 0
-        return lambda S: offset + torch.clamp(torch.round((S - offset) / scale), -127, 127) * scale
+
+        def requant(S, position):
+            # [H, Dk, Dv], no size-1 dims: they broadcast against any S, also inside an exported Scan
+            # (whose captured tensors get dynamic sizes, which a size-1 dim would not broadcast with)
+            scale = self.state_scale(level, position)[:, :, None].expand_as(s0)
+            return offset + torch.clamp(torch.round((S - offset) / scale), -127, 127) * scale
+        return requant
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
@@ -73,7 +95,7 @@ class LinearAttentionLayer(MixerBase):
         for level, s0 in enumerate(self.initial_states(), start=1):
             state[f"S{level}"] = s0.unsqueeze(0).repeat(batch_size, 1, 1, 1)  # trainable, as in ttt.py
             if (requant := self.requantizer(level)) is not None:
-                state[f"S{level}"] = requant(state[f"S{level}"])
+                state[f"S{level}"] = requant(state[f"S{level}"], 0)
             state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
         return state
 

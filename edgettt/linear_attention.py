@@ -8,9 +8,11 @@ mini-batch. Three computations share one signature (as in flash-linear-attention
 
     fn(qa, ka, vh, S, A, eta_tok, start, requant=None) -> (Zbar, S, A)
     qa, ka: [B, H, T, Dk]   vh: [B, H, T, Dv]   S, A: [B, H, Dk, Dv]   eta_tok: [b]
-    start: position of the first token (only start % b matters; `recurrent` also takes a 0-d tensor)
-    requant: optional S -> S applied at every mini-batch commit (a quantized state: S is rounded
-             T/b times, while A keeps full precision inside the mini-batch)
+    start: position of the first token (`recurrent` also takes a 0-d tensor); start % b places the
+           tokens in their mini-batches, the absolute position only matters to `requant`
+    requant: optional (S, position) -> S applied at every mini-batch commit, position = the tokens
+             seen when it commits (a quantized state: S is rounded T/b times, while A keeps full
+             precision inside the mini-batch; its scales may depend on the position)
 
 - `naive`: the whole-sequence matrix form `Qa S + ((Qa Ka^T) * M) Vh`, for tests;
 - `chunk`: parallel inside each mini-batch and across mini-batches (prefix sums of chunk states);
@@ -71,7 +73,8 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
     qa_, ka_, vh_ = (x.reshape(B, H, N, b, x.shape[-1]) for x in (qa_, ka_, vh_))
     U = ka_.transpose(-1, -2) @ vh_  # [B, H, N, Dk, Dv]: each mini-batch's sum of ka^T vh
     U = torch.cat((U[:, :, :1] + A[:, :, None], U[:, :, 1:]), dim=2)  # the unfinished sum joins chunk 0
-    S_after = committed_states(S, U, eta_tok[-1], requant)  # [B, H, N, Dk, Dv] state after each chunk
+    ends = start - front + b * torch.arange(1, N + 1, device=U.device)  # position of each chunk's commit
+    S_after = committed_states(S, U, eta_tok[-1], requant, ends)  # [B, H, N, Dk, Dv] state after each chunk
     S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)  # boundary state of each chunk
     scores = torch.tril(qa_ @ ka_.transpose(-1, -2))  # [B, H, N, b, b]
     zbar = qa_ @ S_chunks + eta_tok[:, None] * (scores @ vh_)
@@ -86,22 +89,24 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
             torch.where(complete, torch.zeros_like(A), U[:, :, -1]))
 
 
-def committed_states(S, U, eta_last, requant=None):
+def committed_states(S, U, eta_last, requant=None, ends=None):
     """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `requant`,
-    a loop that rounds S at every commit."""
+    a loop that rounds S at every commit (`ends` [N]: the position of each commit)."""
     if requant is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
     if torch.compiler.is_exporting():  # a graph of any length: the loop becomes one ONNX Scan
         from torch._higher_order_ops.scan import scan
 
-        def commit(S, U_n):
-            S = requant(S + eta_last * U_n)
+        def commit(S, xs):
+            U_n, end = xs
+            S = requant(S + eta_last * U_n, end.reshape(()))
             return S, S.clone()
 
-        return scan(commit, S, U, dim=2)[1]  # [B, H, N, Dk, Dv], stacked along dim 2
+        # both inputs scanned along dim 2: the positions as [1, 1, N]
+        return scan(commit, S, (U, ends.reshape(1, 1, -1)), dim=2)[1]  # [B, H, N, Dk, Dv], stacked along dim 2
     out = []
     for n in range(U.shape[2]):
-        S = requant(S + eta_last * U[:, :, n])
+        S = requant(S + eta_last * U[:, :, n], int(ends[n]))
         out.append(S)
     return torch.stack(out, dim=2)
 
@@ -133,12 +138,12 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
         if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
             commit = inner == b - 1
             S_next = S + eta_tok[-1] * A
-            S_next = S_next if requant is None else requant(S_next)
+            S_next = S_next if requant is None else requant(S_next, start + t + 1)
             S, A = torch.where(commit, S_next, S), torch.where(commit, torch.zeros_like(A), A)
         elif inner == b - 1:  # end of a mini-batch: commit
             S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
             if requant is not None:
-                S = requant(S)
+                S = requant(S, start + t + 1)
     return torch.cat(outputs, dim=2), S, A
 
 

@@ -362,26 +362,27 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor]) -> Non
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
         scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
-        layer.seq_modeling_block.set_state_format(config.state, scales)
+        bucket_tokens = weights.get(f"model.layers.{i}.seq_modeling_block.state_bucket_tokens", torch.tensor(0))
+        layer.seq_modeling_block.set_state_format(config.state, scales, int(bucket_tokens))
 
 
 def weight_bits(model: nn.Module) -> dict:
     """Size on disk of the weights and bits per weight (a quantized layer counts its N*K weights)."""
     n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
     n_weights = sum(t.numel() for name, t in model.weights().items() if not name.endswith(
-        (".qweight", ".scales", ".zero_points", ".absmax", ".code", ".scb")) and "state_scale" not in name)
+        (".qweight", ".scales", ".zero_points", ".absmax", ".code", ".scb")) and ".state_" not in name)
     n_weights += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
     return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_weights, "weights": n_weights}
 
 
 def apply_state_format(model: nn.Module, fmt: str, calibration=None) -> None:
-    """Set every converted layer's state format: int8 takes the calibrated per-row scales;
-    int8-tensor one uncalibrated scale per layer and level, max |S0| / 127 (for contrast)."""
+    """Set every converted layer's state format: int8 takes the calibrated per-row scales of each
+    position bucket; int8-tensor one uncalibrated scale per layer and level, max |S0| / 127 (for contrast)."""
     for i, layer in enumerate(model.model.layers):
         mixer = layer.seq_modeling_block
-        scales = None
+        scales, bucket_tokens = None, 0
         if fmt == "int8":
-            scales = calibration.layer_scales(i)
+            scales, bucket_tokens = calibration.layer_scales(i), calibration.bucket_tokens
         elif fmt == "int8-tensor":
             scales = [torch.full(s0.shape[:2], s0.detach().abs().max().item() / 127) for s0 in mixer.initial_states()]
-        mixer.set_state_format(fmt, scales)
+        mixer.set_state_format(fmt, scales, bucket_tokens)

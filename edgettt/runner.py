@@ -112,7 +112,9 @@ class Runner:
         for x in self.decode_graph["inputs"]:
             if x["role"] == "input_ids":
                 feeds[x["name"]] = ids.astype(np.int64).reshape(-1, 1)
-            elif x["role"] == "inner_position":
+            elif x["role"] == "position":
+                feeds[x["name"]] = np.array(position, dtype=np.int64)
+            elif x["role"] == "inner_position":  # exports from before the position buckets of the int8 state
                 feeds[x["name"]] = np.array(position % self.block, dtype=np.int64)
             else:
                 feeds[x["name"]] = states[x["state"]]

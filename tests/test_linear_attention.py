@@ -43,7 +43,7 @@ def test_mask_is_chunk_structured():
 def test_recurrent_takes_the_position_as_a_tensor(start):
     """The exported decode graph passes the position as a tensor: the commit becomes a `where`."""
     qa, ka, vh, S, A, eta = random_inputs(5, start)
-    requant = lambda s: torch.round(s * 8) / 8  # noqa: E731
+    requant = lambda s, pos: torch.round(s * (8 + pos)) / (8 + pos)  # noqa: E731 (steps depend on the position)
     for rq in (None, requant):
         as_int = la.recurrent(qa, ka, vh, S, A, eta, start, rq)
         as_tensor = la.recurrent(qa, ka, vh, S, A, eta, torch.tensor(start), rq)

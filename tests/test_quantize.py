@@ -153,7 +153,7 @@ def test_requantized_chunk_equals_requantized_recurrence(start):
     qa, ka, vh = (torch.randn(1, 2, 13, 5, generator=g) for _ in range(3))
     S, eta = torch.randn(1, 2, 5, 5, generator=g), torch.rand(4, generator=g) + 0.1
     A = torch.randn(1, 2, 5, 5, generator=g) * (start > 0)
-    requant = lambda s: torch.round(s * 16) / 16  # noqa: E731
+    requant = lambda s, pos: torch.round(s * (16 + pos)) / (16 + pos)  # noqa: E731 (steps depend on the position)
     a = la.chunk(qa, ka, vh, S, A, eta, start, requant)
     b = la.recurrent(qa, ka, vh, S, A, eta, start, requant)
     for x, y in zip(a, b):
@@ -198,3 +198,18 @@ def test_llm_int8_through_bitsandbytes_keeps_outlier_columns_accurate():
     exact = x @ w.T
     assert y.shape == (2, 5, 48)
     assert ((y - exact).norm() / exact.norm()).item() < 0.02
+
+
+def test_int8_state_scales_follow_the_position_bucket(trained):
+    """Calibrated scales per position bucket, never shrinking along the text; the layer rounds each
+    commit with the scales of the bucket its position falls in (the last bucket beyond)."""
+    model, cal, _ = trained
+    table = cal.layer_scales(0)[0]  # [buckets, H, Dk]
+    assert table.dim() == 3 and table.shape[0] > 1 and (table[1:] >= table[:-1]).all()
+    assert (table[0] < table[-1]).float().mean() > 0.5  # S - S0 grows along the text: finer steps early
+    q = quantized(model, QuantConfig("none", state="int8"), cal)
+    mixer = q.model.layers[0].seq_modeling_block
+    span = cal.bucket_tokens
+    assert torch.equal(mixer.state_scale(1, 0), table[0]) and torch.equal(mixer.state_scale(1, span), table[1])
+    assert torch.equal(mixer.state_scale(1, 100 * span), table[-1])
+    assert torch.equal(mixer.state_scale(1, torch.tensor(span + 16)), table[1])

@@ -4,8 +4,11 @@
 - the accumulated state: per layer, level, head and state row, |S| (the boundary state), |S - S0|
   (its distance from the learned initial state) and |A| (the running sum inside a mini-batch) at
   every position up to the sequence length; kept as row maxima per position bucket, and as int8
-  scales `percentile(|S - S0| row max) / 127`. The int8 state stores S - S0, not S: S0 is a model
-  constant, and the part that moves is several times smaller than S, so the rounding step is too.
+  scales per bucket: `HEADROOM x` the bucket's row maximum of |S - S0| (running maximum over the
+  buckets), at most `percentile(|S - S0| row max)`, over 127. The int8 state stores S - S0, not S:
+  S0 is a model constant, and the part that moves is several times smaller than S, so the rounding
+  step is too. S - S0 grows along the text (about as the square root of the position on the shipped
+  models) and the rounding errors of all commits add up: per-bucket scales make the early steps finer.
 
 The calibration file (safetensors) records the model's and the text's fingerprints; `quantize`
 refuses a calibration made for another model.
@@ -29,6 +32,7 @@ from ..evaluate import encode
 from ..model import CausalLM
 
 BUCKETS = 8
+HEADROOM = 1.25  # over the calibration's maxima: a few windows do not see every text's largest state
 
 
 @dataclass
@@ -82,7 +86,12 @@ class Calibration:
                                "`edgettt calibrate` on this model")
 
     def layer_scales(self, layer: int) -> list[torch.Tensor]:
+        """Per level: int8 state scales [buckets, H, Dk] (a file from before buckets: [H, Dk])."""
         return [self.state_scales[k] for k in sorted(self.state_scales) if k.split(".")[0] == str(layer)]
+
+    @property
+    def bucket_tokens(self) -> int:
+        return self.seq_len // BUCKETS
 
 
 @torch.no_grad()
@@ -148,6 +157,8 @@ def _summarise(model, text, seq_len, samples, seed, percentile, hessians, rowmax
                                              for b in range(BUCKETS)], dim=-1)
         if key.endswith(".dS"):
             k = max(1, min(series.shape[-1], round(percentile / 100 * series.shape[-1])))
-            clip = series.float().kthvalue(k, dim=-1).values  # the percentile of each row's max
-            cal.state_scales[key[:-3]] = (clip.clamp_min(1e-8) / 127).float()
+            clip = series.float().kthvalue(k, dim=-1).values  # the percentile of each row's max: [H, Dk]
+            by_bucket = cal.state_rowmax[key].float().cummax(dim=-1).values * HEADROOM  # [H, Dk, buckets]
+            table = torch.minimum(by_bucket, clip[..., None]).permute(2, 0, 1)  # [buckets, H, Dk]
+            cal.state_scales[key[:-3]] = (table.clamp_min(1e-8) / 127).float().contiguous()
     return cal

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import io as io_module
 import json
 import logging
@@ -85,24 +86,32 @@ def state_specs(model: CausalLM) -> list[dict]:
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
             if name.startswith("S") and fmt in INT8_STATES:  # the scales (and S0) are inside the graphs
                 spec["dtype"] = "int8"
-                spec["quantization"] = {"format": fmt, "scales": "one per head and row (calibrated for int8)",
-                                        "dequantize": "S0 + q * scale[head, row]" if fmt == "int8" else "q * scale[head, row]"}
+                spec["quantization"] = {
+                    "format": fmt,
+                    "scales": "one per head and row (calibrated for int8: per position bucket of the last commit)",
+                    "dequantize": "S0 + q * scale[bucket, head, row]" if fmt == "int8" else "q * scale[head, row]"}
             specs.append(spec)
     return specs
 
 
 def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
-    """(S0, scale, rows) of every int8 state tensor: S = S0 + q * scale, scale [H, Dk], rows = H * Dk."""
+    """(S0, scale_of, rows) of every int8 state tensor: S = S0 + q * scale, rows = H * Dk, and
+    scale_of(position) -> [H, Dk] the scales of a state last committed at `position` (a 0-d tensor)."""
     params = {}
     for spec in specs:
         if spec["dtype"] != "int8":
             continue
         mixer = model.model.layers[spec["layer"]].seq_modeling_block
         level = int(spec["tensor"][1:])
-        scale = getattr(mixer, f"state_scale_{level}").float()
         S0 = mixer.initial_states()[level - 1].detach().float()
-        params[spec["name"]] = (torch.zeros_like(S0) if mixer.state_format == "int8-tensor" else S0, scale, scale.numel())
+        scale_of = functools.partial(mixer.state_scale, level)
+        params[spec["name"]] = (torch.zeros_like(S0) if mixer.state_format == "int8-tensor" else S0, scale_of, S0.shape[0] * S0.shape[1])
     return params
+
+
+def last_commit(position: torch.Tensor, block: int) -> torch.Tensor:
+    """Tokens seen at the last mini-batch commit, for `position` tokens seen."""
+    return position - position % block
 
 
 class PrefillGraph(nn.Module):
@@ -115,32 +124,39 @@ class PrefillGraph(nn.Module):
 
     def forward(self, input_ids):
         logits, state = self.model.prefill(input_ids)
-        return (logits, *flatten_state(self.specs, self.int8_params, state))
+        seen = input_ids.new_ones(input_ids.shape[1]).sum()  # T as a tensor: any length
+        committed = last_commit(seen, self.model.config.mini_batch_size)
+        return (logits, *flatten_state(self.specs, self.int8_params, state, committed))
 
 
 class DecodeGraph(nn.Module):
-    """(input_ids [B, 1], inner_position [] int64, *states) -> (logits [B, 1, V], *new states)."""
+    """(input_ids [B, 1], position [] int64, *states) -> (logits [B, 1, V], *new states)."""
 
     def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
 
-    def forward(self, input_ids, inner_position, *states):
+    def forward(self, input_ids, position, *states):
+        b = self.model.config.mini_batch_size
         layers = [{} for _ in self.model.model.layers]
         for spec, t in zip(self.specs, states):
             if spec["dtype"] == "int8":
-                t = onnx_ops.dequantize_state(t, *self.int8_params[spec["name"]])
+                S0, scale_of, rows = self.int8_params[spec["name"]]
+                t = onnx_ops.dequantize_state(t, S0, scale_of(last_commit(position, b)), rows)
             layers[spec["layer"]][spec["tensor"]] = t
-        logits, state = self.model.prefill(input_ids, State(inner_position, layers), decode=True)
-        return (logits, *flatten_state(self.specs, self.int8_params, state))
+        committed = last_commit(position + 1, b)  # before prefill: it advances State.pos in place
+        logits, state = self.model.prefill(input_ids, State(position, layers), decode=True)
+        return (logits, *flatten_state(self.specs, self.int8_params, state, committed))
 
 
-def flatten_state(specs: list[dict], int8_params: dict, state: State) -> list[torch.Tensor]:
+def flatten_state(specs: list[dict], int8_params: dict, state: State, committed: torch.Tensor) -> list[torch.Tensor]:
+    """The state tensors in graph order; int8 ones quantized with the scales of their last commit."""
     out = []
     for spec in specs:
         t = state.layers[spec["layer"]][spec["tensor"]]
         if spec["dtype"] == "int8":
-            t = onnx_ops.quantize_state(t, *int8_params[spec["name"]])
+            S0, scale_of, rows = int8_params[spec["name"]]
+            t = onnx_ops.quantize_state(t, S0, scale_of(committed), rows)
         out.append(t)
     return out
 
@@ -161,8 +177,8 @@ def graph_io(model: CausalLM) -> dict:
                     "outputs": [_io("logits", "float32", ["batch", "tokens", V], "logits"), *states_out]},
         "decode": {"file": "decode.onnx",
                    "inputs": [_io("input_ids", "int64", ["batch", 1], "input_ids"),
-                              _io("inner_position", "int64", [], "inner_position",
-                                  doc="position of the token inside its mini-batch: position % mini_batch_size"),
+                              _io("position", "int64", [], "position",
+                                  doc="position of the token in its sequence: the tokens before it"),
                               *states_in],
                    "outputs": [_io("logits", "float32", ["batch", 1, V], "logits"), *states_out]},
     }
