@@ -130,7 +130,7 @@ class CausalLM(nn.Module):
         h = self.model.embed_tokens(input_ids)
         for layer, layer_state in zip(self.model.layers, state.layers):
             h = layer(h, layer_state, state.pos, decode)
-        state.pos += input_ids.shape[1]
+        state.pos = state.pos + input_ids.shape[1]  # not +=: a tensor position (exported graph) is the caller's
         logits = self.lm_head(self.model.norm(h))
         return (logits if logits.dtype == torch.float64 else logits.float()), state  # fp32 at least
 

@@ -144,9 +144,8 @@ class DecodeGraph(nn.Module):
                 S0, scale_of, rows = self.int8_params[spec["name"]]
                 t = onnx_ops.dequantize_state(t, S0, scale_of(last_commit(position, b)), rows)
             layers[spec["layer"]][spec["tensor"]] = t
-        committed = last_commit(position + 1, b)  # before prefill: it advances State.pos in place
         logits, state = self.model.prefill(input_ids, State(position, layers), decode=True)
-        return (logits, *flatten_state(self.specs, self.int8_params, state, committed))
+        return (logits, *flatten_state(self.specs, self.int8_params, state, last_commit(position + 1, b)))
 
 
 def flatten_state(specs: list[dict], int8_params: dict, state: State, committed: torch.Tensor) -> list[torch.Tensor]:
