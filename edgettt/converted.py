@@ -58,6 +58,8 @@ class LinearAttentionLayer(MixerBase):
         if scales and scales[0].dim() == 3 and scales[0].shape[0] > 1:
             self.register_buffer("state_bucket_tokens", torch.tensor([int(bucket_tokens)]))  # saved with the model
             self.bucket_tokens = int(bucket_tokens)  # read as an int (an exported graph must not read the buffer)
+        elif hasattr(self, "state_bucket_tokens"):  # one scale for all positions now: nothing stale to save
+            del self.state_bucket_tokens, self.bucket_tokens
 
     def state_scale(self, level: int, position) -> torch.Tensor:
         """[H, Dk]: the row scales of the state committed at `position` (tokens seen; an int, or a

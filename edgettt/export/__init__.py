@@ -138,11 +138,12 @@ class DecodeGraph(nn.Module):
 
     def forward(self, input_ids, position, *states):
         b = self.model.config.mini_batch_size
+        committed = last_commit(position, b)  # the states in were last committed here
         layers = [{} for _ in self.model.model.layers]
         for spec, t in zip(self.specs, states):
             if spec["dtype"] == "int8":
                 S0, scale_of, rows = self.int8_params[spec["name"]]
-                t = onnx_ops.dequantize_state(t, S0, scale_of(last_commit(position, b)), rows)
+                t = onnx_ops.dequantize_state(t, S0, scale_of(committed), rows)
             layers[spec["layer"]][spec["tensor"]] = t
         logits, state = self.model.prefill(input_ids, State(position, layers), decode=True)
         return (logits, *flatten_state(self.specs, self.int8_params, state, last_commit(position + 1, b)))
