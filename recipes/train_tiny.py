@@ -1,16 +1,19 @@
 """Recipe that trains the shipped tiny models (and the transformer baseline they are compared with).
 
-    python recipes/train_tiny.py --arch ttt-linear --out edgettt/models/ttt-linear-tiny --minutes 6
-    python recipes/train_tiny.py --arch ttt-mlp    --out edgettt/models/ttt-mlp-tiny    --minutes 6
-    python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline      --minutes 6
+    python recipes/train_tiny.py --arch ttt-linear --out /tmp/ttt-linear-tiny --minutes 2.5 --eval-every 250
+    python recipes/train_tiny.py --arch ttt-mlp --out /tmp/ttt-mlp-tiny --minutes 3.5 --eval-every 100
+    python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline --minutes 2.5 --eval-every 250
+
+(`recipes/train_all.sh` runs these and the distillations, as the shipped models were made.)
 
 Data (byte level, no download): `python-stdlib` plus `python-docs:train` for training, bits per
-byte reported on `python-docs:test` (and `:val`); `--docs-weight` of the windows come from
-`python-docs:train` alone (the committed interim models were trained with 0). `--data-dir` reads the three parts from files
-written by `--write-data` instead, so that a GPU machine with another Python version trains on
-exactly the same text. One schedule for every arch: AdamW, linear warm-up, cosine decay over a
-wall-clock budget, batch 256 x 512 bytes (the TTT step is launch-bound: a larger
-batch costs little time per step), fp32 with TF32 matmuls.
+byte reported on `python-docs:test` (and `:val`). `--data-dir` reads the parts from files written by
+`--write-data` instead, so that a GPU machine with another Python version trains on exactly the
+same text. One schedule for every arch: AdamW, linear warm-up, cosine decay over a wall-clock
+budget, batch 256 x 512 bytes (the TTT step is launch-bound: a larger batch costs little time per
+step), fp32 with TF32 matmuls. The docs' train part is small (373 KB) and over-fits within minutes
+(recipes/results/README.md): the validation bits per byte are measured every `--eval-every` steps
+and the best weights are kept (early stopping on val; the test part stays unseen).
 """
 
 from __future__ import annotations
@@ -179,12 +182,15 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--docs-weight", type=float, default=0.3,
+    ap.add_argument("--docs-weight", type=float, default=0.0,
                     help="Share of windows drawn from python-docs:train alone (0: uniform over all text).")
     ap.add_argument("--init", type=Path, default=None,
                     help="Continue from this saved TTT model (same arch) instead of a random one: a second, "
                          "shorter schedule (warm-up and cosine again) at --lr.")
     ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
+    ap.add_argument("--eval-every", type=int, default=500,
+                    help="Measure the validation bits per byte every this many steps (a multiple of 100; its time "
+                         "is not counted) and keep the weights that scored best: the docs are small and over-fit.")
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
     args = ap.parse_args()
@@ -216,6 +222,7 @@ def main():
     stream = batches(sources, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
     step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
     budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
+    best = (math.inf, 0, None)  # val bits per byte, step, weights
     while (elapsed := time.time() - t0) < budget:
         frac = elapsed / budget
         lr = args.lr * (frac / warmup if frac < warmup else 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
@@ -224,8 +231,18 @@ def main():
         step += 1
         if step % 100 == 0:
             log.append({"step": step, "seconds": round(elapsed, 1), "loss": loss.item(), "lr": lr})
-            print(f"{args.arch} step {step} {elapsed:.0f}s loss {loss.item():.4f}", flush=True)
+            if args.eval_every and step % args.eval_every == 0:
+                paused = time.time()
+                val = log[-1]["val_bits_per_byte"] = bits_per_byte(model, parts["val"], EVAL_CTX, device)
+                if val < best[0]:
+                    best = (val, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                t0 += time.time() - paused
+            print(f"{args.arch} step {step} {elapsed:.0f}s loss {loss.item():.4f}"
+                  + (f" val {log[-1]['val_bits_per_byte']:.4f}" if "val_bits_per_byte" in log[-1] else ""), flush=True)
     wall = time.time() - t0
+    last_val = bits_per_byte(model, parts["val"], EVAL_CTX, device)
+    if best[0] < last_val:  # early stopping, chosen on val: test stays unseen
+        model.load_state_dict(best[2])
     result = {
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
@@ -234,7 +251,9 @@ def main():
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
         "eval_ctx": EVAL_CTX,  # the model cards' convention, whatever the training window
-        "val_bits_per_byte": bits_per_byte(model, parts["val"], EVAL_CTX, device),
+        "last_step_val_bits_per_byte": last_val,
+        "kept_step": best[1] if best[0] < last_val else step,
+        "val_bits_per_byte": min(best[0], last_val),
         "test_bits_per_byte": bits_per_byte(model, parts["test"], EVAL_CTX, device),
         "log": log,
     }
