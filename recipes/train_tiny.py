@@ -115,6 +115,26 @@ def batches(sources: list[tuple[torch.Tensor, float]], batch: int, ctx: int, gen
 EVAL_CTX = 512
 
 
+class BestWeights:
+    """Early stopping on val: remembers the weights of the best score offered, and puts them back
+    at the end when they beat the last ones (the test part is never looked at)."""
+
+    def __init__(self):
+        self.val, self.step, self.weights = math.inf, 0, None
+
+    def offer(self, model: nn.Module, val: float, step: int) -> None:
+        if val < self.val:
+            self.val, self.step = val, step
+            self.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+    def restore(self, model: nn.Module, last_val: float, last_step: int) -> tuple[float, int]:
+        """Load the best weights if they beat the last ones; returns the kept (val, step)."""
+        if self.val < last_val:
+            model.load_state_dict(self.weights)  # copies into the same tensors (a captured graph stays valid)
+            return self.val, self.step
+        return last_val, last_step
+
+
 @torch.no_grad()
 def bits_per_byte(model, data: bytes, ctx: int, device, batch: int = 16) -> float:
     """Non-overlapping windows of ctx+1 bytes; every byte after a window's first is predicted."""
@@ -222,7 +242,7 @@ def main():
     stream = batches(sources, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
     step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
     budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
-    best = (math.inf, 0, None)  # val bits per byte, step, weights
+    best = BestWeights()
     while (elapsed := time.time() - t0) < budget:
         frac = elapsed / budget
         lr = args.lr * (frac / warmup if frac < warmup else 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
@@ -234,15 +254,13 @@ def main():
             if args.eval_every and step % args.eval_every == 0:
                 paused = time.time()
                 val = log[-1]["val_bits_per_byte"] = bits_per_byte(model, parts["val"], EVAL_CTX, device)
-                if val < best[0]:
-                    best = (val, step, {k: v.detach().clone() for k, v in model.state_dict().items()})
+                best.offer(model, val, step)
                 t0 += time.time() - paused
             print(f"{args.arch} step {step} {elapsed:.0f}s loss {loss.item():.4f}"
                   + (f" val {log[-1]['val_bits_per_byte']:.4f}" if "val_bits_per_byte" in log[-1] else ""), flush=True)
     wall = time.time() - t0
     last_val = bits_per_byte(model, parts["val"], EVAL_CTX, device)
-    if best[0] < last_val:  # early stopping, chosen on val: test stays unseen
-        model.load_state_dict(best[2])
+    kept_val, kept_step = best.restore(model, last_val, step)
     result = {
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
@@ -252,8 +270,8 @@ def main():
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
         "eval_ctx": EVAL_CTX,  # the model cards' convention, whatever the training window
         "last_step_val_bits_per_byte": last_val,
-        "kept_step": best[1] if best[0] < last_val else step,
-        "val_bits_per_byte": min(best[0], last_val),
+        "kept_step": kept_step,
+        "val_bits_per_byte": kept_val,
         "test_bits_per_byte": bits_per_byte(model, parts["test"], EVAL_CTX, device),
         "log": log,
     }

@@ -1,11 +1,13 @@
 """The training recipe (recipes/train_tiny.py) runs end to end on the CPU: a few steps, the files it writes."""
 
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import edgettt
 
@@ -30,3 +32,22 @@ def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
     assert (out / weights).stat().st_size > 0
     if arch != "transformer":
         assert edgettt.load(out).config.num_hidden_layers == 1
+
+
+def test_early_stopping_keeps_the_weights_of_the_best_validation_score():
+    spec = importlib.util.spec_from_file_location("train_tiny", RECIPE)
+    recipe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(recipe)
+    model, best = torch.nn.Linear(2, 2), recipe.BestWeights()
+    snapshots = {}
+    for step, val in [(100, 3.0), (200, 2.0), (300, 2.5)]:
+        with torch.no_grad():
+            model.weight.fill_(step)  # stands for training between evaluations
+        snapshots[step] = model.weight.clone()
+        best.offer(model, val, step)
+    assert best.restore(model, last_val=2.7, last_step=350) == (2.0, 200)
+    assert torch.equal(model.weight, snapshots[200])
+    with torch.no_grad():
+        model.weight.fill_(7.0)
+    assert best.restore(model, last_val=1.5, last_step=400) == (1.5, 400)  # the last ones win: kept
+    assert (model.weight == 7.0).all()
