@@ -97,10 +97,8 @@ class TTTLayer(MixerBase):
         g = ln_l2_grad(k @ W + b, v - k, gamma, beta)  # gradients at the boundary state
         lrg = lr[..., None] * g
         attn = torch.tril(q @ k.transpose(-1, -2) + 1)  # (q_i . k_j + 1), j <= i
-        zbar = q @ W + b - eta * (attn @ lrg + q @ st["GW1"] + st["Gb1"])
-        st["GW1"] = st["GW1"] + k.transpose(-1, -2) @ lrg
-        st["Gb1"] = st["Gb1"] + lrg.sum(-2, keepdim=True)
-        self._commit_if_boundary(st, eta_tok, inner + n)
+        zbar = q @ W + b - eta * (attn @ lrg + self._earlier_sums(st, "1", q, inner))
+        self._add_sums(st, {"1": (k, lrg)}, eta_tok, inner, n)
         return q + layer_norm(zbar, gamma, beta)
 
     def _mlp_step(self, st, q, k, v, lr, eta_tok, inner):
@@ -114,21 +112,37 @@ class TTTLayer(MixerBase):
         g1 = (g2 @ W2.transpose(-1, -2)) * gelu_tanh_grad(z1)
         lrg1, lrg2 = lr[..., None] * g1, lr[..., None] * g2
         attn1 = torch.tril(q @ k.transpose(-1, -2) + 1)
-        zbar1 = q @ W1 + b1 - eta * (attn1 @ lrg1 + q @ st["GW1"] + st["Gb1"])
+        zbar1 = q @ W1 + b1 - eta * (attn1 @ lrg1 + self._earlier_sums(st, "1", q, inner))
         xbar2 = gelu_tanh(zbar1)
         attn2 = torch.tril(xbar2 @ x2.transpose(-1, -2) + 1)
-        zbar2 = xbar2 @ W2 + b2 - eta * (attn2 @ lrg2 + xbar2 @ st["GW2"] + st["Gb2"])
-        st["GW1"] = st["GW1"] + k.transpose(-1, -2) @ lrg1
-        st["Gb1"] = st["Gb1"] + lrg1.sum(-2, keepdim=True)
-        st["GW2"] = st["GW2"] + x2.transpose(-1, -2) @ lrg2
-        st["Gb2"] = st["Gb2"] + lrg2.sum(-2, keepdim=True)
-        self._commit_if_boundary(st, eta_tok, inner + n)
+        zbar2 = xbar2 @ W2 + b2 - eta * (attn2 @ lrg2 + self._earlier_sums(st, "2", xbar2, inner))
+        self._add_sums(st, {"1": (k, lrg1), "2": (x2, lrg2)}, eta_tok, inner, n)
         return q + layer_norm(zbar2, gamma, beta)
 
-    def _commit_if_boundary(self, st: dict, eta_tok: torch.Tensor, end: int) -> None:
-        """At the end of a mini-batch: W <- W - eta_tok[b] * GW (likewise b), clear the sums."""
-        if end != self.config.mini_batch_size:
-            return
-        for name in self.fast_weight_names():
-            st[name] = st[name] - eta_tok[-1] * st["G" + name]
-            st["G" + name] = torch.zeros_like(st["G" + name])
+    @staticmethod
+    def _earlier_sums(st: dict, level: str, x: torch.Tensor, inner: int):
+        """x @ GW + Gb: the gradient sums of this mini-batch's earlier tokens (none at its first token;
+        skipping the zero products saves a state-sized product and its saved tensors in training)."""
+        return 0.0 if inner == 0 else x @ st["GW" + level] + st["Gb" + level]
+
+    def _add_sums(self, st: dict, grads: dict, eta_tok: torch.Tensor, inner: int, n: int) -> None:
+        """Add this segment's gradient sums GW += x^T lrg, Gb += sum(lrg) (grads: level -> (x, lrg));
+        at the end of a mini-batch commit W <- W - eta_tok[b] * GW (likewise b) and clear them.
+        A whole mini-batch (training) commits its own sums directly, and scales x rather than the
+        product: then autograd keeps no state-sized tensor for eta's gradient."""
+        eta = eta_tok[-1]
+        end = inner + n == self.config.mini_batch_size
+        for level, (x, lrg) in grads.items():
+            W, b, GW, Gb = (name + level for name in ("W", "b", "GW", "Gb"))
+            if inner == 0 and end:
+                st[W] = st[W] - (eta * x).transpose(-1, -2) @ lrg
+                st[b] = st[b] - eta * lrg.sum(-2, keepdim=True)
+                continue  # (the sums stay the zeros of the last commit)
+            gw, gb = x.transpose(-1, -2) @ lrg, lrg.sum(-2, keepdim=True)
+            if inner != 0:
+                gw, gb = st[GW] + gw, st[Gb] + gb
+            if end:
+                st[W], st[b] = st[W] - eta * gw, st[b] - eta * gb
+                st[GW], st[Gb] = torch.zeros_like(gw), torch.zeros_like(gb)
+            else:
+                st[GW], st[Gb] = gw, gb

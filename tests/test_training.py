@@ -34,3 +34,14 @@ def test_initial_fast_weights_get_the_gradient(tiny_model, family, form):
     numeric = (up - down) / (2 * eps)
     analytic = (weight.grad * direction).sum()
     assert torch.isclose(analytic.double(), numeric.double(), rtol=2e-3, atol=1e-7), (analytic.item(), numeric.item())
+
+
+def test_gelu_tanh_grad_backward_matches_autograd_through_its_formula():
+    from edgettt import ops
+
+    x = torch.linspace(-6, 6, 301, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(ops._GeluTanhGrad.apply, (x,))
+    (by_hand,) = torch.autograd.grad(ops.gelu_tanh_grad(x).sum(), x)
+    (through_formula,) = torch.autograd.grad(ops._gelu_tanh_grad(x).sum(), x)
+    assert torch.allclose(by_hand, through_formula, rtol=1e-12, atol=1e-12)
+    assert torch.equal(ops.gelu_tanh_grad(x.detach()), ops._gelu_tanh_grad(x.detach()))
