@@ -1,11 +1,12 @@
 """Benchmark: one training step (forward and backward) of the shipped tiny TTT models through the
 torch mini-batch loop, and the bytes autograd saves for the backward (what limits the batch).
 
-    python benchmarks/bench_train_step.py [--batch 4] [--ctx 512] [--json FILE]
+    python benchmarks/bench_train_step.py [--batch 4] [--ctx 512] [--compile] [--json FILE]
 
 Runs on CUDA when there is one (EDGETTT_KERNELS=0 keeps TTT-Linear on the loop, not the training
 kernel), else on the CPU. Saved bytes count every tensor autograd keeps for the backward, once per
-storage. Medians of --repeats steps after one warm-up step.
+storage. Medians of --repeats steps after one warm-up step (which compiles, with --compile:
+`TTTLayer.compile_steps`).
 """
 
 import argparse
@@ -49,8 +50,13 @@ def main():
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--compile", action="store_true", help="torch.compile the mini-batch steps first")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    if args.compile:
+        from edgettt.ttt import TTTLayer
+
+        TTTLayer.compile_steps()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(0)
     rows = []
@@ -59,7 +65,7 @@ def main():
         ids = torch.randint(0, 256, (args.batch, args.ctx + 1), generator=gen).to(device)
         step_seconds(model, ids, device)  # warm-up
         seconds = statistics.median(step_seconds(model, ids, device) for _ in range(args.repeats))
-        row = {"model": name, "batch": args.batch, "ctx": args.ctx, "step_ms": 1e3 * seconds,
+        row = {"model": name, "batch": args.batch, "ctx": args.ctx, "compiled": args.compile, "step_ms": 1e3 * seconds,
                "saved_mb": saved_bytes(model, ids[:, :-1]) / 1e6}
         rows.append(row)
         print(f"{name:16s} batch {args.batch} ctx {args.ctx}: step {row['step_ms']:8.1f} ms, "

@@ -84,6 +84,14 @@ class TTTLayer(MixerBase):
         st["W1"], st["b1"] = S[:, :, :d].to(st["W1"].dtype), S[:, :, d:].to(st["b1"].dtype)  # GW1, Gb1 stay 0
         return out
 
+    @classmethod
+    def compile_steps(cls) -> None:
+        """Compile the mini-batch steps with torch.compile, for every TTT layer from now on: inductor
+        fuses their chains of small elementwise operations (training TTT-MLP, which has no kernel).
+        The first call of each shape compiles (about a minute)."""
+        cls._linear_step = torch.compile(cls._linear_step, dynamic=False)
+        cls._mlp_step = torch.compile(cls._mlp_step, dynamic=False)
+
     def _ln_params(self):
         H, d = self.num_heads, self.head_dim
         return self.ttt_norm_weight.reshape(H, 1, d), self.ttt_norm_bias.reshape(H, 1, d)

@@ -208,6 +208,9 @@ def main():
                     help="Continue from this saved TTT model (same arch) instead of a random one: a second, "
                          "shorter schedule (warm-up and cosine again) at --lr.")
     ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
+    ap.add_argument("--compile", action="store_true",
+                    help="torch.compile the TTT mini-batch steps (TTT-MLP: 1.5x on a CPU, benchmarks/results/"
+                         "train_step_cpu.md; not yet measured on a GPU).")
     ap.add_argument("--eval-every", type=int, default=500,
                     help="Measure the validation bits per byte every this many steps (a multiple of 100; its time "
                          "is not counted) and keep the weights that scored best: the docs are small and over-fit.")
@@ -224,6 +227,10 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
+    if args.compile:
+        from edgettt.ttt import TTTLayer
+
+        TTTLayer.compile_steps()
     model, config = build(args.arch, args.layers, args.seed)
     if args.init is not None:
         from edgettt.checkpoint import load_model
@@ -264,7 +271,7 @@ def main():
     result = {
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
-        "docs_weight": args.docs_weight,
+        "docs_weight": args.docs_weight, "compiled": args.compile,
         "continued_from": None if args.init is None else {k: v for k, v in previous.items() if k != "log"},
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},

@@ -1,6 +1,8 @@
 """Training through the TTT layers: every parameter, the initial fast weights included, gets the
 gradient of the loss (ttt-lm-pytorch trains W1, b1 (W2, b2) by backpropagating through the inner loop)."""
 
+import shutil
+
 import pytest
 import torch
 
@@ -45,3 +47,27 @@ def test_gelu_tanh_grad_backward_matches_autograd_through_its_formula():
     (through_formula,) = torch.autograd.grad(ops._gelu_tanh_grad(x).sum(), x)
     assert torch.allclose(by_hand, through_formula, rtol=1e-12, atol=1e-12)
     assert torch.equal(ops.gelu_tanh_grad(x.detach()), ops._gelu_tanh_grad(x.detach()))
+
+
+@pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor needs a C++ compiler on a CPU")
+def test_compiled_mini_batch_steps_train_the_same(tiny_model, monkeypatch):
+    """TTTLayer.compile_steps (recipes/train_tiny.py --compile): the same loss and gradients."""
+    from edgettt.ttt import TTTLayer
+
+    model = tiny_model("mlp", seed=5)
+    ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))
+
+    def loss_and_grads():
+        model.zero_grad()
+        loss = model(ids).logsumexp(-1).mean()
+        loss.backward()
+        return loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+    eager_loss, eager_grads = loss_and_grads()
+    for name in ("_linear_step", "_mlp_step"):  # restored after the test
+        monkeypatch.setattr(TTTLayer, name, getattr(TTTLayer, name))
+    TTTLayer.compile_steps()
+    loss, grads = loss_and_grads()
+    assert torch.allclose(loss, eager_loss, rtol=1e-5)
+    for g, e in zip(grads, eager_grads):
+        assert torch.allclose(g, e, rtol=1e-4, atol=1e-6)
