@@ -8,7 +8,7 @@
 # Per-arch settings below are the shipped models' (recipes/results/README.md has the sweep that
 # chose them: the docs are small and over-fit, so docs weight 0 and the weights with the best
 # validation bits per byte are kept). Environment overrides: MINUTES (all archs), DOCS_WEIGHT,
-# STEPS and DISTILL_LR (all distillations), ARCHS, DISTILL, BATCH, CTX, DATA, DISTILL_DATA,
+# STEPS and DISTILL_LR (all distillations), TRAIN_ARGS (more train_tiny.py options, e.g. --compile), ARCHS, DISTILL, BATCH, CTX, DATA, DISTILL_DATA,
 # WORK (model directories and logs), PACK (optional: one .tar per model there).
 set -euo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
@@ -27,7 +27,7 @@ job=0
 for arch in $ARCHS; do
   CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 recipes/train_tiny.py --arch $arch --out "$WORK/$arch" \
     --minutes "${MINUTES:-${MINUTES_OF[$arch]}}" --eval-every "${EVAL_EVERY_OF[$arch]}" --data-dir "$DATA" \
-    --batch "$BATCH" --ctx "$CTX" --docs-weight "$DOCS_WEIGHT" > "$WORK/$arch.log" 2>&1 &
+    --batch "$BATCH" --ctx "$CTX" --docs-weight "$DOCS_WEIGHT" ${TRAIN_ARGS:-} > "$WORK/$arch.log" 2>&1 &
   job=$((job + 1))
   if [ "$GPUS" -le 1 ]; then wait; fi
 done
