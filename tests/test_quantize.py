@@ -6,7 +6,7 @@ import torch
 import edgettt
 from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
-from edgettt.calibration import calibrate
+from edgettt.calibration import Calibration, calibrate
 from edgettt.data import read_text
 from edgettt.quantize import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
                               pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
@@ -213,3 +213,15 @@ def test_int8_state_scales_follow_the_position_bucket(trained):
     assert torch.equal(mixer.state_scale(1, 0), table[0]) and torch.equal(mixer.state_scale(1, span), table[1])
     assert torch.equal(mixer.state_scale(1, 100 * span), table[-1])
     assert torch.equal(mixer.state_scale(1, torch.tensor(span + 16)), table[1])
+
+
+def test_a_calibration_keeps_the_bucket_span_it_was_made_with(trained, tmp_path):
+    """The bucket span comes from the file's tables, not from today's bucket count."""
+    _, cal, _ = trained
+    buckets = cal.layer_scales(0)[0].shape[0]
+    assert cal.bucket_tokens == cal.seq_len // buckets
+    halved = {k: v[::2].contiguous() for k, v in cal.state_scales.items()}  # as if made with half the buckets
+    cal.save(tmp_path / "cal.st")
+    old = Calibration.load(tmp_path / "cal.st")
+    old.state_scales = halved
+    assert old.bucket_tokens == 2 * cal.bucket_tokens

@@ -7,6 +7,7 @@ import torch
 from click.testing import CliRunner
 
 import edgettt
+from edgettt.calibration import BUCKETS
 from edgettt.cli import cli
 from edgettt.quantize import QuantLinear
 
@@ -89,7 +90,7 @@ def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
     for kind in ("hessians", "state_scales", "state_rowmax"):
         x, y = getattr(a, kind), getattr(b, kind)
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
-    assert a.state_rowmax["0.1.S"].shape == (4, 17, 8)  # heads, rows (d + 1), position buckets
+    assert a.state_rowmax["0.1.S"].shape == (4, 17, BUCKETS)  # heads, rows (d + 1), position buckets
     assert run(*args, "-o", tmp_path / "again.st").exit_code == 1  # exists, no --force
 
 
