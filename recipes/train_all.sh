@@ -13,7 +13,7 @@
 set -euo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 declare -A MINUTES_OF=([ttt-linear]=2.5 [ttt-mlp]=3.5 [transformer]=2.5)
-declare -A EVAL_EVERY_OF=([ttt-linear]=250 [ttt-mlp]=100 [transformer]=250)
+declare -A EVAL_EVERY_OF=([ttt-linear]=500 [ttt-mlp]=100 [transformer]=500)
 declare -A STEPS_OF=([ttt-linear]=2000 [ttt-mlp]=600)
 declare -A DISTILL_LR_OF=([ttt-linear]=2e-3 [ttt-mlp]=1e-3)
 BATCH=${BATCH:-256}; DOCS_WEIGHT=${DOCS_WEIGHT:-0}; CTX=${CTX:-512}

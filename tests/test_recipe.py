@@ -51,3 +51,16 @@ def test_early_stopping_keeps_the_weights_of_the_best_validation_score():
         model.weight.fill_(7.0)
     assert best.restore(model, last_val=1.5, last_step=400) == (1.5, 400)  # the last ones win: kept
     assert (model.weight == 7.0).all()
+
+
+def test_validation_runs_at_every_eval_step_not_only_on_log_lines(tmp_path):
+    """--eval-every 30: val is measured at steps 30, 60, 90, ... (it was checked only every 100 steps)."""
+    write_parts(tmp_path)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(RECIPE), "--arch", "transformer", "--out", str(out), "--minutes", "0.03",
+                    "--layers", "1", "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path), "--eval-every", "30"],
+                   check=True, capture_output=True, timeout=300)
+    log = json.loads((out / "train_log.json").read_text())
+    evaluated = [e["step"] for e in log["log"] if "val_bits_per_byte" in e]
+    assert evaluated and all(s % 30 == 0 for s in evaluated)
+    assert evaluated == list(range(30, 30 * len(evaluated) + 1, 30))
