@@ -97,10 +97,13 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
 @click.option("--steps", default=300, show_default=True, help="Distillation steps.")
 @click.option("--lr", default=1e-3, show_default=True, help="Distillation learning rate.")
+@click.option("--hard-weight", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+              help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, no_report, as_json, force):
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, hard_weight, no_report, as_json,
+            force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -125,8 +128,10 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
         from .distill import distill as run_distill
 
         train_text = read_text(data or "python-docs:train")
-        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx)
+        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
+                             hard_weight=hard_weight)
         distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr, "ctx": ctx,
+                     "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
             distilled["before"] = report
@@ -142,7 +147,8 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
     click.echo(f"wrote {out}: {converted.config.family}, form {form}")
     if "distill" in report and "before" in report["distill"]:
         click.echo("before distillation:\n" + format_conversion_report(report["distill"]["before"]))
-        click.echo(f"after {steps} distillation steps (KL loss {report['distill']['loss_first']:.4f} -> "
+        loss_name = "loss" if report["distill"].get("hard_weight") else "KL loss"
+        click.echo(f"after {steps} distillation steps ({loss_name} {report['distill']['loss_first']:.4f} -> "
                    f"{report['distill']['loss_last']:.4f}):")
     if "form" in report:
         click.echo(format_conversion_report(report))

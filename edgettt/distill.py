@@ -1,8 +1,9 @@
 """Distillation: tune a converted (parallel-form) model towards the original's next-token distributions.
 
 The parallel form takes every value at the initial state, which changes the function. Training its
-weights to minimise KL(original || converted) on sample text wins most of that back. Runs on the
-GPU when there is one, else on the CPU.
+weights to minimise KL(original || converted) on sample text wins most of that back; `hard_weight`
+mixes in the plain next-token loss on the text (soft and hard targets, as in Hinton et al. 2015).
+Runs on the GPU when there is one, else on the CPU.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from tqdm import tqdm
 
 from .evaluate import best_device
@@ -23,11 +25,20 @@ def kl_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch
     return (t.exp() * (t - s)).sum(-1).mean()
 
 
+def next_token_loss(student_logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy of each position's logits against the window's next token (the last
+    position has none)."""
+    logits = student_logits[:, :-1].float()
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+
 def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int = 300, batch: int = 32,
-            ctx: int = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None) -> list[float]:
-    """Tune `student` in place; returns the loss of every step. Batches are random windows of `tokens`,
-    as long as the context the model is measured at: the parallel form drifts more with position, so
-    training on shorter windows leaves the late positions untuned."""
+            ctx: int = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
+            hard_weight: float = 0.0) -> list[float]:
+    """Tune `student` in place; returns the loss of every step, (1 - hard_weight) * KL + hard_weight *
+    next-token loss. Batches are random windows of `tokens`, as long as the context the model is
+    measured at: the parallel form drifts more with position, so training on shorter windows leaves
+    the late positions untuned."""
     device = device or best_device()
     data = torch.tensor(tokens, dtype=torch.int64)
     ctx = min(ctx, data.numel() - 1)
@@ -43,7 +54,10 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
         ids = torch.stack([data[s:s + ctx] for s in starts]).to(device)
         with torch.no_grad():
             target = teacher(ids)
-        loss = kl_loss(target, student(ids))
+        logits = student(ids)
+        loss = kl_loss(target, logits)
+        if hard_weight:
+            loss = (1 - hard_weight) * loss + hard_weight * next_token_loss(logits, ids)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)

@@ -168,3 +168,8 @@ def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     assert report["distill"]["before"]["text"]["name"] == report["text"]["name"] == "python-docs-sample"
     assert report["kld_mean"] != report["distill"]["before"]["kld_mean"]  # the weights moved
     assert "before distillation" in result.output and "after 3 distillation steps" in result.output
+
+
+def test_convert_refuses_a_hard_weight_outside_0_to_1(ckpt, tmp_path):
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--hard-weight", "1.5")
+    assert result.exit_code != 0 and "--hard-weight" in result.output and not (tmp_path / "out").exists()

@@ -3,7 +3,7 @@
 import torch
 
 from edgettt import convert
-from edgettt.distill import distill, kl_loss
+from edgettt.distill import distill, kl_loss, next_token_loss
 from edgettt.metrics import drift
 
 
@@ -26,3 +26,27 @@ def test_distillation_reduces_kld_on_held_out_text(tiny_model):
         after = drift(ref, student(held_out[:, :-1]), held_out[:, 1:])["kld_mean"]
     assert sum(losses[-5:]) < sum(losses[:5])
     assert after < 0.85 * before
+
+
+def test_next_token_loss_is_the_cross_entropy_of_each_position_against_the_next():
+    logits = torch.log(torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.8, 0.1], [1 / 3, 1 / 3, 1 / 3]]]))
+    ids = torch.tensor([[2, 1, 0]])  # position 0 predicts 1 (p 0.25), position 1 predicts 0 (p 0.1)
+    expected = -(torch.log(torch.tensor(0.25)) + torch.log(torch.tensor(0.1))) / 2
+    assert torch.allclose(next_token_loss(logits, ids), expected)
+
+
+def test_hard_weight_one_trains_on_the_text_alone(tiny_model):
+    """With hard_weight 1 the teacher no longer matters: two different teachers give the same student."""
+    train = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1)).tolist()
+    students = []
+    for seed in (11, 12):
+        teacher = tiny_model("linear", seed=seed, vocab_size=256, mini_batch_size=4)
+        student = convert(tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4), "parallel")
+        distill(teacher, student, train, steps=3, batch=4, ctx=16, device="cpu", hard_weight=1.0)
+        students.append(student)
+    mixed = convert(tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4), "parallel")
+    distill(tiny_model("linear", seed=12, vocab_size=256, mini_batch_size=4), mixed, train, steps=3, batch=4, ctx=16,
+            device="cpu", hard_weight=0.5)
+    pairs = lambda a, b: zip(a.parameters(), b.parameters())  # noqa: E731
+    assert all(torch.equal(p, q) for p, q in pairs(*students))
+    assert not all(torch.equal(p, q) for p, q in pairs(students[0], mixed))
