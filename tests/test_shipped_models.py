@@ -11,6 +11,7 @@ from edgettt.data import read_text
 from edgettt.evaluate import evaluate
 
 NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
+PARALLEL_NAMES = ["ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel"]  # the distilled parallel forms
 
 
 def test_shipped_models_are_listed():
@@ -28,7 +29,7 @@ def test_loads_by_name_within_size_and_with_a_byte_tokenizer(name):
     assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES)
 def test_reaches_its_documented_bits_per_byte_on_a_slice_of_the_test_split(name):
     documented = json.loads((SHIPPED_MODELS / name / "eval.json").read_text())
     slice_ = documented["slice"]
