@@ -3,11 +3,15 @@ keeps, and why).
 
     python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
+    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --colsums --json benchmarks/results/colsums_h200.json
 
 - parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
   bytes, less arithmetic); segments per (sequence, head); the tiles of the passes (pass 1 may take
   a wider tile than pass 2: it has no [tile, tile] scores); pass 1 timed alone.
+- `--colsums`: the values' column sums (the state's bias row) stored per tile by pass 1 from a
+  product with ones, against both passes summing them with tl.sum; at T = 8192 and 32768, with
+  flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
@@ -21,7 +25,7 @@ import json
 
 import torch
 
-from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms
+from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
 from edgettt.kernels import prefill
 
 
@@ -71,14 +75,44 @@ def config_rows(ceiling):
     return rows
 
 
+def colsum_rows(ceiling):
+    from edgettt.bench import fla_functions
+
+    B, H, d = 4, 16, 64
+    rows = []
+    for T in (8192, 32768):
+        q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
+        S = S0.expand(B, -1, -1, -1).contiguous()
+        tensor = q.numel() * q.element_size()
+        runs = {(f"colsums={c}", first): (lambda c=c, first=first: prefill._parallel_aligned(
+            q, k, v, lr, S0, gamma, beta, eta, S, colsums=c, first_pass_only=first))
+            for c in (True, False) for first in (True, False)}
+        if (fla := fla_functions()) is not None:
+            qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
+            runs[("fla chunk_linear_attn", False)] = lambda: fla[1](qf, kf, vf, normalize=False)
+        for (name, first), fn in runs.items():
+            with torch.no_grad():
+                ms = time_ms(fn)
+            r = {"T": T, "name": name, "passes": "1" if first else "all", "ms": ms,
+                 "fraction_of_copy": tensor * ((3 if first else 7) if name.startswith("colsums") else 4) / (ms * 1e-3) / ceiling}
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=32768)
     ap.add_argument("--configs", action="store_true", help="time every launch configuration instead")
+    ap.add_argument("--colsums", action="store_true", help="time the column-sums variants instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
+    warm_up()
     ceiling = copy_bandwidth()
-    rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
+    if args.colsums:
+        rows = colsum_rows(ceiling)
+    else:
+        rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -19,9 +19,9 @@ The kernels work on aligned, whole mini-batches from a fresh A. The wrapper runs
 to the first mini-batch boundary (when `start` is not one) through the reference, then the kernel.
 
 `parallel` is two passes over the sequence, split into segments for parallelism: pass 1 computes
-the values, stores them and sums each segment's `Ka^T Vh` (state increments, [d+1, d] per
-segment); pass 2 starts each segment from S plus the sums of the segments before it and writes the
-outputs tile by tile. (Pass 2 recomputing the values instead moves fewer bytes but was slower:
+the values, stores them and each tile's column sums (the bias row of its state increment), and sums
+each segment's `Ka^T Vh` (state increments, [d+1, d] per segment); pass 2 starts each segment from
+S plus the sums of the segments before it and writes the outputs tile by tile. (Pass 2 recomputing the values instead moves fewer bytes but was slower:
 `benchmarks/bench_parallel_variants.py`.) `exact` has one
 program per (sequence, head) walking the mini-batches in order.
 """
@@ -153,13 +153,18 @@ def _parallel_tile_values(k_ptr, v_ptr, lr_ptr, rows, cols, stride_t, stride_lr,
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
 @triton.jit
-def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr,
+def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr, colsum_ptr,
                           T, T_DONE, H, TILES_PER_SEG, NSEG,
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                          STORE_VH: tl.constexpr):
+                          STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True):
     """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
-    With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute."""
+    With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
+    With COLSUMS the column sums of the committed values of every pass-2 tile (SUB of them in a
+    tile here) are written to colsum [B*H, tiles, D]: one product with a block of ones on the tensor
+    cores gives them, and pass 2 reads them instead of summing its tile's rows, which in the
+    accumulator layout is 48 shuffles a thread and a trip through shared memory (ncu: 70% of
+    pass 1's shuffles when it summed them so)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -175,6 +180,9 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     uw = tl.zeros([BD, BD], dtype=tl.float32)
     ub = tl.zeros([BD], dtype=tl.float32)
     dt = k_ptr.dtype.element_ty
+    sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
+    picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
+    ub16 = tl.zeros([16, BD], dtype=tl.float32)
     for i in range(TILES_PER_SEG):
         rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
         row_ok = rows < (T if STORE_VH else T_DONE)
@@ -184,8 +192,19 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
             tl.store(vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :], vh.to(dt),
                      mask=row_ok[:, None] & d_ok[None, :])
             vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
-        uw += tl.dot(tl.trans(k), vh.to(dt), input_precision=PREC)  # [BD, BD]
-        ub += tl.sum(vh, axis=0)
+        vh_dt = vh.to(dt)
+        uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
+        if COLSUMS:
+            sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
+            ub16 += sums
+            first = (seg * TILES_PER_SEG + i) * SUB
+            tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
+                     + cols[None, :], sums, mask=(sub_rows < SUB)[:, None] & ((first + sub_rows) * (BT // SUB) < T)[:, None]
+                     & d_ok[None, :])
+        else:
+            ub += tl.sum(vh, axis=0)
+    if COLSUMS:
+        ub = tl.sum(ub16, axis=0)  # once a segment
     out = u_ptr + (bh * NSEG + seg).to(tl.int64) * (D + 1) * D
     tl.store(out + cols[:, None] * D + cols[None, :], uw, mask=w_ok)
     tl.store(out + D * D + cols, ub, mask=d_ok)
@@ -194,13 +213,14 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT", "MB"])
 @triton.jit
 def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr,
-                         s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
+                         colsum_ptr, s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
                          T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
                          stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                          stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
-                         PREC: tl.constexpr, LOAD_VH: tl.constexpr):
-    """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it)."""
+                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = True):
+    """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
+    COLSUMS: each tile's bias increment is read from pass 1's column sums (else summed here)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -247,7 +267,11 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         done = rows < T_DONE
         vh_done = tl.where(done[:, None], vh, 0.0)
         rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
-        rb += eta_last * tl.sum(vh_done, axis=0)
+        if COLSUMS:
+            rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
+                                     mask=d_ok & (cols * 0 + tile * BT < T), other=0.0)  # (a last segment may run past T)
+        else:
+            rb += eta_last * tl.sum(vh_done, axis=0)
         if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
             vh_open = tl.where((row_ok & ~done)[:, None], vh, 0.0)  # (written here, not accumulated in
             tl.store(a_out_ptr + st + sq, tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC),
@@ -295,16 +319,17 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
 
 
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None):
+                      first_pass_only=False, values_tile=None, colsums=True):
     """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
-    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values."""
+    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums=False` makes
+    both passes sum the values' columns with tl.sum instead of pass 1 storing them per tile."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
     assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
     BT1 = values_tile or BT
-    assert BT1 % BT == 0, "pass 1's tile must be a multiple of pass 2's"
+    assert BT1 % BT == 0 and BT1 // BT <= 16, "pass 1's tile must be 1 to 16 of pass 2's"
     BD = max(16, triton.next_power_of_2(D))
     tiles = triton.cdiv(T, BT)
     if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
@@ -323,15 +348,16 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     lb, lh, lt = lr.stride()
     prec = _precision(q.dtype)
     vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
-    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, T, t_done, H, per_seg // (BT1 // BT),
-                                             segments, sb, sh, st, lb, lh, lt, D=D, BD=BD, BT=BT1, PREC=prec,
-                                             STORE_VH=store_values)
+    colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums else U  # [B*H, tiles, D]
+    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
+                                             per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
+                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT, COLSUMS=colsums)
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
-    _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, S, o, S_out, A_out,
+    _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
                                             T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],
-                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values)
+                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values, COLSUMS=colsums)
     return o, S_out, A_out
 
 
