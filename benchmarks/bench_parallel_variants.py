@@ -28,13 +28,19 @@ import torch
 from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
 from edgettt.kernels import prefill
 
+B, H, d = 4, 16, 64  # the issue's target shape (with T), bf16, mini-batch 16
+
+
+def target_inputs(T):
+    """(q, k, v, lr, S0, gamma, beta, eta) at the target shape, the state S to start from, and the
+    bytes of one [B, H, T, d] tensor."""
+    args = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
+    return args, args[4].expand(B, -1, -1, -1).contiguous(), args[0].numel() * args[0].element_size()
+
 
 def parallel_rows(T, ceiling):
-    B, H, d = 4, 16, 64
-    q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
-    S = S0.expand(B, -1, -1, -1).contiguous()
+    (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    tensor = q.numel() * q.element_size()
     rows = []
     cases = [(store, per_sm, 64, 64) for store in (False, True) for per_sm in (2, 4, 8)] + \
         [(True, 4, 32, 32), (True, 4, 128, 128), (True, 4, 64, 128), (True, 4, 64, 256)]
@@ -55,12 +61,9 @@ def parallel_rows(T, ceiling):
 
 
 def config_rows(ceiling):
-    B, H, d = 4, 16, 64
     rows = []
     for T in (8192, 32768):
-        q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
-        S = S0.expand(B, -1, -1, -1).contiguous()
-        tensor = q.numel() * q.element_size()
+        (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
         for config in prefill.PARALLEL_CONFIGS:
             for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
                 tuner.configs, tuner.cache = [config], {}
@@ -78,12 +81,9 @@ def config_rows(ceiling):
 def colsum_rows(ceiling):
     from edgettt.bench import fla_functions
 
-    B, H, d = 4, 16, 64
     rows = []
     for T in (8192, 32768):
-        q, k, v, lr, S0, gamma, beta, eta = prefill_inputs(B, H, T, d, 16, torch.bfloat16)
-        S = S0.expand(B, -1, -1, -1).contiguous()
-        tensor = q.numel() * q.element_size()
+        (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
         runs = {(f"colsums={c}", first): (lambda c=c, first=first: prefill._parallel_aligned(
             q, k, v, lr, S0, gamma, beta, eta, S, colsums=c, first_pass_only=first))
             for c in (True, False) for first in (True, False)}
