@@ -97,13 +97,14 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
 @click.option("--steps", default=300, show_default=True, help="Distillation steps.")
 @click.option("--lr", default=1e-3, show_default=True, help="Distillation learning rate.")
+@click.option("--batch", default=32, show_default=True, type=click.IntRange(1), help="Distillation windows a step.")
 @click.option("--hard-weight", default=0.0, show_default=True, type=click.FloatRange(0, 1),
               help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, hard_weight, no_report, as_json,
-            force):
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, batch, hard_weight, no_report,
+            as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -129,9 +130,9 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
 
         train_text = read_text(data or "python-docs:train")
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
-                             hard_weight=hard_weight)
+                             batch=batch, hard_weight=hard_weight)
         distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr, "ctx": ctx,
-                     "hard_weight": hard_weight,
+                     "batch": batch, "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
             distilled["before"] = report

@@ -160,11 +160,12 @@ def test_python_dash_m_entry_point():
 def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     text = tmp_path / "train.txt"
     text.write_text("for i in range(10):\n    print(i * i)\n" * 40)
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "3",
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "3", "--batch", "4",
                  "--data", text, "--eval-data", "python-docs-sample", "--max-tokens", "512", "--ctx", "64")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
     assert report["distill"]["steps"] == 3 and report["distill"]["train_text"]["name"] == str(text)
+    assert report["distill"]["batch"] == 4 and report["distill"]["hard_weight"] == 0
     assert report["distill"]["before"]["text"]["name"] == report["text"]["name"] == "python-docs-sample"
     assert report["kld_mean"] != report["distill"]["before"]["kld_mean"]  # the weights moved
     assert "before distillation" in result.output and "after 3 distillation steps" in result.output
