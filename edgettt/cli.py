@@ -292,6 +292,7 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     for s in states:
         if s not in ("fp32", "fp16", "int8", "int8-tensor"):
             raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
+    warn_beyond_distillation(model_path, ctx)
     with output_dir(output, force) as tmp:
         result = build_report(load(model_path), str(model_path), read_text(data), read_text(calib_data),
                               variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
@@ -329,6 +330,7 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
             check_output(out, force, directory=False)
     text = read_text(data)
     model = load(model_path)
+    warn_beyond_distillation(model_path, ctx)
     ref = load(ref_path) if ref_path else None
     report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
     if save_logits:
@@ -337,6 +339,16 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
         with output_file(json_path, force) as tmp:
             tmp.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(format_eval_report(report))
+
+
+def warn_beyond_distillation(model_path, ctx: int) -> None:
+    """A parallel form is tuned at one window length; its drift grows fast beyond it."""
+    from .checkpoint import distilled_context
+
+    distilled = distilled_context(model_path)
+    if distilled is not None and ctx > distilled:
+        click.echo(f"warning: {model_path} was distilled at {distilled} tokens; at {ctx} its drift from the "
+                   "original grows fast (its MODEL_CARD.md has numbers)", err=True)
 
 
 def format_eval_report(r: dict) -> str:

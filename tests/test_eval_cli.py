@@ -59,3 +59,13 @@ def test_eval_bad_inputs(models, tmp_path):
     assert result.exit_code == 1 and "not a reference-logits file" in result.output
     result = run("eval", models / "ttt", "--ref", models / "ttt", "--ref-logits", tmp_path / "junk.st")
     assert result.exit_code == 1 and "give one reference" in result.output
+
+
+def test_eval_warns_beyond_the_context_a_parallel_form_was_distilled_at():
+    runner = CliRunner()
+    beyond = runner.invoke(cli, ["eval", "ttt-mlp-tiny-parallel", "--data", "python-docs-sample", "--ctx", "1024",
+                                 "--max-tokens", "1024"])
+    within = runner.invoke(cli, ["eval", "ttt-mlp-tiny-parallel", "--data", "python-docs-sample", "--ctx", "512",
+                                "--max-tokens", "512"])
+    assert beyond.exit_code == 0 and within.exit_code == 0, beyond.output + within.output
+    assert "distilled at 512 tokens" in beyond.output and "distilled at" not in within.output
