@@ -21,9 +21,9 @@ to the first mini-batch boundary (when `start` is not one) through the reference
 `parallel` is two passes over the sequence, split into segments for parallelism: pass 1 computes
 the values, stores them and each tile's column sums (the bias row of its state increment), and sums
 each segment's `Ka^T Vh` (state increments, [d+1, d] per segment); pass 2 starts each segment from
-S plus the sums of the segments before it and writes the outputs tile by tile. (Pass 2 recomputing the values instead moves fewer bytes but was slower:
-`benchmarks/bench_parallel_variants.py`.) `exact` has one
-program per (sequence, head) walking the mini-batches in order.
+S plus the sums of the segments before it and writes the outputs tile by tile. (Pass 2 recomputing
+the values instead moves fewer bytes but was slower: `benchmarks/bench_parallel_variants.py`.)
+`exact` has one program per (sequence, head) walking the mini-batches in order.
 """
 
 from __future__ import annotations
@@ -198,9 +198,9 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
             sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
             ub16 += sums
             first = (seg * TILES_PER_SEG + i) * SUB
+            sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
             tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
-                     + cols[None, :], sums, mask=(sub_rows < SUB)[:, None] & ((first + sub_rows) * (BT // SUB) < T)[:, None]
-                     & d_ok[None, :])
+                     + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
         else:
             ub += tl.sum(vh, axis=0)
     if COLSUMS:
@@ -268,8 +268,9 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         vh_done = tl.where(done[:, None], vh, 0.0)
         rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
         if COLSUMS:
+            in_t = cols * 0 + tile * BT < T  # (a last segment may run past T)
             rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
-                                     mask=d_ok & (cols * 0 + tile * BT < T), other=0.0)  # (a last segment may run past T)
+                                     mask=d_ok & in_t, other=0.0)
         else:
             rb += eta_last * tl.sum(vh_done, axis=0)
         if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
