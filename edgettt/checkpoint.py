@@ -46,15 +46,6 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     return path
 
 
-def distilled_context(spec: str | os.PathLike) -> int | None:
-    """The window length a distilled model was tuned at (its convert_report.json), else None."""
-    report = resolve_model_path(spec) / "convert_report.json"
-    try:
-        return int(json.loads(report.read_text())["distill"]["ctx"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> CausalLM:
     """Load an original TTT checkpoint or an edgettt model directory, or a shipped model by name."""
     path = resolve_model_path(path)

@@ -131,6 +131,7 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
         train_text = read_text(data or "python-docs:train")
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
                              batch=batch, hard_weight=hard_weight)
+        converted.config.extra["distilled_ctx"] = ctx  # the context it is good for (config.json: kept by quantize, export)
         distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr, "ctx": ctx,
                      "batch": batch, "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
@@ -292,9 +293,10 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     for s in states:
         if s not in ("fp32", "fp16", "int8", "int8-tensor"):
             raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
-    warn_beyond_distillation(model_path, ctx)
+    model = load(model_path)
+    warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with output_dir(output, force) as tmp:
-        result = build_report(load(model_path), str(model_path), read_text(data), read_text(calib_data),
+        result = build_report(model, str(model_path), read_text(data), read_text(calib_data),
                               variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
                               log=click.echo)
         write(result, tmp)
@@ -330,7 +332,7 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
             check_output(out, force, directory=False)
     text = read_text(data)
     model = load(model_path)
-    warn_beyond_distillation(model_path, ctx)
+    warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     ref = load(ref_path) if ref_path else None
     report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
     if save_logits:
@@ -341,14 +343,12 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
     click.echo(format_eval_report(report))
 
 
-def warn_beyond_distillation(model_path, ctx: int) -> None:
-    """A parallel form is tuned at one window length; its drift grows fast beyond it."""
-    from .checkpoint import distilled_context
-
-    distilled = distilled_context(model_path)
-    if distilled is not None and ctx > distilled:
-        click.echo(f"warning: {model_path} was distilled at {distilled} tokens; at {ctx} its drift from the "
-                   "original grows fast (its MODEL_CARD.md has numbers)", err=True)
+def warn_beyond_distillation(name, distilled_ctx: int | None, tokens: int) -> None:
+    """A parallel form is tuned at one window length (`distilled_ctx` in its config.json); its drift
+    grows fast beyond it."""
+    if distilled_ctx is not None and tokens > distilled_ctx:
+        click.echo(f"warning: {name} was distilled at {distilled_ctx} tokens; at {tokens} its drift from the "
+                   "original grows fast (the shipped models' MODEL_CARD.md have numbers)", err=True)
 
 
 def format_eval_report(r: dict) -> str:
@@ -486,6 +486,8 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json
     from .runner import Runner, peak_memory_mb
 
     runner = Runner(export_dir, threads)
+    warn_beyond_distillation(export_dir, runner.manifest["source"].get("distilled_ctx"),
+                             len(runner.codec.encode(prompt)) + max_new_tokens)
     stats: dict = {}
     click.echo(prompt, nl=False)
     for piece in runner.generate(prompt, max_new_tokens, temperature, seed, stats):

@@ -166,6 +166,10 @@ def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
     assert report["distill"]["steps"] == 3 and report["distill"]["train_text"]["name"] == str(text)
     assert report["distill"]["batch"] == 4 and report["distill"]["hard_weight"] == 0
+    # the context it was distilled at travels in config.json, through quantize too
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 64
+    assert run("quantize", tmp_path / "out", tmp_path / "q", "--weights", "int8").exit_code == 0
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["distilled_ctx"] == 64
     assert report["distill"]["before"]["text"]["name"] == report["text"]["name"] == "python-docs-sample"
     assert report["kld_mean"] != report["distill"]["before"]["kld_mean"]  # the weights moved
     assert "before distillation" in result.output and "after 3 distillation steps" in result.output

@@ -163,6 +163,24 @@ def test_runner_names_an_operator_onnxruntime_lacks(exported, tmp_path):
     assert result.exit_code == 1 and "onnxruntime" in result.output and "MatMulBnb9" in result.output
 
 
+def test_run_warns_beyond_the_context_the_model_was_distilled_at(exported, tmp_path):
+    import shutil
+
+    _, directory = exported["linear-fp32"]
+    assert json.loads((directory / "manifest.json").read_text())["source"]["distilled_ctx"] is None
+    distilled = tmp_path / "distilled"
+    shutil.copytree(directory, distilled)
+    manifest = json.loads((distilled / "manifest.json").read_text())
+    manifest["source"]["distilled_ctx"] = 8
+    (distilled / "manifest.json").write_text(json.dumps(manifest))
+    beyond = run("run", distilled, "--prompt", "abc", "--max-new-tokens", "6")  # 3 + 6 tokens > 8
+    within = run("run", distilled, "--prompt", "abc", "--max-new-tokens", "5")
+    plain = run("run", directory, "--prompt", "abc", "--max-new-tokens", "6")
+    assert beyond.exit_code == within.exit_code == plain.exit_code == 0
+    assert "distilled at 8 tokens; at 9" in beyond.output
+    assert "distilled at" not in within.output and "distilled at" not in plain.output
+
+
 def test_decode_graph_takes_int8_state(exported):
     _, directory = exported["mlp-int4-gptq-int8-state"]
     manifest = json.loads((directory / "manifest.json").read_text())

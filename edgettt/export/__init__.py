@@ -229,7 +229,8 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
     return {
         "edgettt_export": EXPORT_FORMAT, "opset": opset, "onnxruntime_domains": ["", "com.microsoft"],
         "source": {"model": name, "fingerprint": model_fingerprint(model), "family": model.config.family,
-                   "form": model.form, "quantization": model.config.quantization, **weight_bits(model)},
+                   "form": model.form, "quantization": model.config.quantization, **weight_bits(model),
+                   "distilled_ctx": model.config.extra.get("distilled_ctx")},
         "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,
         "tokenizer": tokenizer, "state": state_specs(model), "graphs": io,
         # onnxruntime options the graphs need: without this, its QDQ fusions turn DequantizeLinear +
