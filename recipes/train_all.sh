@@ -26,25 +26,26 @@ mkdir -p "$WORK"
 on_gpu() {  # job number -> CUDA_VISIBLE_DEVICES: one job a GPU when GPUS > 1
   if [ "$GPUS" -gt 1 ]; then echo $(( $1 % GPUS )); else echo "${CUDA_VISIBLE_DEVICES:-0}"; fi
 }
+train() {  # job arch minutes eval-every [more train_tiny.py options]: one training run in the background
+  local job=$1 arch=$2 minutes=$3 every=$4; shift 4
+  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 recipes/train_tiny.py --arch $arch --out "$WORK/$arch" \
+    --minutes "$minutes" --eval-every "$every" --data-dir "$DATA" --batch "$BATCH" --ctx "$CTX" \
+    --docs-weight "$DOCS_WEIGHT" "$@" ${TRAIN_ARGS:-} > "$WORK/$arch.log" 2>&1 &
+  if [ "$GPUS" -le 1 ]; then wait; fi
+}
 job=0
 for arch in $ARCHS; do
-  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 recipes/train_tiny.py --arch $arch --out "$WORK/$arch" \
-    --minutes "${MINUTES:-${MINUTES_OF[$arch]}}" --eval-every "${EVAL_EVERY_OF[$arch]}" --data-dir "$DATA" \
-    --batch "$BATCH" --ctx "$CTX" --docs-weight "$DOCS_WEIGHT" ${TRAIN_ARGS:-} > "$WORK/$arch.log" 2>&1 &
+  train $job $arch "${MINUTES:-${MINUTES_OF[$arch]}}" "${EVAL_EVERY_OF[$arch]}"
   job=$((job + 1))
-  if [ "$GPUS" -le 1 ]; then wait; fi
 done
 wait
 job=0
 for arch in $ARCHS; do
   [ -n "${CONTINUE_OF[$arch]:-}" ] || continue
-  read -r minutes lr every <<< "${CONTINUE_OF[$arch]}"; minutes=${MINUTES:-$minutes}
+  read -r minutes lr every <<< "${CONTINUE_OF[$arch]}"
   rm -rf "$WORK/$arch-stage1"; mv "$WORK/$arch" "$WORK/$arch-stage1"; mv "$WORK/$arch.log" "$WORK/$arch-stage1.log"
-  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 recipes/train_tiny.py --arch $arch --out "$WORK/$arch" \
-    --init "$WORK/$arch-stage1" --minutes "$minutes" --lr "$lr" --eval-every "$every" --data-dir "$DATA" \
-    --batch "$BATCH" --ctx "$CTX" --docs-weight "$DOCS_WEIGHT" --compile ${TRAIN_ARGS:-} > "$WORK/$arch.log" 2>&1 &
+  train $job $arch "${MINUTES:-$minutes}" "$every" --init "$WORK/$arch-stage1" --lr "$lr" --compile
   job=$((job + 1))
-  if [ "$GPUS" -le 1 ]; then wait; fi
 done
 wait
 for arch in $ARCHS; do
