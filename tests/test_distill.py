@@ -38,15 +38,15 @@ def test_next_token_loss_is_the_cross_entropy_of_each_position_against_the_next(
 def test_hard_weight_one_trains_on_the_text_alone(tiny_model):
     """With hard_weight 1 the teacher no longer matters: two different teachers give the same student."""
     train = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1)).tolist()
-    students = []
-    for seed in (11, 12):
-        teacher = tiny_model("linear", seed=seed, vocab_size=256, mini_batch_size=4)
-        student = convert(tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4), "parallel")
-        distill(teacher, student, train, steps=3, batch=4, ctx=16, device="cpu", hard_weight=1.0)
-        students.append(student)
-    mixed = convert(tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4), "parallel")
-    distill(tiny_model("linear", seed=12, vocab_size=256, mini_batch_size=4), mixed, train, steps=3, batch=4, ctx=16,
-            device="cpu", hard_weight=0.5)
+    model = lambda seed: tiny_model("linear", seed=seed, vocab_size=256, mini_batch_size=4)  # noqa: E731
+
+    def tuned(teacher_seed, hard_weight):
+        student = convert(model(11), "parallel")
+        distill(model(teacher_seed), student, train, steps=3, batch=4, ctx=16, device="cpu", hard_weight=hard_weight)
+        return student
+
+    students = [tuned(11, 1.0), tuned(12, 1.0)]
+    mixed = tuned(12, 0.5)
     pairs = lambda a, b: zip(a.parameters(), b.parameters())  # noqa: E731
     assert all(torch.equal(p, q) for p, q in pairs(*students))
     assert not all(torch.equal(p, q) for p, q in pairs(students[0], mixed))
