@@ -96,6 +96,8 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--max-tokens", default=4096, show_default=True, help="Measure at most this many tokens.")
 @click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
 @click.option("--steps", default=300, show_default=True, help="Distillation steps.")
+@click.option("--minutes", default=None, type=click.FloatRange(min=0, min_open=True),
+              help="Also end the distillation after this many minutes (the learning-rate schedule follows the clock).")
 @click.option("--lr", default=1e-3, show_default=True, help="Distillation learning rate.")
 @click.option("--batch", default=32, show_default=True, type=click.IntRange(1), help="Distillation windows a step.")
 @click.option("--hard-weight", default=0.0, show_default=True, type=click.FloatRange(0, 1),
@@ -103,7 +105,7 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr, batch, hard_weight, no_report,
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, hard_weight, no_report,
             as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
@@ -130,9 +132,10 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
 
         train_text = read_text(data or "python-docs:train")
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
-                             batch=batch, hard_weight=hard_weight)
+                             batch=batch, hard_weight=hard_weight, minutes=minutes)
         converted.config.extra["distilled_ctx"] = ctx  # the context it is good for (config.json: kept by quantize, export)
-        distilled = {"train_text": train_text.fingerprint(), "steps": steps, "lr": lr, "ctx": ctx,
+        distilled = {"train_text": train_text.fingerprint(), "steps_asked": steps, "minutes": minutes,
+                     "steps": len(losses), "lr": lr, "ctx": ctx,  # fewer steps than asked when --minutes ended it
                      "batch": batch, "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
@@ -150,7 +153,7 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, lr
     if "distill" in report and "before" in report["distill"]:
         click.echo("before distillation:\n" + format_conversion_report(report["distill"]["before"]))
         loss_name = "loss" if report["distill"].get("hard_weight") else "KL loss"
-        click.echo(f"after {steps} distillation steps ({loss_name} {report['distill']['loss_first']:.4f} -> "
+        click.echo(f"after {report['distill']['steps']} distillation steps ({loss_name} {report['distill']['loss_first']:.4f} -> "
                    f"{report['distill']['loss_last']:.4f}):")
     if "form" in report:
         click.echo(format_conversion_report(report))

@@ -9,6 +9,7 @@ Runs on the GPU when there is one, else on the CPU.
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +35,12 @@ def next_token_loss(student_logits: torch.Tensor, ids: torch.Tensor) -> torch.Te
 
 def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int = 300, batch: int = 32,
             ctx: int = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
-            hard_weight: float = 0.0) -> list[float]:
+            hard_weight: float = 0.0, minutes: float | None = None) -> list[float]:
     """Tune `student` in place; returns the loss of every step, (1 - hard_weight) * KL + hard_weight *
     next-token loss. Batches are random windows of `tokens`, as long as the context the model is
     measured at: the parallel form drifts more with position, so training on shorter windows leaves
-    the late positions untuned."""
+    the late positions untuned. With `minutes`, the run also ends when that time is up: the cosine
+    schedule follows whichever of steps and time is further along, so a cut run still ends cooled."""
     device = device or best_device()
     data = torch.tensor(tokens, dtype=torch.int64)
     ctx = min(ctx, data.numel() - 1)
@@ -47,9 +49,15 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
     student.to(device).train()
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     losses = []
+    t0 = time.monotonic()
     for step in tqdm(range(steps), desc="distill", disable=None):
+        done = step / steps
+        if minutes:
+            done = max(done, (time.monotonic() - t0) / (60 * minutes))
+            if done >= 1:
+                break
         for group in opt.param_groups:  # cosine decay
-            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * step / steps))
+            group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done))
         starts = torch.randint(0, data.numel() - ctx, (batch,), generator=gen).tolist()
         ids = torch.stack([data[s:s + ctx] for s in starts]).to(device)
         with torch.no_grad():

@@ -58,8 +58,8 @@ class TTTLayer(MixerBase):
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         eta_tok = mini_batch_etas(self.learnable_token_idx)
-        if self._train_kernel_applies(x, start):
-            return self.finish(x, self._train_kernel(state, q, k, v, lr, eta_tok))
+        if self._kernel_applies(x, start):
+            return self.finish(x, self._exact_kernel(state, q, k, v, lr, eta_tok))
         step = self._mlp_step if self.mlp else self._linear_step
         outs = []
         for offset, count, inner in segments(start, x.shape[1], self.config.mini_batch_size):
@@ -67,15 +67,16 @@ class TTTLayer(MixerBase):
             outs.append(step(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta_tok, inner))
         return self.finish(x, torch.cat(outs, dim=2))
 
-    def _train_kernel_applies(self, x: torch.Tensor, start: int) -> bool:
-        """Training TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form
-        kernel with a backward (kernels/train.py) replaces the mini-batch loop. (Position 0 means
-        the fresh state of `init_state`: the kernel starts from the parameters W1, b1.)"""
+    def _kernel_applies(self, x: torch.Tensor, start: int) -> bool:
+        """TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form kernel
+        with a backward (kernels/train.py) replaces the mini-batch loop, in training and in inference
+        (a distillation's teacher: one launch a layer instead of a dozen a mini-batch). Position 0
+        means the fresh state of `init_state`: the kernel starts from the parameters W1, b1."""
         b = self.config.mini_batch_size
-        return (not self.mlp and torch.is_grad_enabled() and start == 0 and x.shape[1] % b == 0
-                and mini_batch_supported(b) and kernels_enabled(x))
+        return (not self.mlp and start == 0 and x.shape[1] % b == 0 and mini_batch_supported(b)
+                and kernels_enabled(x))
 
-    def _train_kernel(self, st, q, k, v, lr, eta_tok):
+    def _exact_kernel(self, st, q, k, v, lr, eta_tok):
         from .kernels.train import exact_train
 
         d = self.head_dim

@@ -50,3 +50,14 @@ def test_hard_weight_one_trains_on_the_text_alone(tiny_model):
     pairs = lambda a, b: zip(a.parameters(), b.parameters())  # noqa: E731
     assert all(torch.equal(p, q) for p, q in pairs(*students))
     assert not all(torch.equal(p, q) for p, q in pairs(students[0], mixed))
+
+
+def test_minutes_end_the_distillation_early(tiny_model, monkeypatch):
+    """With `minutes` the run stops when the clock says so (a fake clock: 1 s a step, 3 s allowed)."""
+    teacher = tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4)
+    student = convert(teacher, "parallel")
+    clock = iter(range(1000))
+    monkeypatch.setattr("edgettt.distill.time.monotonic", lambda: next(clock))
+    train = torch.randint(0, 256, (500,), generator=torch.Generator().manual_seed(1)).tolist()
+    losses = distill(teacher, student, train, steps=50, batch=2, ctx=8, device="cpu", minutes=3 / 60)
+    assert len(losses) == 2  # clock reads 0 at the start, 1 and 2 before steps 0 and 1, 3 (the end) before step 2

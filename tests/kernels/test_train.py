@@ -74,3 +74,27 @@ def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_mod
     assert rel_err(loss_kernel, loss_loop) < 1e-5
     for name, g in grads_loop.items():
         assert rel_err(grads_kernel[name], g) < 1e-4, name
+
+
+def test_inference_of_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_model, monkeypatch):
+    """Without gradients too (a distillation's teacher): the prefill's logits and the decode step after it."""
+    device = DEVICES[0]
+    model = tiny_model("linear", seed=6, mini_batch_size=8).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 25), generator=torch.Generator().manual_seed(3)).to(device)
+
+    import edgettt.kernels.train as train
+
+    original = train.exact_train
+
+    def prefill_then_step(kernels: bool):
+        monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: kernels)
+        calls = []
+        monkeypatch.setattr(train, "exact_train", lambda *a: calls.append(1) or original(*a))
+        with torch.no_grad():
+            logits, state = model.prefill(ids[:, :24])
+            last, _ = model.step(ids[:, 24], state)
+        assert len(calls) == (model.config.num_hidden_layers if kernels else 0)  # the prefill's, not the step's
+        return logits, last
+
+    for loop, kernel in zip(prefill_then_step(False), prefill_then_step(True)):
+        assert rel_err(kernel, loop) < 1e-5
