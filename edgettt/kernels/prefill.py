@@ -140,13 +140,19 @@ def _load_tile(ptr, rows, stride_t, cols, ok):
 
 
 @triton.jit
-def _parallel_tile_values(k_ptr, v_ptr, lr_ptr, rows, cols, stride_t, stride_lr, row_ok, d_ok,
+def _load_lr(lr_ptr, rows, stride_lr, limit):
+    return tl.load(lr_ptr + rows * stride_lr, mask=rows < limit, other=0.0).to(tl.float32)  # [BT]
+
+
+@triton.jit
+def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok,
                           w0, b0, gamma, beta, D: tl.constexpr, PREC: tl.constexpr):
-    """Load one tile's keys and compute its values at S0 = [w0; b0]. Returns k (input dtype), vh (fp32)."""
+    """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
+    loaded by the caller: a tile ahead, since the pipeliner leaves such small loads in place and
+    their latency showed as stalls). Returns k (input dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
     k = _load_tile(k_ptr, rows, stride_t, cols, ok)  # [BT, BD]
     v = _load_tile(v_ptr, rows, stride_t, cols, ok).to(tl.float32)
-    lr = tl.load(lr_ptr + rows * stride_lr, mask=row_ok, other=0.0).to(tl.float32)  # [BT]
     z = tl.dot(k, w0, input_precision=PREC) + b0[None, :]  # [BT, BD]
     return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
 
@@ -183,11 +189,15 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
     picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
+    limit = T if STORE_VH else T_DONE
+    lr_next = _load_lr(lr_ptr + lbase, seg * TILES_PER_SEG * BT + tl.arange(0, BT), stride_lt, limit)
     for i in range(TILES_PER_SEG):
         rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
-        row_ok = rows < (T if STORE_VH else T_DONE)
-        k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr_ptr + lbase, rows, cols, stride_t,
-                                      stride_lt, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+        row_ok = rows < limit
+        lr = lr_next
+        lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, limit)  # (the segment's end: read, unused)
+        k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
+                                      row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
         if STORE_VH:
             tl.store(vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :], vh.to(dt),
                      mask=row_ok[:, None] & d_ok[None, :])
@@ -245,17 +255,29 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
+    # the column sums and learning rates are loaded a tile ahead: ncu showed a quarter of pass 2's stall
+    # samples on the first use of a column-sum load issued in the same tile (the pipeliner leaves them)
+    tiles = tl.cdiv(T, BT)
+    cs_ptr = colsum_ptr + bh.to(tl.int64) * tiles * D + cols
+    first = seg * TILES_PER_SEG
+    cs_next = tl.load(cs_ptr + first * D, mask=d_ok & (cols * 0 + first < tiles), other=0.0) if COLSUMS else rb
+    lr_next = _load_lr(lr_ptr + lbase, first * BT + tl.arange(0, BT), stride_lt, T)
     for i in range(TILES_PER_SEG):
-        tile = seg * TILES_PER_SEG + i
+        tile = first + i
         rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
+        cs = cs_next
+        if COLSUMS:  # (a last segment may run past T: zeros there)
+            cs_next = tl.load(cs_ptr + (tile + 1) * D, mask=d_ok & (cols * 0 + tile + 1 < tiles), other=0.0)
         if LOAD_VH:
             k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
             vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, row_ok[:, None] & d_ok[None, :])
             vh = vh.to(tl.float32)
         else:
-            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr_ptr + lbase, rows, cols, stride_t,
-                                          stride_lt, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+            lr = lr_next
+            lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, T)
+            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
+                                          row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
         q = _load_tile(q_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
         scores = tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0  # [BT, BT] = qa . ka
         p = scores * _chunk_mask(rows, rows, eta_ptr, MB)
@@ -268,9 +290,7 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         vh_done = tl.where(done[:, None], vh, 0.0)
         rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
         if COLSUMS:
-            in_t = cols * 0 + tile * BT < T  # (a last segment may run past T)
-            rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
-                                     mask=d_ok & in_t, other=0.0)
+            rb += eta_last * cs
         else:
             rb += eta_last * tl.sum(vh_done, axis=0)
         if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
