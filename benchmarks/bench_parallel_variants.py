@@ -86,7 +86,7 @@ def colsum_rows(ceiling):
         (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
         runs = {(f"colsums={c}", first): (lambda c=c, first=first: prefill._parallel_aligned(
             q, k, v, lr, S0, gamma, beta, eta, S, colsums=c, first_pass_only=first))
-            for c in (True, False) for first in (True, False)}
+            for c in ("pass1", "dot", "sum") for first in (True, False)}
         if (fla := fla_functions()) is not None:
             qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
             runs[("fla chunk_linear_attn", False)] = lambda: fla[1](qf, kf, vf, normalize=False)

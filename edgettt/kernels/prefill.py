@@ -163,14 +163,15 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
                           T, T_DONE, H, TILES_PER_SEG, NSEG,
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                          STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True):
+                          STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True,
+                          STORE_COLSUMS: tl.constexpr = True):
     """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
     With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
-    With COLSUMS the column sums of the committed values of every pass-2 tile (SUB of them in a
-    tile here) are written to colsum [B*H, tiles, D]: one product with a block of ones on the tensor
-    cores gives them, and pass 2 reads them instead of summing its tile's rows, which in the
-    accumulator layout is 48 shuffles a thread and a trip through shared memory (ncu: 70% of
-    pass 1's shuffles when it summed them so)."""
+    With COLSUMS the column sums of the committed values come from one product with a block of ones
+    on the tensor cores instead of summing the tile's rows, which in the accumulator layout is 48
+    shuffles a thread and a trip through shared memory (ncu: 70% of pass 1's shuffles when it summed
+    them so); with STORE_COLSUMS too, those of every pass-2 tile (SUB of them in a tile here) are
+    written to colsum [B*H, tiles, D] for pass 2 to read."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -207,10 +208,11 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
         if COLSUMS:
             sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
             ub16 += sums
-            first = (seg * TILES_PER_SEG + i) * SUB
-            sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
-            tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
-                     + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
+            if STORE_COLSUMS:
+                first = (seg * TILES_PER_SEG + i) * SUB
+                sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
+                tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
+                         + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
         else:
             ub += tl.sum(vh, axis=0)
     if COLSUMS:
@@ -228,9 +230,10 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
                          stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                          stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
-                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = True):
+                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1):
     """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
-    COLSUMS: each tile's bias increment is read from pass 1's column sums (else summed here)."""
+    Each tile's bias increment (its committed values' column sums), by COLSUMS: 1 read from pass 1's,
+    2 from a product with a block of ones here, 0 summed with tl.sum."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -256,19 +259,23 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     # the column sums and learning rates are loaded a tile ahead: ncu showed a quarter of pass 2's stall
-    # samples on the first use of a column-sum load issued in the same tile (the pipeliner leaves them)
+    # samples on the first use of a column-sum load issued in the same tile (the pipeliner leaves them).
+    # The column sums' load is volatile: else the compiler sank it to the end of the tile, where the
+    # loop-carried copy waited for it just the same (ncu, 2026-11-30).
     tiles = tl.cdiv(T, BT)
     cs_ptr = colsum_ptr + bh.to(tl.int64) * tiles * D + cols
     first = seg * TILES_PER_SEG
-    cs_next = tl.load(cs_ptr + first * D, mask=d_ok & (cols * 0 + first < tiles), other=0.0) if COLSUMS else rb
+    cs_next = tl.load(cs_ptr + first * D, mask=d_ok & (cols * 0 + first < tiles), other=0.0) if COLSUMS == 1 else rb
+    row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
     lr_next = _load_lr(lr_ptr + lbase, first * BT + tl.arange(0, BT), stride_lt, T)
     for i in range(TILES_PER_SEG):
         tile = first + i
         rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
         cs = cs_next
-        if COLSUMS:  # (a last segment may run past T: zeros there)
-            cs_next = tl.load(cs_ptr + (tile + 1) * D, mask=d_ok & (cols * 0 + tile + 1 < tiles), other=0.0)
+        if COLSUMS == 1:  # (a last segment may run past T: zeros there)
+            cs_next = tl.load(cs_ptr + (tile + 1) * D, mask=d_ok & (cols * 0 + tile + 1 < tiles), other=0.0,
+                              volatile=True)
         if LOAD_VH:
             k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
             vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, row_ok[:, None] & d_ok[None, :])
@@ -288,9 +295,12 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
                  mask=row_ok[:, None] & d_ok[None, :])
         done = rows < T_DONE
         vh_done = tl.where(done[:, None], vh, 0.0)
-        rw += eta_last * tl.dot(tl.trans(k), vh_done.to(dt), input_precision=PREC)
-        if COLSUMS:
+        vh_done_dt = vh_done.to(dt)
+        rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
+        if COLSUMS == 1:
             rb += eta_last * cs
+        elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
+            rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
         else:
             rb += eta_last * tl.sum(vh_done, axis=0)
         if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
@@ -339,12 +349,16 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
     return (out if head is None else torch.cat((head, out), dim=2)), S, A
 
 
+COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `colsums` of _parallel_aligned
+
+
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None, colsums=True):
+                      first_pass_only=False, values_tile=None, colsums="pass1"):
     """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
-    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums=False` makes
-    both passes sum the values' columns with tl.sum instead of pass 1 storing them per tile."""
+    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
+    gets each tile's column sums of the values: "pass1" stored by pass 1 (from a product with ones),
+    "dot" such a product in pass 2, "sum" tl.sum in both passes."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
@@ -369,16 +383,18 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     lb, lh, lt = lr.stride()
     prec = _precision(q.dtype)
     vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
-    colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums else U  # [B*H, tiles, D]
+    colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums == "pass1" else U  # [B*H, tiles, D]
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
                                              per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
-                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT, COLSUMS=colsums)
+                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT, COLSUMS=colsums != "sum",
+                                             STORE_COLSUMS=colsums == "pass1")
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
                                             T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],
-                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values, COLSUMS=colsums)
+                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values,
+                                            COLSUMS=COLSUM_MODES[colsums])
     return o, S_out, A_out
 
 

@@ -117,12 +117,14 @@ def test_parallel_stored_values_agree(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("values_tile", [None, 32])
-def test_parallel_column_sums_from_pass_1_agree(device, values_tile):
-    """Pass 2 reading each tile's column sums from pass 1 (a product with ones there) equals summing
-    them itself."""
+def test_parallel_column_sums_agree(device, values_tile):
+    """Pass 2 reading each tile's column sums from pass 1 (a product with ones there), or taking them
+    from such a product itself, equals summing them with tl.sum."""
     q, k, v, lr, S0, gamma, beta, eta = layer_inputs(1, 2, 150, 16, 16, torch.float32, device)
     S = S0.expand(1, -1, -1, -1).contiguous()
     run = lambda colsums: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, tile=16,  # noqa: E731
                                                     values_tile=values_tile, colsums=colsums)
-    for a, b in zip(run(True), run(False)):
-        assert rel_err(a, b) < 1e-6
+    summed = run("sum")
+    for mode in ("pass1", "dot"):
+        for a, b in zip(run(mode), summed):
+            assert rel_err(a, b) < 1e-6, mode
