@@ -19,9 +19,10 @@ The kernels work on aligned, whole mini-batches from a fresh A. The wrapper runs
 to the first mini-batch boundary (when `start` is not one) through the reference, then the kernel.
 
 `parallel` is two passes over the sequence, split into segments for parallelism: pass 1 computes
-the values, stores them and each tile's column sums (the bias row of its state increment), and sums
-each segment's `Ka^T Vh` (state increments, [d+1, d] per segment); pass 2 starts each segment from
-S plus the sums of the segments before it and writes the outputs tile by tile. (Pass 2 recomputing
+the values, stores them, and sums each segment's `Ka^T Vh` (state increments, [d+1, d] per
+segment); pass 2 starts each segment from S plus the sums of the segments before it and writes the
+outputs tile by tile. Both take the column sums of the values (the bias row of a state increment)
+from a product with a block of ones on the tensor cores. (Pass 2 recomputing
 the values instead moves fewer bytes but was slower: `benchmarks/bench_parallel_variants.py`.)
 `exact` has one program per (sequence, head) walking the mini-batches in order.
 """
@@ -258,10 +259,11 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
-    # the column sums and learning rates are loaded a tile ahead: ncu showed a quarter of pass 2's stall
-    # samples on the first use of a column-sum load issued in the same tile (the pipeliner leaves them).
-    # The column sums' load is volatile: else the compiler sank it to the end of the tile, where the
-    # loop-carried copy waited for it just the same (ncu, 2026-11-30).
+    # colsums="pass1" loads the column sums a tile ahead (ncu: a quarter of pass 2's stall samples
+    # waited on that load when it was issued in the same tile), volatile so that the compiler keeps
+    # it in place; it did not help (ncu: the compiler still issues it at the tile's end, and the
+    # loop-carried copy waits there), and "dot" needs no load. The learning rates (read only when
+    # pass 2 recomputes the values) come a tile ahead as in pass 1.
     tiles = tl.cdiv(T, BT)
     cs_ptr = colsum_ptr + bh.to(tl.int64) * tiles * D + cols
     first = seg * TILES_PER_SEG
@@ -353,12 +355,13 @@ COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `co
 
 
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None, colsums="pass1"):
+                      first_pass_only=False, values_tile=None, colsums="dot"):
     """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
     `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
-    gets each tile's column sums of the values: "pass1" stored by pass 1 (from a product with ones),
-    "dot" such a product in pass 2, "sum" tl.sum in both passes."""
+    gets each tile's column sums of the values: "dot" a product with ones (the fastest: 0.701 ms at
+    the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.717: pass 2 then
+    waits on a small load each tile), "sum" tl.sum in both passes (0.827; colsums3_h200.json)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
