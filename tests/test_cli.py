@@ -175,6 +175,20 @@ def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     assert "before distillation" in result.output and "after 3 distillation steps" in result.output
 
 
+def test_convert_distillation_ends_on_the_clock_with_minutes(ckpt, tmp_path, monkeypatch):
+    """--minutes 0.05 (3 s) on a fake clock that ticks 1 s a reading: 2 of the 50 steps asked."""
+    clock = iter(range(1000))
+    monkeypatch.setattr("edgettt.distill.time.monotonic", lambda: next(clock))
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "50", "--batch", "2",
+                 "--minutes", "0.05", "--data", "python-docs-sample", "--max-tokens", "128", "--ctx", "32")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
+    assert (report["distill"]["steps"], report["distill"]["steps_asked"], report["distill"]["minutes"]) == (2, 50, 0.05)
+    assert "after 2 distillation steps" in result.output
+    bad = run("convert", ckpt, tmp_path / "bad", "--form", "parallel", "--distill", "--minutes", "0")
+    assert bad.exit_code != 0 and "--minutes" in bad.output and not (tmp_path / "bad").exists()
+
+
 def test_convert_refuses_a_hard_weight_outside_0_to_1(ckpt, tmp_path):
     result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--hard-weight", "1.5")
     assert result.exit_code != 0 and "--hard-weight" in result.output and not (tmp_path / "out").exists()
