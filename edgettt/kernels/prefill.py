@@ -150,7 +150,7 @@ def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok,
                           w0, b0, gamma, beta, D: tl.constexpr, PREC: tl.constexpr):
     """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
     loaded by the caller: a tile ahead, since the pipeliner leaves such small loads in place and
-    their latency showed as stalls). Returns k (input dtype), vh (fp32)."""
+    their latency showed as stalls; measured no faster, nor slower). Returns k (input dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
     k = _load_tile(k_ptr, rows, stride_t, cols, ok)  # [BT, BD]
     v = _load_tile(v_ptr, rows, stride_t, cols, ok).to(tl.float32)
@@ -259,34 +259,18 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
-    # colsums="pass1" loads the column sums a tile ahead (ncu: a quarter of pass 2's stall samples
-    # waited on that load when it was issued in the same tile), volatile so that the compiler keeps
-    # it in place; it did not help (ncu: the compiler still issues it at the tile's end, and the
-    # loop-carried copy waits there), and "dot" needs no load. The learning rates (read only when
-    # pass 2 recomputes the values) come a tile ahead as in pass 1.
-    tiles = tl.cdiv(T, BT)
-    cs_ptr = colsum_ptr + bh.to(tl.int64) * tiles * D + cols
-    first = seg * TILES_PER_SEG
-    cs_next = tl.load(cs_ptr + first * D, mask=d_ok & (cols * 0 + first < tiles), other=0.0) if COLSUMS == 1 else rb
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
-    lr_next = _load_lr(lr_ptr + lbase, first * BT + tl.arange(0, BT), stride_lt, T)
     for i in range(TILES_PER_SEG):
-        tile = first + i
+        tile = seg * TILES_PER_SEG + i
         rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
-        cs = cs_next
-        if COLSUMS == 1:  # (a last segment may run past T: zeros there)
-            cs_next = tl.load(cs_ptr + (tile + 1) * D, mask=d_ok & (cols * 0 + tile + 1 < tiles), other=0.0,
-                              volatile=True)
         if LOAD_VH:
             k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
             vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, row_ok[:, None] & d_ok[None, :])
             vh = vh.to(tl.float32)
         else:
-            lr = lr_next
-            lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, T)
-            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
-                                          row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, _load_lr(lr_ptr + lbase, rows, stride_lt, T),
+                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
         q = _load_tile(q_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
         scores = tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0  # [BT, BT] = qa . ka
         p = scores * _chunk_mask(rows, rows, eta_ptr, MB)
@@ -299,8 +283,10 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         vh_done = tl.where(done[:, None], vh, 0.0)
         vh_done_dt = vh_done.to(dt)
         rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
-        if COLSUMS == 1:
-            rb += eta_last * cs
+        if COLSUMS == 1:  # ncu: a quarter of pass 2's stall samples wait on this load; loading it a
+            in_t = cols * 0 + tile * BT < T  # tile ahead by hand did not help (bench_h200.md) ("dot"
+            rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
+                                     mask=d_ok & in_t, other=0.0)  # needs none; a last segment may run past T)
         elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
             rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
         else:
@@ -360,8 +346,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
     `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
     gets each tile's column sums of the values: "dot" a product with ones (the fastest: 0.701 ms at
-    the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.717: pass 2 then
-    waits on a small load each tile), "sum" tl.sum in both passes (0.827; colsums3_h200.json)."""
+    the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.709-0.717 in
+    three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both passes (0.827; colsums3_h200.json)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
