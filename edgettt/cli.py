@@ -105,8 +105,8 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, hard_weight, no_report,
-            as_json, force):
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, hard_weight,
+            no_report, as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -151,10 +151,11 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
         return
     click.echo(f"wrote {out}: {converted.config.family}, form {form}")
     if "distill" in report and "before" in report["distill"]:
-        click.echo("before distillation:\n" + format_conversion_report(report["distill"]["before"]))
-        loss_name = "loss" if report["distill"].get("hard_weight") else "KL loss"
-        click.echo(f"after {report['distill']['steps']} distillation steps ({loss_name} {report['distill']['loss_first']:.4f} -> "
-                   f"{report['distill']['loss_last']:.4f}):")
+        distilled = report["distill"]
+        click.echo("before distillation:\n" + format_conversion_report(distilled["before"]))
+        loss_name = "loss" if distilled.get("hard_weight") else "KL loss"
+        click.echo(f"after {distilled['steps']} distillation steps ({loss_name} {distilled['loss_first']:.4f} -> "
+                   f"{distilled['loss_last']:.4f}):")
     if "form" in report:
         click.echo(format_conversion_report(report))
 

@@ -347,7 +347,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
     gets each tile's column sums of the values: "dot" a product with ones (the fastest: 0.701 ms at
     the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.709-0.717 in
-    three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both passes (0.827; colsums3_h200.json)."""
+    three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both passes (0.827;
+    benchmarks/results/colsums3_h200.json)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
@@ -375,8 +376,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums == "pass1" else U  # [B*H, tiles, D]
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
                                              per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
-                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT, COLSUMS=colsums != "sum",
-                                             STORE_COLSUMS=colsums == "pass1")
+                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT,
+                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1")
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
