@@ -9,8 +9,9 @@ keeps, and why).
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
   bytes, less arithmetic); segments per (sequence, head); the tiles of the passes (pass 1 may take
   a wider tile than pass 2: it has no [tile, tile] scores); pass 1 timed alone.
-- `--colsums`: the values' column sums (the state's bias row) stored per tile by pass 1 from a
-  product with ones, against both passes summing them with tl.sum; at T = 8192 and 32768, with
+- `--colsums`: how pass 2 gets the values' column sums (the state's bias row): stored per tile by
+  pass 1 from a product with ones, such a product in pass 2, or tl.sum in both passes; and pass 2
+  building its chunk mask once instead of every tile (`hoist_mask`); at T = 8192 and 32768, with
   flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
@@ -87,6 +88,8 @@ def colsum_rows(ceiling):
         runs = {(f"colsums={c}", first): (lambda c=c, first=first: prefill._parallel_aligned(
             q, k, v, lr, S0, gamma, beta, eta, S, colsums=c, first_pass_only=first))
             for c in ("pass1", "dot", "sum") for first in (True, False)}
+        runs[("colsums=dot hoist_mask", False)] = lambda: prefill._parallel_aligned(
+            q, k, v, lr, S0, gamma, beta, eta, S, hoist_mask=True)
         if (fla := fla_functions()) is not None:
             qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
             runs[("fla chunk_linear_attn", False)] = lambda: fla[1](qf, kf, vf, normalize=False)
