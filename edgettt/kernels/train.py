@@ -150,15 +150,22 @@ def _dot_precision(dtype) -> str:
     return _precision(dtype)
 
 
+def _exact_forward(q, k, v, lr, S0, gamma, beta, eta_tok, states=None):
+    """The exact kernel from S0 (every sequence's fresh state); `states`, when given, receives the
+    boundary states. Returns (out, S)."""
+    S = S0.float().contiguous().expand(q.shape[0], -1, -1, -1)
+    out, S_out, _ = _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=states,
+                                   precision=_dot_precision(q.dtype))
+    return out, S_out
+
+
 class _ExactTTTLinear(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, lr, S0, gamma, beta, eta_tok):
         B, H, T, D = q.shape
         MB = eta_tok.shape[0]
-        S = S0.float().contiguous().expand(B, -1, -1, -1)
         states = torch.empty(B * H, T // MB, D + 1, D, device=q.device, dtype=torch.float32)
-        out, S_out, _ = _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=states,
-                                       precision=_dot_precision(q.dtype))
+        out, S_out = _exact_forward(q, k, v, lr, S0, gamma, beta, eta_tok, states)
         ctx.save_for_backward(q, k, v, lr, gamma, beta, eta_tok, states)
         ctx.mark_non_differentiable(S_out)
         ctx.dtypes = (S0.dtype, gamma.dtype, eta_tok.dtype)
@@ -198,7 +205,5 @@ def exact_train(q, k, v, lr, S0, gamma, beta, eta_tok):
     q, k, v = _same_layout(q, k, v)
     inputs = (q, k, v, lr, S0, gamma, beta, eta_tok)
     if not (torch.is_grad_enabled() and any(x.requires_grad for x in inputs)):
-        S = S0.float().contiguous().expand(q.shape[0], -1, -1, -1)
-        out, S_out, _ = _exact_aligned(*inputs, S, precision=_dot_precision(q.dtype))
-        return out, S_out
+        return _exact_forward(*inputs)
     return _ExactTTTLinear.apply(*inputs)
