@@ -4,6 +4,7 @@ keeps, and why).
     python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
     EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --colsums --json benchmarks/results/colsums_h200.json
+    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --tiles --json benchmarks/results/tiles_h200.json
 
 - parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
@@ -13,6 +14,10 @@ keeps, and why).
   pass 1 from a product with ones, such a product in pass 2, or tl.sum in both passes; and pass 2
   building its chunk mask once instead of every tile (`hoist_mask`); at T = 8192 and 32768, with
   flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
+- `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
+  and head dims) against masked ones, the hoisted chunk mask, the LayerNorm shifts from products
+  with the identity (`identity`), values stored or recomputed, and a register cap of 168 (3
+  programs a multiprocessor); at T = 8192 and 32768, with chunk_linear_attn in the same run.
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
@@ -25,6 +30,7 @@ import argparse
 import json
 
 import torch
+import triton
 
 from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
 from edgettt.kernels import prefill
@@ -79,28 +85,79 @@ def config_rows(ceiling):
     return rows
 
 
-def colsum_rows(ceiling):
+def fla_run(q, k, v):
+    """flash-linear-attention's chunk_linear_attn on the same inputs, or None when not installed."""
     from edgettt.bench import fla_functions
 
+    if (fla := fla_functions()) is None:
+        return None
+    qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
+    return lambda: fla[1](qf, kf, vf, normalize=False)
+
+
+def time_runs(T, runs, tensor, ceiling):
+    """Time each run of {(name, passes, tensors moved): fn}; rows with ms and fraction of copy."""
+    rows = []
+    for (name, passes, moved), fn in runs.items():
+        with torch.no_grad():
+            ms = time_ms(fn)
+        r = {"T": T, "name": name, "passes": passes, "ms": ms,
+             "fraction_of_copy": tensor * moved / (ms * 1e-3) / ceiling}
+        rows.append(r)
+        print(json.dumps(r), flush=True)
+    return rows
+
+
+def colsum_rows(ceiling):
     rows = []
     for T in (8192, 32768):
         (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
-        runs = {(f"colsums={c}", first): (lambda c=c, first=first: prefill._parallel_aligned(
-            q, k, v, lr, S0, gamma, beta, eta, S, colsums=c, first_pass_only=first))
+        runs = {(f"colsums={c}", "1" if first else "all", 3 if first else 7): (
+            lambda c=c, first=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, colsums=c,
+                                                               first_pass_only=first))
             for c in ("pass1", "dot", "sum") for first in (True, False)}
-        runs[("colsums=dot hoist_mask", False)] = lambda: prefill._parallel_aligned(
+        runs[("colsums=dot hoist_mask", "all", 7)] = lambda: prefill._parallel_aligned(
             q, k, v, lr, S0, gamma, beta, eta, S, hoist_mask=True)
-        if (fla := fla_functions()) is not None:
-            qf, kf, vf = (x.transpose(1, 2) for x in (q, k, v))
-            runs[("fla chunk_linear_attn", False)] = lambda: fla[1](qf, kf, vf, normalize=False)
-        for (name, first), fn in runs.items():
-            with torch.no_grad():
-                ms = time_ms(fn)
-            moved = tensor * ((3 if first else 7) if name.startswith("colsums") else 4)
-            r = {"T": T, "name": name, "passes": "1" if first else "all", "ms": ms,
-                 "fraction_of_copy": moved / (ms * 1e-3) / ceiling}
-            rows.append(r)
-            print(json.dumps(r), flush=True)
+        if (fla := fla_run(q, k, v)) is not None:
+            runs[("fla chunk_linear_attn", "all", 4)] = fla
+        rows += time_runs(T, runs, tensor, ceiling)
+    return rows
+
+
+TILE_VARIANTS = [dict(even_tiles=False), dict(), dict(hoist_mask=True), dict(identity=True),
+                 dict(identity=True, hoist_mask=True), dict(identity=True, hoist_mask=True, store_values=False)]
+REGISTER_CAPS = [triton.Config({}, num_warps=4, num_stages=s, maxnreg=168) for s in (2, 3)]
+
+
+def tile_rows(ceiling):
+    """Unmasked tiles (even_tiles, the default where no tile needs a mask) against masked ones, the
+    hoisted chunk mask, the shifts taken on the tensor cores (identity), values stored or recomputed;
+    then the last variant with both passes capped at 168 registers (3 programs a multiprocessor)."""
+    rows = []
+    for T in (8192, 32768):
+        (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
+        runs = {}
+        for options in TILE_VARIANTS:
+            store = options.get("store_values", True)
+            name = " ".join(f"{k}={v}" for k, v in options.items()) or "default"
+            for first in (True, False):
+                moved = (3 if store else 2) if first else (7 if store else 6)
+                runs[(name, "1" if first else "all", moved)] = (
+                    lambda o=options, f=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
+                                                                         first_pass_only=f, **o))
+        if (fla := fla_run(q, k, v)) is not None:
+            runs[("fla chunk_linear_attn", "all", 4)] = fla
+        rows += time_runs(T, runs, tensor, ceiling)
+        for config in REGISTER_CAPS:
+            for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
+                tuner.configs, tuner.cache = [config], {}
+            name = f"{name} maxnreg=168 stages={config.num_stages}"
+            rows += time_runs(T, {(name, "1" if first else "all", (3 if store else 2) if first else (7 if store else 6)):
+                                  (lambda f=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
+                                                                             first_pass_only=f, **options))
+                                  for first in (True, False)}, tensor, ceiling)
+        for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
+            tuner.configs, tuner.cache = prefill.PARALLEL_CONFIGS[:1], {}
     return rows
 
 
@@ -109,12 +166,13 @@ def main():
     ap.add_argument("--seq-len", type=int, default=32768)
     ap.add_argument("--configs", action="store_true", help="time every launch configuration instead")
     ap.add_argument("--colsums", action="store_true", help="time the column-sums variants instead")
+    ap.add_argument("--tiles", action="store_true", help="time the per-tile options (masks, identity) instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     warm_up()
     ceiling = copy_bandwidth()
-    if args.colsums:
-        rows = colsum_rows(ceiling)
+    if args.colsums or args.tiles:
+        rows = colsum_rows(ceiling) if args.colsums else tile_rows(ceiling)
     else:
         rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
     if args.json:

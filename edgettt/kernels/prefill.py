@@ -98,28 +98,55 @@ def _zero_pad(x, d_ok, D: tl.constexpr):
 
 
 @triton.jit
-def _ln_l2_values(z, k, v, lr, gamma, beta, d_ok, D: tl.constexpr):
+def _plus_beta(x, beta, eye, PREC: tl.constexpr, EYE: tl.constexpr, y=None):
+    """x - y + beta in fp32 ([BT, BD] tiles x, y in the input dtype; beta [BD]). EYE: as products
+    with the identity on the tensor cores, accumulated onto beta (exact: a difference of two bf16 or
+    fp16 numbers fits fp32), instead of unpacking the tiles into fp32 registers."""
+    if EYE:
+        acc = tl.dot(x, eye, acc=tl.broadcast_to(beta[None, :], x.shape), input_precision=PREC)
+        if y is not None:
+            acc = tl.dot(y, -eye, acc=acc, input_precision=PREC)
+        return acc
+    acc = x.to(tl.float32) + beta[None, :]
+    if y is not None:
+        acc -= y.to(tl.float32)
+    return acc
+
+
+@triton.jit
+def _ln_l2_values(z, r, lr, gamma, d_ok, D: tl.constexpr):
     """vh = -lr * d/dz 0.5|LN(z) - (v - k)|^2, the closed form of DESIGN 3.4 (all fp32; eps 1e-6 as
-    ops.LN_EPS).
-    z, k, v: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma, beta: [BD], gamma zero in
-    the padding (so e is too). vh comes out zero in the padding."""
+    ops.LN_EPS), with r = k - v + beta (the LayerNorm's shift) given.
+    z, r: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma: [BD], zero in the padding
+    (so e is too). vh comes out zero in the padding.
+    Written as multiply-adds with the per-row and per-column factors taken out first:
+    e = gamma (gamma xh + r), vh = e rs - xh (mean(e xh) rs) - mean(e) rs with rs = -lr rstd."""
     mu = tl.sum(z, axis=1) / D
     zc = _zero_pad(z - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
     xh = zc * rstd[:, None]
-    e = (gamma[None, :] * xh + beta[None, :] - (v - k)) * gamma[None, :]
-    row_scale = -lr * rstd  # [BT]
-    g = (e - (tl.sum(e, axis=1) / D)[:, None] - xh * (tl.sum(e * xh, axis=1) / D)[:, None]) * row_scale[:, None]
+    e = tl.fma((gamma * gamma)[None, :], xh, gamma[None, :] * r)
+    rs = -lr * rstd  # [BT]
+    mean_e_rs = tl.sum(e, axis=1) * (rs / D)
+    mean_exh_rs = tl.sum(e * xh, axis=1) * (rs / D)
+    g = tl.fma(e, rs[:, None], tl.fma(xh, -mean_exh_rs[:, None], -mean_e_rs[:, None]))
     return _zero_pad(g, d_ok, D)
 
 
 @triton.jit
-def _ln_out(q, zbar, gamma, beta, d_ok, D: tl.constexpr):
-    """q + LN(zbar) over the D real columns (fp32); zbar is zero in the padding columns."""
+def _ln_out(q_beta, zbar, gamma, d_ok, D: tl.constexpr):
+    """q + LN(zbar) over the D real columns (fp32), given q_beta = q + beta (the LayerNorm's shift);
+    zbar is zero in the padding columns."""
     mu = tl.sum(zbar, axis=1) / D
     zc = _zero_pad(zbar - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
-    return q + zc * rstd[:, None] * gamma[None, :] + beta[None, :]
+    return tl.fma(zc * rstd[:, None], gamma[None, :], q_beta)
+
+
+@triton.jit
+def _identity(BD: tl.constexpr, dt: tl.constexpr):
+    i = tl.arange(0, BD)
+    return (i[:, None] == i[None, :]).to(dt)  # [BD, BD]
 
 
 @triton.jit
@@ -136,7 +163,10 @@ def _chunk_mask(rows, cols, eta_ptr, MB: tl.constexpr):
 # ---- parallel form --------------------------------------------------------------------------------
 
 @triton.jit
-def _load_tile(ptr, rows, stride_t, cols, ok):
+def _load_tile(ptr, rows, stride_t, cols, ok, EVEN: tl.constexpr = False):
+    """A [rows, cols] tile; with EVEN (every row and column in range) without a mask."""
+    if EVEN:
+        return tl.load(ptr + rows[:, None] * stride_t + cols[None, :])
     return tl.load(ptr + rows[:, None] * stride_t + cols[None, :], mask=ok, other=0.0)
 
 
@@ -146,16 +176,16 @@ def _load_lr(lr_ptr, rows, stride_lr, limit):
 
 
 @triton.jit
-def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok,
-                          w0, b0, gamma, beta, D: tl.constexpr, PREC: tl.constexpr):
+def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, eye,
+                          D: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr = False, EYE: tl.constexpr = False):
     """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
     loaded by the caller: a tile ahead, since the pipeliner leaves such small loads in place and
     their latency showed as stalls; measured no faster, nor slower). Returns k (input dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
-    k = _load_tile(k_ptr, rows, stride_t, cols, ok)  # [BT, BD]
-    v = _load_tile(v_ptr, rows, stride_t, cols, ok).to(tl.float32)
+    k = _load_tile(k_ptr, rows, stride_t, cols, ok, EVEN)  # [BT, BD]
+    v = _load_tile(v_ptr, rows, stride_t, cols, ok, EVEN)
     z = tl.dot(k, w0, input_precision=PREC) + b0[None, :]  # [BT, BD]
-    return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
+    return k, _ln_l2_values(z, _plus_beta(k, beta, eye, PREC, EYE, v), lr, gamma, d_ok, D)
 
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
@@ -165,14 +195,16 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                           STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True,
-                          STORE_COLSUMS: tl.constexpr = True):
+                          STORE_COLSUMS: tl.constexpr = True, EVEN: tl.constexpr = False,
+                          EYE: tl.constexpr = False):
     """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
     With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
     With COLSUMS the column sums of the committed values come from one product with a block of ones
     on the tensor cores instead of summing the tile's rows, which in the accumulator layout is 48
     shuffles a thread and a trip through shared memory (ncu: 70% of pass 1's shuffles when it summed
     them so); with STORE_COLSUMS too, those of every pass-2 tile (SUB of them in a tile here) are
-    written to colsum [B*H, tiles, D] for pass 2 to read."""
+    written to colsum [B*H, tiles, D] for pass 2 to read. EVEN: T is a whole number of segments and
+    mini-batches and D fills the tile, so no tile needs a mask (see _parallel_aligned)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -188,6 +220,7 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     uw = tl.zeros([BD, BD], dtype=tl.float32)
     ub = tl.zeros([BD], dtype=tl.float32)
     dt = k_ptr.dtype.element_ty
+    eye = _identity(BD, dt)
     sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
     picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
@@ -199,11 +232,14 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
         lr = lr_next
         lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, limit)  # (the segment's end: read, unused)
         k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
-                                      row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
+                                      row_ok, d_ok, w0, b0, gamma, beta, eye, D, PREC, EVEN, EYE)
         if STORE_VH:
-            tl.store(vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :], vh.to(dt),
-                     mask=row_ok[:, None] & d_ok[None, :])
-            vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
+            vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
+            if EVEN:
+                tl.store(vh_out, vh.to(dt))
+            else:
+                tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
+                vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
         vh_dt = vh.to(dt)
         uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
         if COLSUMS:
@@ -232,7 +268,8 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
                          stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
                          PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1,
-                         HOIST_MASK: tl.constexpr = False):
+                         HOIST_MASK: tl.constexpr = False, EVEN: tl.constexpr = False,
+                         EYE: tl.constexpr = False):
     """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
     Each tile's bias increment (its committed values' column sums), by COLSUMS: 1 read from pass 1's,
     2 from a product with a block of ones here, 0 summed with tl.sum. HOIST_MASK builds the chunk
@@ -246,6 +283,7 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     d_ok = cols < D
     w_ok = d_ok[:, None] & d_ok[None, :]
     dt = q_ptr.dtype.element_ty
+    eye = _identity(BD, dt)
     sq = cols[:, None] * D + cols[None, :]  # [BD, BD] offsets of W inside a [D+1, D] state
     w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(dt)
     b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
@@ -271,14 +309,15 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         tile = seg * TILES_PER_SEG + i
         rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
-        if LOAD_VH:
-            k = _load_tile(k_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
-            vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, row_ok[:, None] & d_ok[None, :])
-            vh = vh.to(tl.float32)
+        ok = row_ok[:, None] & d_ok[None, :]
+        if LOAD_VH:  # (kept in the input dtype: EVEN uses them as loaded, with no copy through registers)
+            k = _load_tile(k_ptr + base, rows, stride_t, cols, ok, EVEN)
+            vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
         else:
             k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, _load_lr(lr_ptr + lbase, rows, stride_lt, T),
-                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC)
-        q = _load_tile(q_ptr + base, rows, stride_t, cols, row_ok[:, None] & d_ok[None, :])
+                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, eye, D, PREC, EVEN,
+                                          EYE)
+        q = _load_tile(q_ptr + base, rows, stride_t, cols, ok, EVEN)
         if HOIST_MASK:  # (q k^T + 1) * M as one multiply-add an element
             p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT]
         else:
@@ -286,11 +325,14 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
             p = scores * _chunk_mask(rows, rows, eta_ptr, MB)
         zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
         zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
-        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
-        tl.store(o_ptr + obase + rows[:, None] * stride_ot + cols[None, :], out.to(dt),
-                 mask=row_ok[:, None] & d_ok[None, :])
-        done = rows < T_DONE
-        vh_done = tl.where(done[:, None], vh, 0.0)
+        out = _ln_out(_plus_beta(q, beta, eye, PREC, EYE), zbar, gamma, d_ok, D)
+        o_tile = o_ptr + obase + rows[:, None] * stride_ot + cols[None, :]
+        if EVEN:
+            tl.store(o_tile, out.to(dt))
+            vh_done = vh  # every token's mini-batch is complete
+        else:
+            tl.store(o_tile, out.to(dt), mask=ok)
+            vh_done = tl.where((rows < T_DONE)[:, None], vh.to(tl.float32), 0.0)
         vh_done_dt = vh_done.to(dt)
         rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
         if COLSUMS == 1:  # ncu: a quarter of pass 2's stall samples wait on this load; loading it a
@@ -300,15 +342,19 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
             rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
         else:
-            rb += eta_last * tl.sum(vh_done, axis=0)
-        if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
-            vh_open = tl.where((row_ok & ~done)[:, None], vh, 0.0)  # (written here, not accumulated in
-            tl.store(a_out_ptr + st + sq, tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC),
-                     mask=w_ok)  # the loop: fewer live registers)
-            tl.store(a_out_ptr + st + D * D + cols, tl.sum(vh_open, axis=0), mask=d_ok)
+            rb += eta_last * tl.sum(vh_done.to(tl.float32), axis=0)
+        if not EVEN:  # (EVEN: no unfinished mini-batch, A is zero)
+            if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
+                vh_open = tl.where((row_ok & (rows >= T_DONE))[:, None], vh.to(tl.float32), 0.0)  # (written
+                tl.store(a_out_ptr + st + sq, tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC),
+                         mask=w_ok)  # here, not accumulated in the loop: fewer live registers)
+                tl.store(a_out_ptr + st + D * D + cols, tl.sum(vh_open, axis=0), mask=d_ok)
     if seg == LAST_SEG:
         tl.store(s_out_ptr + st + sq, rw, mask=w_ok)
         tl.store(s_out_ptr + st + D * D + cols, rb, mask=d_ok)
+        if EVEN:
+            tl.store(a_out_ptr + st + sq, tl.zeros([BD, BD], dtype=tl.float32), mask=w_ok)
+            tl.store(a_out_ptr + st + D * D + cols, tl.zeros([BD], dtype=tl.float32), mask=d_ok)
 
 
 def _same_layout(q, k, v):
@@ -351,7 +397,8 @@ COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `co
 
 
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None, colsums="dot", hoist_mask=False):
+                      first_pass_only=False, values_tile=None, colsums="dot", hoist_mask=False,
+                      even_tiles=True, identity=False):
     """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
     `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
@@ -359,7 +406,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.709-0.717 in
     three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both passes (0.827;
     benchmarks/results/colsums3_h200.json). `hoist_mask`: pass 2 builds the chunk mask once, not
-    every tile (a candidate, not yet timed)."""
+    every tile (a candidate, not yet timed). `even_tiles=False` keeps the masks where no tile needs
+    them (a whole number of segments and mini-batches, d a power of two >= 16)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
@@ -374,6 +422,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     per_seg = triton.cdiv(triton.cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
     segments = triton.cdiv(tiles, per_seg)
     t_done = T - T % MB
+    # no tile of either pass needs a mask: whole segments, mini-batches and head dims
+    even = even_tiles and T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
     f32 = dict(device=q.device, dtype=torch.float32)
     U = fresh(torch.empty(B * H, segments, D + 1, D, **f32))
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
@@ -388,14 +438,16 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
                                              per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
                                              BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT,
-                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1")
+                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1", EVEN=even,
+                                             EYE=identity)
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
                                             T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],
                                             D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values,
-                                            COLSUMS=COLSUM_MODES[colsums], HOIST_MASK=hoist_mask)
+                                            COLSUMS=COLSUM_MODES[colsums], HOIST_MASK=hoist_mask, EVEN=even,
+                                            EYE=identity)
     return o, S_out, A_out
 
 
@@ -448,15 +500,15 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
         ok = row_ok[:, None] & d_ok[None, :]
         q = _load_tile(q_ptr + base, rows, stride_t, cols, ok)  # [BM, BD]
         k = _load_tile(k_ptr + base, rows, stride_t, cols, ok)
-        v = _load_tile(v_ptr + base, rows, stride_t, cols, ok).to(tl.float32)
+        v = _load_tile(v_ptr + base, rows, stride_t, cols, ok)
         lr = tl.load(lr_ptr + lbase + rows * stride_lt, mask=row_ok, other=0.0).to(tl.float32)
         w_dt = w.to(dt)
         z = tl.dot(k, w_dt, input_precision=PREC) + wb[None, :]
-        vh = _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
+        vh = _ln_l2_values(z, _plus_beta(k, beta, None, PREC, False, v), lr, gamma, d_ok, D)
         vh = tl.where(row_ok[:, None], vh, 0.0)
         p = (tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0) * mask
         zbar = tl.dot(q, w_dt, input_precision=PREC) + wb[None, :] + tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)
-        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
+        out = _ln_out(_plus_beta(q, beta, None, PREC, False), zbar, gamma, d_ok, D)
         tl.store(o_ptr + obase + rows[:, None] * stride_ot + cols[None, :], out.to(dt), mask=ok)
         uw = tl.dot(tl.trans(k), vh.to(dt), input_precision=PREC)
         ub = tl.sum(vh, axis=0)
