@@ -4,20 +4,25 @@ keeps, and why).
     python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
     EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --colsums --json benchmarks/results/colsums_h200.json
-    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --tiles --json benchmarks/results/tiles_h200.json
+    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --tiles --json benchmarks/results/tiles2_h200.json
 
 - parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
   target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
   bytes, less arithmetic); segments per (sequence, head); the tiles of the passes (pass 1 may take
   a wider tile than pass 2: it has no [tile, tile] scores); pass 1 timed alone.
 - `--colsums`: how pass 2 gets the values' column sums (the state's bias row): stored per tile by
-  pass 1 from a product with ones, such a product in pass 2, or tl.sum in both passes; and pass 2
-  building its chunk mask once instead of every tile (`hoist_mask`); at T = 8192 and 32768, with
-  flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
+  pass 1 from a product with ones, such a product in pass 2, or tl.sum in both passes; at T = 8192
+  and 32768, with flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
-  and head dims) against masked ones, the hoisted chunk mask, the LayerNorm shifts from products
-  with the identity (`identity`), values stored or recomputed, and a register cap of 168 (3
-  programs a multiprocessor); at T = 8192 and 32768, with chunk_linear_attn in the same run.
+  and head dims, the default) against masked ones, values stored or recomputed, and the operator
+  `prefill.parallel` itself; eager and as CUDA graphs; at T = 8192 and 32768, with
+  chunk_linear_attn in the same run. The committed results hold candidates of earlier versions of
+  this script, removed since: tiles_h200.json (commit 9eb174d) the LayerNorm shifts from products
+  with the identity on the tensor cores (slower) and a cap of 168 registers for 3 programs a
+  multiprocessor (1.3-2x slower); tiles2_h200.json (the commit after) the chunk mask built every
+  tile against once (`hoist_mask`: within noise at 32768, 1% faster at 8192; once is the code
+  now) and both passes in one launch of persistent programs taking segments from a queue, pass 2's
+  waiting on counters (`fused`: 2% slower, not kept).
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
@@ -30,7 +35,6 @@ import argparse
 import json
 
 import torch
-import triton
 
 from edgettt.bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
 from edgettt.kernels import prefill
@@ -95,12 +99,12 @@ def fla_run(q, k, v):
     return lambda: fla[1](qf, kf, vf, normalize=False)
 
 
-def time_runs(T, runs, tensor, ceiling):
+def time_runs(T, runs, tensor, ceiling, graph=False):
     """Time each run of {(name, passes, tensors moved): fn}; rows with ms and fraction of copy."""
     rows = []
     for (name, passes, moved), fn in runs.items():
         with torch.no_grad():
-            ms = time_ms(fn)
+            ms = time_ms(fn, graph=graph)
         r = {"T": T, "name": name, "passes": passes, "ms": ms,
              "fraction_of_copy": tensor * moved / (ms * 1e-3) / ceiling}
         rows.append(r)
@@ -116,23 +120,20 @@ def colsum_rows(ceiling):
             lambda c=c, first=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, colsums=c,
                                                                first_pass_only=first))
             for c in ("pass1", "dot", "sum") for first in (True, False)}
-        runs[("colsums=dot hoist_mask", "all", 7)] = lambda: prefill._parallel_aligned(
-            q, k, v, lr, S0, gamma, beta, eta, S, hoist_mask=True)
         if (fla := fla_run(q, k, v)) is not None:
             runs[("fla chunk_linear_attn", "all", 4)] = fla
         rows += time_runs(T, runs, tensor, ceiling)
     return rows
 
 
-TILE_VARIANTS = [dict(even_tiles=False), dict(), dict(hoist_mask=True), dict(identity=True),
-                 dict(identity=True, hoist_mask=True), dict(identity=True, hoist_mask=True, store_values=False)]
-REGISTER_CAPS = [triton.Config({}, num_warps=4, num_stages=s, maxnreg=168) for s in (2, 3)]
+TILE_VARIANTS = [dict(even_tiles=False), dict(), dict(store_values=False)]
 
 
 def tile_rows(ceiling):
-    """Unmasked tiles (even_tiles, the default where no tile needs a mask) against masked ones, the
-    hoisted chunk mask, the shifts taken on the tensor cores (identity), values stored or recomputed;
-    then the last variant with both passes capped at 168 registers (3 programs a multiprocessor)."""
+    """Unmasked tiles (even_tiles, the default where no tile needs a mask) against masked ones,
+    values stored or recomputed, and the operator. Each timed eagerly (do_bench:
+    the Python before the first launch counts, as for any caller) and as a CUDA graph's replays
+    (device time alone)."""
     rows = []
     for T in (8192, 32768):
         (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
@@ -145,19 +146,14 @@ def tile_rows(ceiling):
                 runs[(name, "1" if first else "all", moved)] = (
                     lambda o=options, f=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
                                                                          first_pass_only=f, **o))
+        args = (q, k, v, lr, S0, gamma, beta, eta)
+        runs[("prefill.parallel (the operator)", "all", 7)] = lambda: prefill.parallel(*args)
         if (fla := fla_run(q, k, v)) is not None:
             runs[("fla chunk_linear_attn", "all", 4)] = fla
         rows += time_runs(T, runs, tensor, ceiling)
-        for config in REGISTER_CAPS:
-            for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
-                tuner.configs, tuner.cache = [config], {}
-            name = f"{name} maxnreg=168 stages={config.num_stages}"
-            rows += time_runs(T, {(name, "1" if first else "all", (3 if store else 2) if first else (7 if store else 6)):
-                                  (lambda f=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
-                                                                             first_pass_only=f, **options))
-                                  for first in (True, False)}, tensor, ceiling)
-        for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
-            tuner.configs, tuner.cache = prefill.PARALLEL_CONFIGS[:1], {}
+        graphed = {(name + " (cuda graph)", passes, moved): fn for (name, passes, moved), fn in runs.items()
+                   if passes == "all"}
+        rows += time_runs(T, graphed, tensor, ceiling, graph=True)
     return rows
 
 
@@ -166,7 +162,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=32768)
     ap.add_argument("--configs", action="store_true", help="time every launch configuration instead")
     ap.add_argument("--colsums", action="store_true", help="time the column-sums variants instead")
-    ap.add_argument("--tiles", action="store_true", help="time the per-tile options (masks, identity) instead")
+    ap.add_argument("--tiles", action="store_true", help="time the per-tile options (masks, values) instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     warm_up()

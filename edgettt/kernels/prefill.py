@@ -45,9 +45,13 @@ def _gamma_beta(gamma, beta):
     return gamma.reshape(H, 1, d).float(), beta.reshape(H, 1, d).float()
 
 
+def _start_state(q, S0, S):
+    """S in float32, or S0 for every sequence (a broadcast view: no copy)."""
+    return S0.float().expand(q.shape[0], -1, -1, -1) if S is None else S.float()
+
+
 def _fresh_state(q, S0, S, A):
-    B = q.shape[0]
-    S = S0.float().expand(B, -1, -1, -1) if S is None else S.float()
+    S = _start_state(q, S0, S)
     return S, torch.zeros_like(S) if A is None else A.float()
 
 
@@ -98,34 +102,19 @@ def _zero_pad(x, d_ok, D: tl.constexpr):
 
 
 @triton.jit
-def _plus_beta(x, beta, eye, PREC: tl.constexpr, EYE: tl.constexpr, y=None):
-    """x - y + beta in fp32 ([BT, BD] tiles x, y in the input dtype; beta [BD]). EYE: as products
-    with the identity on the tensor cores, accumulated onto beta (exact: a difference of two bf16 or
-    fp16 numbers fits fp32), instead of unpacking the tiles into fp32 registers."""
-    if EYE:
-        acc = tl.dot(x, eye, acc=tl.broadcast_to(beta[None, :], x.shape), input_precision=PREC)
-        if y is not None:
-            acc = tl.dot(y, -eye, acc=acc, input_precision=PREC)
-        return acc
-    acc = x.to(tl.float32) + beta[None, :]
-    if y is not None:
-        acc -= y.to(tl.float32)
-    return acc
-
-
-@triton.jit
-def _ln_l2_values(z, r, lr, gamma, d_ok, D: tl.constexpr):
+def _ln_l2_values(z, k, v, lr, gamma, beta, d_ok, D: tl.constexpr):
     """vh = -lr * d/dz 0.5|LN(z) - (v - k)|^2, the closed form of DESIGN 3.4 (all fp32; eps 1e-6 as
-    ops.LN_EPS), with r = k - v + beta (the LayerNorm's shift) given.
-    z, r: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma: [BD], zero in the padding
-    (so e is too). vh comes out zero in the padding.
+    ops.LN_EPS).
+    z, k, v: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma, beta: [BD], gamma zero in
+    the padding (so e is too). vh comes out zero in the padding.
     Written as multiply-adds with the per-row and per-column factors taken out first:
-    e = gamma (gamma xh + r), vh = e rs - xh (mean(e xh) rs) - mean(e) rs with rs = -lr rstd."""
+    e = gamma^2 xh + gamma (k - v) + gamma beta, vh = e rs - xh (mean(e xh) rs) - mean(e) rs with
+    rs = -lr rstd (pass 1's loop 792 -> 729 SASS instructions at d = 64, triton 3.6)."""
     mu = tl.sum(z, axis=1) / D
     zc = _zero_pad(z - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
     xh = zc * rstd[:, None]
-    e = tl.fma((gamma * gamma)[None, :], xh, gamma[None, :] * r)
+    e = tl.fma((gamma * gamma)[None, :], xh, tl.fma(gamma[None, :], k - v, (gamma * beta)[None, :]))
     rs = -lr * rstd  # [BT]
     mean_e_rs = tl.sum(e, axis=1) * (rs / D)
     mean_exh_rs = tl.sum(e * xh, axis=1) * (rs / D)
@@ -134,25 +123,20 @@ def _ln_l2_values(z, r, lr, gamma, d_ok, D: tl.constexpr):
 
 
 @triton.jit
-def _ln_out(q_beta, zbar, gamma, d_ok, D: tl.constexpr):
-    """q + LN(zbar) over the D real columns (fp32), given q_beta = q + beta (the LayerNorm's shift);
-    zbar is zero in the padding columns."""
+def _ln_out(q, zbar, gamma, beta, d_ok, D: tl.constexpr):
+    """q + LN(zbar) over the D real columns (fp32); zbar is zero in the padding columns."""
     mu = tl.sum(zbar, axis=1) / D
     zc = _zero_pad(zbar - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
-    return tl.fma(zc * rstd[:, None], gamma[None, :], q_beta)
+    return q + zc * rstd[:, None] * gamma[None, :] + beta[None, :]
 
 
 @triton.jit
-def _identity(BD: tl.constexpr, dt: tl.constexpr):
-    i = tl.arange(0, BD)
-    return (i[:, None] == i[None, :]).to(dt)  # [BD, BD]
-
-
-@triton.jit
-def _chunk_mask(rows, cols, eta_ptr, MB: tl.constexpr):
-    """M[t, j] for tile positions (aligned to mini-batches): eta_tok[t % MB] inside t's mini-batch,
-    eta_tok[MB-1] for an earlier one, 0 after t. [BT, BT] fp32."""
+def _chunk_mask(N: tl.constexpr, eta_ptr, MB: tl.constexpr):
+    """M[t, j] for the positions of a tile that starts at a mini-batch boundary: eta_tok[t % MB]
+    inside t's mini-batch, eta_tok[MB-1] for an earlier one, 0 after t. [N, N] fp32."""
+    rows = tl.arange(0, N)
+    cols = rows
     eta_row = tl.load(eta_ptr + rows % MB).to(tl.float32)
     eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
     same = (rows[:, None] // MB) == (cols[None, :] // MB)
@@ -176,16 +160,16 @@ def _load_lr(lr_ptr, rows, stride_lr, limit):
 
 
 @triton.jit
-def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, eye,
-                          D: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr = False, EYE: tl.constexpr = False):
+def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta,
+                          D: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr = False):
     """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
     loaded by the caller: a tile ahead, since the pipeliner leaves such small loads in place and
     their latency showed as stalls; measured no faster, nor slower). Returns k (input dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
     k = _load_tile(k_ptr, rows, stride_t, cols, ok, EVEN)  # [BT, BD]
-    v = _load_tile(v_ptr, rows, stride_t, cols, ok, EVEN)
+    v = _load_tile(v_ptr, rows, stride_t, cols, ok, EVEN).to(tl.float32)
     z = tl.dot(k, w0, input_precision=PREC) + b0[None, :]  # [BT, BD]
-    return k, _ln_l2_values(z, _plus_beta(k, beta, eye, PREC, EYE, v), lr, gamma, d_ok, D)
+    return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
 
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
@@ -195,8 +179,7 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                           STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True,
-                          STORE_COLSUMS: tl.constexpr = True, EVEN: tl.constexpr = False,
-                          EYE: tl.constexpr = False):
+                          STORE_COLSUMS: tl.constexpr = True, EVEN: tl.constexpr = False):
     """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
     With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
     With COLSUMS the column sums of the committed values come from one product with a block of ones
@@ -220,7 +203,6 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     uw = tl.zeros([BD, BD], dtype=tl.float32)
     ub = tl.zeros([BD], dtype=tl.float32)
     dt = k_ptr.dtype.element_ty
-    eye = _identity(BD, dt)
     sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
     picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
@@ -232,7 +214,7 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
         lr = lr_next
         lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, limit)  # (the segment's end: read, unused)
         k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
-                                      row_ok, d_ok, w0, b0, gamma, beta, eye, D, PREC, EVEN, EYE)
+                                      row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
         if STORE_VH:
             vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
             if EVEN:
@@ -268,22 +250,20 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
                          stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
                          PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1,
-                         HOIST_MASK: tl.constexpr = False, EVEN: tl.constexpr = False,
-                         EYE: tl.constexpr = False):
+                         EVEN: tl.constexpr = False):
     """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
     Each tile's bias increment (its committed values' column sums), by COLSUMS: 1 read from pass 1's,
-    2 from a product with a block of ones here, 0 summed with tl.sum. HOIST_MASK builds the chunk
-    mask once (every tile starts at a mini-batch boundary, so all have the same one) and applies it
-    with one multiply-add: 18% fewer instructions in the loop (1,149 against 1,393 SASS at the issue's
-    shape, sm_90a) for 32 more live registers (20 bytes spilled against 4); not measured on a GPU
-    yet, so not the default."""
+    2 from a product with a block of ones here, 0 summed with tl.sum. The chunk mask is built once:
+    every tile starts at a mini-batch boundary, so all have the same one; it is applied with one
+    multiply-add (the loop 852 -> 671 SASS instructions at the issue's shape, triton 3.6; on an H200
+    the same time within run-to-run noise at T = 32768, 1% faster at 8192: results/tiles2_h200.json).
+    EVEN: no tile needs a mask (see _parallel_aligned)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
     d_ok = cols < D
     w_ok = d_ok[:, None] & d_ok[None, :]
     dt = q_ptr.dtype.element_ty
-    eye = _identity(BD, dt)
     sq = cols[:, None] * D + cols[None, :]  # [BD, BD] offsets of W inside a [D+1, D] state
     w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(dt)
     b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
@@ -303,8 +283,7 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
-    if HOIST_MASK:
-        mask = _chunk_mask(tl.arange(0, BT), tl.arange(0, BT), eta_ptr, MB)  # [BT, BT], the same every tile
+    mask = _chunk_mask(BT, eta_ptr, MB)  # [BT, BT], the same every tile
     for i in range(TILES_PER_SEG):
         tile = seg * TILES_PER_SEG + i
         rows = tile * BT + tl.arange(0, BT)
@@ -315,17 +294,12 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
             vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
         else:
             k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, _load_lr(lr_ptr + lbase, rows, stride_lt, T),
-                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, eye, D, PREC, EVEN,
-                                          EYE)
+                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
         q = _load_tile(q_ptr + base, rows, stride_t, cols, ok, EVEN)
-        if HOIST_MASK:  # (q k^T + 1) * M as one multiply-add an element
-            p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT]
-        else:
-            scores = tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0  # [BT, BT] = qa . ka
-            p = scores * _chunk_mask(rows, rows, eta_ptr, MB)
+        p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT] = (qa . ka) * M
         zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
         zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
-        out = _ln_out(_plus_beta(q, beta, eye, PREC, EYE), zbar, gamma, d_ok, D)
+        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
         o_tile = o_ptr + obase + rows[:, None] * stride_ot + cols[None, :]
         if EVEN:
             tl.store(o_tile, out.to(dt))
@@ -376,9 +350,9 @@ def _head_start(fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A):
     if lead == 0 and A is not None:  # A at a boundary counts as part of the next mini-batch
         lead = b  # (callers that know A is zero there pass None: no reference step, no sync)
     lead = min(lead, T)
+    if lead == 0:  # (no zeros for A, no copy of a broadcast S0: a launch each, measured in the operator's time)
+        return None, 0, _start_state(q, S0, S), None
     S, A = _fresh_state(q, S0, S, A)
-    if lead == 0:
-        return None, 0, S, None
     out, S, A = fn_ref(q[:, :, :lead], k[:, :, :lead], v[:, :, :lead], lr[:, :, :lead], S0, gamma, beta,
                        eta_tok, start, S, A)
     return out.to(q.dtype), lead, S, A
@@ -388,26 +362,28 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
     head, lead, S, A = _head_start(fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
     if lead == q.shape[2]:
         return head, S, A
+    S = S if S[0].is_contiguous() else S.contiguous()  # the kernels step through sequences by S.stride(0)
+    if head is None:  # (no views to make: the Python before the first launch counts in the operator's time)
+        return kernel(q, k, v, lr, S0, gamma, beta, eta_tok, S)
     sl = slice(lead, None)
-    out, S, A = kernel(q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], S0, gamma, beta, eta_tok, S.contiguous())
-    return (out if head is None else torch.cat((head, out), dim=2)), S, A
+    out, S, A = kernel(q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], S0, gamma, beta, eta_tok, S)
+    return torch.cat((head, out), dim=2), S, A
 
 
 COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `colsums` of _parallel_aligned
 
 
 def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None, colsums="dot", hoist_mask=False,
-                      even_tiles=True, identity=False):
+                      first_pass_only=False, values_tile=None, colsums="dot", even_tiles=True):
     """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
     benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
     `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
     gets each tile's column sums of the values: "dot" a product with ones (the fastest: 0.701 ms at
-    the issue's shape on an H200), "pass1" stored by pass 1 from such a product (0.709-0.717 in
-    three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both passes (0.827;
-    benchmarks/results/colsums3_h200.json). `hoist_mask`: pass 2 builds the chunk mask once, not
-    every tile (a candidate, not yet timed). `even_tiles=False` keeps the masks where no tile needs
-    them (a whole number of segments and mini-batches, d a power of two >= 16)."""
+    the issue's shape on an H200, masked tiles), "pass1" stored by pass 1 from such a product
+    (0.709-0.717 in three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both
+    passes (0.827; benchmarks/results/colsums3_h200.json). `even_tiles=False` keeps the masks where no
+    tile needs them (a whole number of segments and mini-batches, d a power of two >= 16): 0.70 ms
+    against 0.565-0.59 without (results/tiles2_h200.json)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
@@ -416,20 +392,18 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     assert BT1 % BT == 0 and BT1 // BT <= 16, "pass 1's tile must be 1 to 16 of pass 2's"
     BD = max(16, triton.next_power_of_2(D))
     tiles = triton.cdiv(T, BT)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
     if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
-        sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
         segments = max(1, min(tiles, 4 * sms // (B * H)))
     per_seg = triton.cdiv(triton.cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
     segments = triton.cdiv(tiles, per_seg)
     t_done = T - T % MB
     # no tile of either pass needs a mask: whole segments, mini-batches and head dims
     even = even_tiles and T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
+    # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
     f32 = dict(device=q.device, dtype=torch.float32)
     U = fresh(torch.empty(B * H, segments, D + 1, D, **f32))
-    S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
-    o = fresh(torch.empty_like(q))
     S0, gamma, beta = S0.float().contiguous(), gamma.float().contiguous(), beta.float().contiguous()
-    eta = eta_tok.float().contiguous()
     sb, sh, st, _ = q.stride()
     lb, lh, lt = lr.stride()
     prec = _precision(q.dtype)
@@ -438,16 +412,17 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
                                              per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
                                              BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT,
-                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1", EVEN=even,
-                                             EYE=identity)
+                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1", EVEN=even)
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
+    S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
+    o = fresh(torch.empty_like(q))
+    eta = eta_tok.float().contiguous()
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
                                             T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],
                                             D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values,
-                                            COLSUMS=COLSUM_MODES[colsums], HOIST_MASK=hoist_mask, EVEN=even,
-                                            EYE=identity)
+                                            COLSUMS=COLSUM_MODES[colsums], EVEN=even)
     return o, S_out, A_out
 
 
@@ -487,7 +462,7 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     inner = tl.arange(0, BM)
-    mask = _chunk_mask(inner, inner, eta_ptr, MB)  # [BM, BM]: one mini-batch's M (rows >= MB unused)
+    mask = _chunk_mask(BM, eta_ptr, MB)  # [BM, BM]: one mini-batch's M (rows >= MB unused)
     aw = tl.zeros([BD, BD], dtype=tl.float32)
     ab = tl.zeros([BD], dtype=tl.float32)
     for start in range(0, T, MB):
@@ -500,15 +475,15 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
         ok = row_ok[:, None] & d_ok[None, :]
         q = _load_tile(q_ptr + base, rows, stride_t, cols, ok)  # [BM, BD]
         k = _load_tile(k_ptr + base, rows, stride_t, cols, ok)
-        v = _load_tile(v_ptr + base, rows, stride_t, cols, ok)
+        v = _load_tile(v_ptr + base, rows, stride_t, cols, ok).to(tl.float32)
         lr = tl.load(lr_ptr + lbase + rows * stride_lt, mask=row_ok, other=0.0).to(tl.float32)
         w_dt = w.to(dt)
         z = tl.dot(k, w_dt, input_precision=PREC) + wb[None, :]
-        vh = _ln_l2_values(z, _plus_beta(k, beta, None, PREC, False, v), lr, gamma, d_ok, D)
+        vh = _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
         vh = tl.where(row_ok[:, None], vh, 0.0)
         p = (tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0) * mask
         zbar = tl.dot(q, w_dt, input_precision=PREC) + wb[None, :] + tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)
-        out = _ln_out(_plus_beta(q, beta, None, PREC, False), zbar, gamma, d_ok, D)
+        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
         tl.store(o_ptr + obase + rows[:, None] * stride_ot + cols[None, :], out.to(dt), mask=ok)
         uw = tl.dot(tl.trans(k), vh.to(dt), input_precision=PREC)
         ub = tl.sum(vh, axis=0)

@@ -62,7 +62,7 @@ def _exact_backward_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta
     inner = tl.arange(0, BM)
     row_ok = inner < MB
     ok = row_ok[:, None] & d_ok[None, :]
-    mask = _chunk_mask(inner, inner, eta_ptr, MB)  # [BM, BM]
+    mask = _chunk_mask(BM, eta_ptr, MB)  # [BM, BM]
     lower = (inner[:, None] >= inner[None, :]) & row_ok[:, None] & row_ok[None, :]
     base = b.to(tl.int64) * stride_b + h * stride_h
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
