@@ -20,6 +20,17 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
     return t.fill_(float("nan")) if POISON_OUTPUTS else t
 
 
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for the launch arithmetic on the host. (triton.cdiv and triton.next_power_of_2 are
+    constexpr functions: about 5 us a call in Python, a few of them per launch, which an operator's
+    time counts while the GPU waits for its first launch.)"""
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
 def autotune_configs(configs: list, interpreter_configs: list) -> list:
     """The configurations a kernel's autotuner tries: one under the interpreter, the first (a good
     default) with EDGETTT_AUTOTUNE=0, else all of them."""

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fresh
+from . import cdiv, fresh, next_power_of_2
 
 
 def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
@@ -64,9 +64,9 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
     for t in (qa, ka, vh, S, A):
         assert t.is_contiguous(), "decode_step needs contiguous tensors"
     z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=vh.dtype)) if out is None else out
-    block_k = triton.next_power_of_2(DK)
-    block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
-    grid = (B * H, triton.cdiv(DV, block_v))
+    block_k = next_power_of_2(DK)
+    block_v = min(next_power_of_2(DV), max(16, 8192 // block_k))
+    grid = (B * H, cdiv(DV, block_v))
     last = eta_tok.shape[0] - 1
     _decode_step_kernel[grid](qa, ka, vh, S, A, z, eta_tok, inner, last, DK, DV,
                               COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
@@ -137,10 +137,10 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
     for t in (qa, ka, vh, Sq, scale, S0, A):
         assert t.is_contiguous(), "decode_step_int8 needs contiguous tensors"
     z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
-    block_k = triton.next_power_of_2(DK)
-    block_v = min(triton.next_power_of_2(DV), max(16, 8192 // block_k))
+    block_k = next_power_of_2(DK)
+    block_v = min(next_power_of_2(DV), max(16, 8192 // block_k))
     last = eta_tok.shape[0] - 1
-    grid = (B * H, triton.cdiv(DV, block_v))
+    grid = (B * H, cdiv(DV, block_v))
     _decode_step_int8_kernel[grid](qa, ka, vh, Sq, scale, S0, A, z, eta_tok, inner, last, H, DK, DV,
                                    COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
     return z

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..quantize import dequantize_int4
-from . import autotune_configs, fresh
+from . import autotune_configs, cdiv, fresh, next_power_of_2
 
 GEMV_MAX_ROWS = 8
 
@@ -145,11 +145,11 @@ def int4_matmul(x, qweight, scales, zero_points):
     ZPW = zero_points.shape[1]
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS:
-        grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
+        grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
     else:
-        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+        grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
         _int4_gemm_kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
-                                triton.next_power_of_2(M), GROUP=GH * 2, PREC=prec)
+                                next_power_of_2(M), GROUP=GH * 2, PREC=prec)
     return y.reshape(*x.shape[:-1], N)

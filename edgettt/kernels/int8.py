@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from ..quantize import dequantize_int8
-from . import autotune_configs, fresh
+from . import autotune_configs, cdiv, fresh, next_power_of_2
 
 GEMV_MAX_ROWS = 8
 
@@ -99,10 +99,10 @@ def int8_matmul(x, qweight, scales):
     qweight, scales = qweight.contiguous(), scales.contiguous()
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS:
-        grid = lambda meta: (triton.cdiv(N, meta["BN"]), M)  # noqa: E731
+        grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int8_gemv_kernel[grid](x2, qweight, scales, y, N, K, x2.stride(0))
     else:
-        grid = lambda meta: (triton.cdiv(M, meta["BM"]), triton.cdiv(N, meta["BN"]))  # noqa: E731
+        grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        _int8_gemm_kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), triton.next_power_of_2(M), PREC=prec)
+        _int8_gemm_kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), next_power_of_2(M), PREC=prec)
     return y.reshape(*x.shape[:-1], N)

@@ -29,13 +29,15 @@ the values instead moves fewer bytes but was slower: `benchmarks/bench_parallel_
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
 
 from .. import linear_attention as la
 from ..ops import layer_norm, segments
-from . import autotune_configs, fresh
+from . import autotune_configs, cdiv, fresh, next_power_of_2
 
 
 # ---- references -----------------------------------------------------------------------------------
@@ -370,6 +372,11 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
     return torch.cat((head, out), dim=2), S, A
 
 
+@functools.lru_cache
+def _multiprocessors(index):
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
 COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `colsums` of _parallel_aligned
 
 
@@ -390,13 +397,13 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
     BT1 = values_tile or BT
     assert BT1 % BT == 0 and BT1 // BT <= 16, "pass 1's tile must be 1 to 16 of pass 2's"
-    BD = max(16, triton.next_power_of_2(D))
-    tiles = triton.cdiv(T, BT)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count if q.is_cuda else 4
+    BD = max(16, next_power_of_2(D))
+    tiles = cdiv(T, BT)
+    sms = _multiprocessors(q.device.index) if q.is_cuda else 4
     if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
         segments = max(1, min(tiles, 4 * sms // (B * H)))
-    per_seg = triton.cdiv(triton.cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
-    segments = triton.cdiv(tiles, per_seg)
+    per_seg = cdiv(cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
+    segments = cdiv(tiles, per_seg)
     t_done = T - T % MB
     # no tile of either pass needs a mask: whole segments, mini-batches and head dims
     even = even_tiles and T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
@@ -505,7 +512,7 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precis
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
-    BD = max(16, triton.next_power_of_2(D))
+    BD = max(16, next_power_of_2(D))
     f32 = dict(device=q.device, dtype=torch.float32)
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
     o = fresh(torch.empty_like(q))

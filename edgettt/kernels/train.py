@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from . import fresh, mini_batch_supported
+from . import fresh, mini_batch_supported, next_power_of_2
 from .prefill import EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout, _zero_pad
 
 
@@ -187,7 +187,7 @@ class _ExactTTTLinear(torch.autograd.Function):
         gamma_c, beta_c, eta_c = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
         _exact_backward_kernel[(B * H,)](q, k, v, lr, gamma_c, beta_c, eta_c, states, dout, dq, dk, dv, dlr, dS,
                                          dgamma, dbeta, deta, T, H, *q.stride()[:3], *lr.stride(), *dout.stride()[:3],
-                                         D=D, BD=max(16, triton.next_power_of_2(D)), MB=MB, BM=max(16, MB),
+                                         D=D, BD=max(16, next_power_of_2(D)), MB=MB, BM=max(16, MB),
                                          PREC=_dot_precision(q.dtype))
         s0_dtype, gamma_dtype, eta_dtype = ctx.dtypes
         return (dq, dk, dv, dlr, dS.sum(0).to(s0_dtype), dgamma.sum(0).to(gamma_dtype), dbeta.sum(0).to(gamma_dtype),

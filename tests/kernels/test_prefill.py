@@ -144,3 +144,15 @@ def test_parallel_tile_options_agree(device, options, T):
     expected = prefill.parallel_ref(q, k, v, lr, S0, gamma, beta, eta, 0, S)
     for a, b, c in zip(run(**options), run(even_tiles=False), expected):
         assert not a.isnan().any() and rel_err(a, b) < 1e-6 and rel_err(a, c) < 1e-4
+
+
+def test_host_launch_arithmetic_matches_triton():
+    """The plain-Python cdiv and next_power_of_2 the wrappers use agree with Triton's."""
+    import triton
+
+    from edgettt.kernels import cdiv, next_power_of_2
+
+    for n in range(1, 300):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64):
+            assert cdiv(n, b) == triton.cdiv(n, b)
