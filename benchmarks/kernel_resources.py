@@ -1,7 +1,10 @@
-"""Registers, spills and shared memory of the prefill kernels compiled for Hopper (sm_90a), on any
-machine: Triton compiles for a named target without a GPU, and its bundled ptxas reports resources.
+"""Registers, spills, shared memory and the tile loop's SASS instruction count of the prefill kernels
+compiled for Hopper (sm_90a), on any machine: Triton compiles for a named target without a GPU, its
+bundled ptxas reports resources and its cuobjdump disassembles.
 
     python benchmarks/kernel_resources.py > benchmarks/results/kernel_resources.txt
+    # with the GPU machine's Triton (3.6) unpacked into /tmp/t36, as the committed file was made:
+    PYTHONPATH=/tmp/t36:. python benchmarks/kernel_resources.py > benchmarks/results/kernel_resources.txt
 
 Occupancy follows from registers: an H100/H200 multiprocessor has 65536 of them, so a program of
 W warps using R registers a thread fits floor(65536 / (32 W R)) times. (The local Triton may be
@@ -59,6 +62,25 @@ def ptxas() -> str:
     return max(found, key=lambda p: "blackwell" in p)
 
 
+def loop_instructions(cubin: str) -> int:
+    """SASS instructions in the kernel's longest loop (the tile loop): between a backward branch and
+    its target, from the disassembly of Triton's bundled cuobjdump. Instructions, not cycles, but
+    the tile loops run issue- or latency-bound, and what a change removes shows here first."""
+    tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
+    sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
+    addresses, loops = [], []
+    for line in sass.splitlines():
+        m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?);", line)
+        if not m:
+            continue
+        at = int(m.group(1), 16)
+        addresses.append(at)
+        target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
+        if target and int(target.group(1), 16) < at:
+            loops.append((int(target.group(1), 16), at))
+    return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0)
+
+
 def resources(kernel, pointers, ints, consts, warps, stages) -> str:
     signature = {**pointers, **{name: "i32" for name in ints}, **{name: "constexpr" for name in consts}}
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
@@ -71,13 +93,15 @@ def resources(kernel, pointers, ints, consts, warps, stages) -> str:
             f.write(compiled.asm["ptx"])
         out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True).stderr
+        loop = loop_instructions(os.path.join(tmp, "k.cubin"))
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores", out)
     fits = 65536 // (32 * warps * regs)
     ttgir = compiled.asm["ttgir"]
     return (f"{regs:4d} registers, {int(spill.group(1)) if spill else 0:4d} bytes spilled, "
             f"{compiled.metadata.shared:6d} bytes shared; {fits} program(s) = {fits * warps} warps per multiprocessor; "
-            f"async {ttgir.count('ttg.async_copy_global_to_local')}, converts {ttgir.count('ttg.convert_layout')}")
+            f"async {ttgir.count('ttg.async_copy_global_to_local')}, converts {ttgir.count('ttg.convert_layout')}; "
+            f"loop {loop} SASS instructions")
 
 
 def main():
