@@ -15,7 +15,8 @@ keeps, and why).
   and 32768, with flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
   and head dims, the default) against masked ones, values stored or recomputed, and the operator
-  `prefill.parallel` itself; eager and as CUDA graphs; at T = 8192 and 32768, with
+  `prefill.parallel` itself; at T - 40 tokens (a ragged last tile, an unfinished mini-batch) with and
+  without the unmasked tiles; eager and as CUDA graphs; at T = 8192 and 32768, with
   chunk_linear_attn in the same run. The committed results hold candidates of earlier versions of
   this script, removed since: tiles_h200.json (commit 9eb174d) the LayerNorm shifts from products
   with the identity on the tensor cores (slower) and a cap of 168 registers for 3 programs a
@@ -148,6 +149,11 @@ def tile_rows(ceiling):
                                                                          first_pass_only=f, **o))
         args = (q, k, v, lr, S0, gamma, beta, eta)
         runs[("prefill.parallel (the operator)", "all", 7)] = lambda: prefill.parallel(*args)
+        # 40 tokens fewer: a ragged last tile and an unfinished mini-batch (only that tile keeps masks)
+        ragged = tuple(x[..., :T - 40, :] for x in (q, k, v)) + (lr[..., :T - 40], S0, gamma, beta, eta)
+        for even in (True, False):
+            runs[(f"T-40 even_tiles={even}", "all", 7 * (T - 40) / T)] = (
+                lambda e=even: prefill._parallel_aligned(*ragged, S, even_tiles=e))
         if (fla := fla_run(q, k, v)) is not None:
             runs[("fla chunk_linear_attn", "all", 4)] = fla
         rows += time_runs(T, runs, tensor, ceiling)

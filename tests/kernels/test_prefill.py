@@ -131,12 +131,12 @@ def test_parallel_column_sums_agree(device, values_tile):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("options", [{}, {"store_values": False}])
+@pytest.mark.parametrize("options", [{}, {"store_values": False}, {"values_tile": 32}])
 @pytest.mark.parametrize("T", [128, 120])  # no masks needed; whole mini-batches but the last tile ragged
 def test_parallel_tile_options_agree(device, options, T):
     """Where no tile needs a mask (whole segments and mini-batches, d = 16), the unmasked kernels
     equal the masked ones and the reference (A then zero); where one does, the masks stay; values
-    stored or recomputed."""
+    stored or recomputed, pass 1 on wider tiles."""
     q, k, v, lr, S0, gamma, beta, eta = layer_inputs(2, 2, T, 16, 8, torch.float32, device)
     S = S0.expand(2, -1, -1, -1).contiguous()
     run = lambda **kw: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,  # noqa: E731
