@@ -36,16 +36,16 @@ KERNELS = {
         prefill._parallel_sums_kernel,
         dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, u_ptr=F32, vh_ptr=BF16,
              colsum_ptr=F32),
-        ["T", "T_DONE", "T_FULL", "H", "TILES_PER_SEG", "NSEG", "stride_b", "stride_h", "stride_t", "stride_lb",
-         "stride_lh", "stride_lt"],
-        dict(D=64, BD=64, BT=64, PREC="tf32", STORE_VH=True, SUB=1, COLSUMS=True, STORE_COLSUMS=False)),
+        ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh",
+         "stride_lt"],
+        dict(D=64, BD=64, BT=64, PREC="tf32", STORE_VH=True, SUB=1, COLSUMS=True, STORE_COLSUMS=False, EVEN=True)),
     "parallel pass 2 (outputs)": (
         prefill._parallel_out_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32,
              u_ptr=F32, vh_ptr=BF16, colsum_ptr=F32, s_in_ptr=F32, o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
-        ["T", "T_DONE", "T_FULL", "H", "TILES_PER_SEG", "NSEG", "LAST_SEG", "stride_sb", "stride_b", "stride_h",
-         "stride_t", "stride_lb", "stride_lh", "stride_lt", "stride_ob", "stride_oh", "stride_ot"],
-        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", LOAD_VH=True, COLSUMS=2)),
+        ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "LAST_SEG", "stride_sb", "stride_b", "stride_h", "stride_t",
+         "stride_lb", "stride_lh", "stride_lt", "stride_ob", "stride_oh", "stride_ot"],
+        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", LOAD_VH=True, COLSUMS=2, EVEN=True)),
     "exact (one program per sequence and head)": (
         prefill._exact_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, s_in_ptr=F32,
@@ -62,11 +62,10 @@ def ptxas() -> str:
     return max(found, key=lambda p: "blackwell" in p)
 
 
-def loop_instructions(cubin: str) -> list[int]:
-    """SASS instructions of the kernel's tile loops (those of 100 or more), in program order: between
-    a backward branch and its target, from the disassembly of Triton's bundled cuobjdump. The
-    parallel passes have two: the tiles without masks, then the rest with them. Instructions, not
-    cycles, but the tile loops run issue- or latency-bound, and what a change removes shows here."""
+def loop_instructions(cubin: str) -> int:
+    """SASS instructions in the kernel's longest loop (the tile loop): between a backward branch and
+    its target, from the disassembly of Triton's bundled cuobjdump. Instructions, not cycles, but
+    the tile loops run issue- or latency-bound, and what a change removes shows here first."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     addresses, loops = [], []
@@ -79,8 +78,7 @@ def loop_instructions(cubin: str) -> list[int]:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
         if target and int(target.group(1), 16) < at:
             loops.append((int(target.group(1), 16), at))
-    sizes = [sum(start <= a <= end for a in addresses) for start, end in sorted(loops)]
-    return [n for n in sizes if n >= 100]
+    return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0)
 
 
 def resources(kernel, pointers, ints, consts, warps, stages) -> str:
@@ -103,7 +101,7 @@ def resources(kernel, pointers, ints, consts, warps, stages) -> str:
     return (f"{regs:4d} registers, {int(spill.group(1)) if spill else 0:4d} bytes spilled, "
             f"{compiled.metadata.shared:6d} bytes shared; {fits} program(s) = {fits * warps} warps per multiprocessor; "
             f"async {ttgir.count('ttg.async_copy_global_to_local')}, converts {ttgir.count('ttg.convert_layout')}; "
-            f"tile loops {'/'.join(map(str, loop))} SASS instructions")
+            f"loop {loop} SASS instructions")
 
 
 def main():

@@ -174,57 +174,22 @@ def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, 
     return k, _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
 
 
-@triton.jit
-def _sums_tile(tile, lr, uw, ub16, ub, k_ptr, v_ptr, vh_ptr, colsum_ptr, bh, T, T_DONE, limit, cols, d_ok,
-               stride_t, w0, b0, gamma, beta, picks, sub_rows, D: tl.constexpr, BT: tl.constexpr,
-               PREC: tl.constexpr, STORE_VH: tl.constexpr, SUB: tl.constexpr, COLSUMS: tl.constexpr,
-               STORE_COLSUMS: tl.constexpr, EVEN: tl.constexpr):
-    """One tile of pass 1: its values (stored with STORE_VH) and their sums added to (uw, ub16, ub)."""
-    dt = k_ptr.dtype.element_ty
-    rows = tile * BT + tl.arange(0, BT)
-    row_ok = rows < limit
-    k, vh = _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC,
-                                  EVEN)
-    if STORE_VH:
-        vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
-        if EVEN:
-            tl.store(vh_out, vh.to(dt))
-        else:
-            tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
-    if not EVEN:
-        vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
-    vh_dt = vh.to(dt)
-    uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
-    if COLSUMS:
-        sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
-        ub16 += sums
-        if STORE_COLSUMS:
-            first = tile * SUB
-            sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
-            tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
-                     + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
-    else:
-        ub += tl.sum(vh, axis=0)
-    return uw, ub16, ub
-
-
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
 @triton.jit
 def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr, colsum_ptr,
-                          T, T_DONE, T_FULL, H, TILES_PER_SEG, NSEG,
+                          T, T_DONE, H, TILES_PER_SEG, NSEG,
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
                           STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True,
-                          STORE_COLSUMS: tl.constexpr = True):
+                          STORE_COLSUMS: tl.constexpr = True, EVEN: tl.constexpr = False):
     """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
     With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
     With COLSUMS the column sums of the committed values come from one product with a block of ones
     on the tensor cores instead of summing the tile's rows, which in the accumulator layout is 48
     shuffles a thread and a trip through shared memory (ncu: 70% of pass 1's shuffles when it summed
     them so); with STORE_COLSUMS too, those of every pass-2 tile (SUB of them in a tile here) are
-    written to colsum [B*H, tiles, D] for pass 2 to read.
-    Tiles before T_FULL (whole mini-batches only; 0 or a multiple of the tile, and only when D fills
-    the tile) run without masks; the rest of the segment with them (see _parallel_aligned)."""
+    written to colsum [B*H, tiles, D] for pass 2 to read. EVEN: T is a whole number of segments and
+    mini-batches and D fills the tile, so no tile needs a mask (see _parallel_aligned)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -234,33 +199,43 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     gamma = tl.load(gamma_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
-    k_ptr += b.to(tl.int64) * stride_b + h * stride_h
-    v_ptr += b.to(tl.int64) * stride_b + h * stride_h
-    lr_ptr += b.to(tl.int64) * stride_lb + h * stride_lh
-    dt = k_ptr.dtype.element_ty
-    w0 = w0.to(dt)
+    base = b.to(tl.int64) * stride_b + h * stride_h
+    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
+    w0 = w0.to(k_ptr.dtype.element_ty)
     uw = tl.zeros([BD, BD], dtype=tl.float32)
     ub = tl.zeros([BD], dtype=tl.float32)
+    dt = k_ptr.dtype.element_ty
     sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
     picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
     limit = T if STORE_VH else T_DONE
-    first = seg * TILES_PER_SEG
-    n_full = tl.minimum(tl.maximum(T_FULL // BT - first, 0), TILES_PER_SEG)
-    n_all = tl.minimum(tl.cdiv(limit, BT) - first, TILES_PER_SEG)
-    lr_next = _load_lr(lr_ptr, first * BT + tl.arange(0, BT), stride_lt, limit)
-    for i in range(0, n_full):  # (learning rates a tile ahead; at the segment's end read, unused)
+    lr_next = _load_lr(lr_ptr + lbase, seg * TILES_PER_SEG * BT + tl.arange(0, BT), stride_lt, limit)
+    for i in range(TILES_PER_SEG):
+        rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
+        row_ok = rows < limit
         lr = lr_next
-        lr_next = _load_lr(lr_ptr, (first + i + 1) * BT + tl.arange(0, BT), stride_lt, limit)
-        uw, ub16, ub = _sums_tile(first + i, lr, uw, ub16, ub, k_ptr, v_ptr, vh_ptr, colsum_ptr, bh, T, T_DONE,
-                                  limit, cols, d_ok, stride_t, w0, b0, gamma, beta, picks, sub_rows, D, BT, PREC,
-                                  STORE_VH, SUB, COLSUMS, STORE_COLSUMS, True)
-    for i in range(n_full, n_all):
-        lr = lr_next
-        lr_next = _load_lr(lr_ptr, (first + i + 1) * BT + tl.arange(0, BT), stride_lt, limit)
-        uw, ub16, ub = _sums_tile(first + i, lr, uw, ub16, ub, k_ptr, v_ptr, vh_ptr, colsum_ptr, bh, T, T_DONE,
-                                  limit, cols, d_ok, stride_t, w0, b0, gamma, beta, picks, sub_rows, D, BT, PREC,
-                                  STORE_VH, SUB, COLSUMS, STORE_COLSUMS, False)
+        lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, limit)  # (the segment's end: read, unused)
+        k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
+                                      row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
+        if STORE_VH:
+            vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
+            if EVEN:
+                tl.store(vh_out, vh.to(dt))
+            else:
+                tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
+                vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
+        vh_dt = vh.to(dt)
+        uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
+        if COLSUMS:
+            sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
+            ub16 += sums
+            if STORE_COLSUMS:
+                first = (seg * TILES_PER_SEG + i) * SUB
+                sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
+                tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
+                         + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
+        else:
+            ub += tl.sum(vh, axis=0)
     if COLSUMS:
         ub = tl.sum(ub16, axis=0)  # once a segment
     out = u_ptr + (bh * NSEG + seg).to(tl.int64) * (D + 1) * D
@@ -268,71 +243,23 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     tl.store(out + D * D + cols, ub, mask=d_ok)
 
 
-@triton.jit
-def _out_tile(tile, rw, rb, q_ptr, k_ptr, v_ptr, lr_ptr, vh_ptr, colsum_ptr, o_ptr, a_ptr, bh, T, T_DONE, cols, d_ok,
-              stride_t, stride_lt, stride_ot, w0, b0, gamma, beta, eta_last, mask, row0, D: tl.constexpr,
-              BT: tl.constexpr, PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr,
-              EVEN: tl.constexpr):
-    """One tile of pass 2: its outputs from the running state (rw, rb), which it then advances by the
-    tile's committed values. The tile holding the last token writes A (its unfinished mini-batch)."""
-    dt = q_ptr.dtype.element_ty
-    rows = tile * BT + tl.arange(0, BT)
-    row_ok = rows < T
-    ok = row_ok[:, None] & d_ok[None, :]
-    if LOAD_VH:  # (kept in the input dtype: EVEN uses them as loaded, with no copy through registers)
-        k = _load_tile(k_ptr, rows, stride_t, cols, ok, EVEN)
-        vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
-    else:
-        k, vh = _parallel_tile_values(k_ptr, v_ptr, _load_lr(lr_ptr, rows, stride_lt, T), rows, cols, stride_t,
-                                      row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
-    q = _load_tile(q_ptr, rows, stride_t, cols, ok, EVEN)
-    p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT] = (qa . ka) * M
-    zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
-    zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
-    out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
-    o_tile = o_ptr + rows[:, None] * stride_ot + cols[None, :]
-    if EVEN:
-        tl.store(o_tile, out.to(dt))
-        vh_done = vh  # every token's mini-batch is complete
-    else:
-        tl.store(o_tile, out.to(dt), mask=ok)
-        vh_done = tl.where((rows < T_DONE)[:, None], vh.to(tl.float32), 0.0)
-    vh_done_dt = vh_done.to(dt)
-    rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
-    if COLSUMS == 1:  # ncu: a quarter of pass 2's stall samples wait on this load; loading it a
-        in_t = cols * 0 + tile * BT < T  # tile ahead by hand did not help (bench_h200.md) ("dot"
-        rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
-                                 mask=d_ok & in_t, other=0.0)  # needs none; a last segment may run past T)
-    elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
-        rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
-    else:
-        rb += eta_last * tl.sum(vh_done.to(tl.float32), axis=0)
-    if not EVEN:  # (a full tile has no unfinished mini-batch)
-        if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
-            vh_open = tl.where((row_ok & (rows >= T_DONE))[:, None], vh.to(tl.float32), 0.0)  # (written here,
-            w_ok = d_ok[:, None] & d_ok[None, :]  # not accumulated in the loop: fewer live registers)
-            tl.store(a_ptr + cols[:, None] * D + cols[None, :],
-                     tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC), mask=w_ok)
-            tl.store(a_ptr + D * D + cols, tl.sum(vh_open, axis=0), mask=d_ok)
-    return rw, rb
-
-
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT", "MB"])
 @triton.jit
 def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr,
                          colsum_ptr, s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
-                         T, T_DONE, T_FULL, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
+                         T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
                          stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                          stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
-                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1):
+                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1,
+                         EVEN: tl.constexpr = False):
     """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
     Each tile's bias increment (its committed values' column sums), by COLSUMS: 1 read from pass 1's,
     2 from a product with a block of ones here, 0 summed with tl.sum. The chunk mask is built once:
     every tile starts at a mini-batch boundary, so all have the same one; it is applied with one
     multiply-add (the loop 852 -> 671 SASS instructions at the issue's shape, triton 3.6; on an H200
     the same time within run-to-run noise at T = 32768, 1% faster at 8192: results/tiles2_h200.json).
-    Tiles before T_FULL run without masks, the rest of the segment with them (as pass 1)."""
+    EVEN: no tile needs a mask (see _parallel_aligned)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -354,27 +281,54 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         rw += eta_last * tl.load(u + sq, mask=w_ok, other=0.0)
         rb += eta_last * tl.load(u + D * D + cols, mask=d_ok, other=0.0)
     base = b.to(tl.int64) * stride_b + h * stride_h
-    q_ptr, k_ptr, v_ptr = q_ptr + base, k_ptr + base, v_ptr + base
-    lr_ptr += b.to(tl.int64) * stride_lb + h * stride_lh
-    o_ptr += b.to(tl.int64) * stride_ob + h * stride_oh
+    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
+    obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
     mask = _chunk_mask(BT, eta_ptr, MB)  # [BT, BT], the same every tile
-    first = seg * TILES_PER_SEG
-    n_full = tl.minimum(tl.maximum(T_FULL // BT - first, 0), TILES_PER_SEG)
-    n_all = tl.minimum(tl.cdiv(T, BT) - first, TILES_PER_SEG)
-    for i in range(0, n_full):
-        rw, rb = _out_tile(first + i, rw, rb, q_ptr, k_ptr, v_ptr, lr_ptr, vh_ptr, colsum_ptr, o_ptr, a_out_ptr + st,
-                           bh, T, T_DONE, cols, d_ok, stride_t, stride_lt, stride_ot, w0, b0, gamma, beta, eta_last,
-                           mask, row0, D, BT, PREC, LOAD_VH, COLSUMS, True)
-    for i in range(n_full, n_all):
-        rw, rb = _out_tile(first + i, rw, rb, q_ptr, k_ptr, v_ptr, lr_ptr, vh_ptr, colsum_ptr, o_ptr, a_out_ptr + st,
-                           bh, T, T_DONE, cols, d_ok, stride_t, stride_lt, stride_ot, w0, b0, gamma, beta, eta_last,
-                           mask, row0, D, BT, PREC, LOAD_VH, COLSUMS, False)
+    for i in range(TILES_PER_SEG):
+        tile = seg * TILES_PER_SEG + i
+        rows = tile * BT + tl.arange(0, BT)
+        row_ok = rows < T
+        ok = row_ok[:, None] & d_ok[None, :]
+        if LOAD_VH:  # (kept in the input dtype: EVEN uses them as loaded, with no copy through registers)
+            k = _load_tile(k_ptr + base, rows, stride_t, cols, ok, EVEN)
+            vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
+        else:
+            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, _load_lr(lr_ptr + lbase, rows, stride_lt, T),
+                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
+        q = _load_tile(q_ptr + base, rows, stride_t, cols, ok, EVEN)
+        p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT] = (qa . ka) * M
+        zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
+        zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
+        out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
+        o_tile = o_ptr + obase + rows[:, None] * stride_ot + cols[None, :]
+        if EVEN:
+            tl.store(o_tile, out.to(dt))
+            vh_done = vh  # every token's mini-batch is complete
+        else:
+            tl.store(o_tile, out.to(dt), mask=ok)
+            vh_done = tl.where((rows < T_DONE)[:, None], vh.to(tl.float32), 0.0)
+        vh_done_dt = vh_done.to(dt)
+        rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
+        if COLSUMS == 1:  # ncu: a quarter of pass 2's stall samples wait on this load; loading it a
+            in_t = cols * 0 + tile * BT < T  # tile ahead by hand did not help (bench_h200.md) ("dot"
+            rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
+                                     mask=d_ok & in_t, other=0.0)  # needs none; a last segment may run past T)
+        elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
+            rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
+        else:
+            rb += eta_last * tl.sum(vh_done.to(tl.float32), axis=0)
+        if not EVEN:  # (EVEN: no unfinished mini-batch, A is zero)
+            if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
+                vh_open = tl.where((row_ok & (rows >= T_DONE))[:, None], vh.to(tl.float32), 0.0)  # (written
+                tl.store(a_out_ptr + st + sq, tl.dot(tl.trans(k), vh_open.to(dt), input_precision=PREC),
+                         mask=w_ok)  # here, not accumulated in the loop: fewer live registers)
+                tl.store(a_out_ptr + st + D * D + cols, tl.sum(vh_open, axis=0), mask=d_ok)
     if seg == LAST_SEG:
         tl.store(s_out_ptr + st + sq, rw, mask=w_ok)
         tl.store(s_out_ptr + st + D * D + cols, rb, mask=d_ok)
-        if n_all == n_full:  # the last tile was a full one: nothing unfinished, A is zero
+        if EVEN:
             tl.store(a_out_ptr + st + sq, tl.zeros([BD, BD], dtype=tl.float32), mask=w_ok)
             tl.store(a_out_ptr + st + D * D + cols, tl.zeros([BD], dtype=tl.float32), mask=d_ok)
 
@@ -451,9 +405,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     per_seg = cdiv(cdiv(tiles, segments), BT1 // BT) * (BT1 // BT)  # whole pass-1 tiles
     segments = cdiv(tiles, per_seg)
     t_done = T - T % MB
-    # tiles of whole mini-batches only (with d filling the tile) run without masks: all but the last
-    # one or two when T is not a multiple of the tile (the rest of the segment keeps them)
-    t_full = (t_done // BT) * BT if even_tiles and BD == D else 0
+    # no tile of either pass needs a mask: whole segments, mini-batches and head dims
+    even = even_tiles and T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
     # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
     f32 = dict(device=q.device, dtype=torch.float32)
     U = fresh(torch.empty(B * H, segments, D + 1, D, **f32))
@@ -463,20 +416,20 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     prec = _precision(q.dtype)
     vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
     colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums == "pass1" else U  # [B*H, tiles, D]
-    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, t_full, H,
+    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
                                              per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
                                              BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT,
-                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1")
+                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1", EVEN=even)
     if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
         return U
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
     o = fresh(torch.empty_like(q))
     eta = eta_tok.float().contiguous()
     _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
-                                            T, t_done, t_full, H, per_seg, segments, segments - 1, S.stride(0),
+                                            T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
                                             sb, sh, st, lb, lh, lt, *o.stride()[:3],
                                             D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values,
-                                            COLSUMS=COLSUM_MODES[colsums])
+                                            COLSUMS=COLSUM_MODES[colsums], EVEN=even)
     return o, S_out, A_out
 
 
