@@ -15,8 +15,9 @@ keeps, and why).
   and 32768, with flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
   and head dims, the default) against masked ones, values stored or recomputed, and the operator
-  `prefill.parallel` itself; at T - 40 tokens (a ragged last tile, an unfinished mini-batch) with and
-  without the unmasked tiles; eager and as CUDA graphs; at T = 8192 and 32768, with
+  `prefill.parallel` itself; at T - 40 tokens (a ragged last tile, an unfinished mini-batch: what
+  such a length costs; both rows run the masked kernels now, since only whole tiles and segments
+  take the unmasked ones, tiles3_h200.json having measured a version where the rest did too); eager and as CUDA graphs; at T = 8192 and 32768, with
   chunk_linear_attn in the same run. The committed results hold candidates of earlier versions of
   this script, removed since: tiles_h200.json (commit 9eb174d) the LayerNorm shifts from products
   with the identity on the tensor cores (slower) and a cap of 168 registers for 3 programs a

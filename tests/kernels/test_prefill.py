@@ -156,3 +156,15 @@ def test_host_launch_arithmetic_matches_triton():
         assert next_power_of_2(n) == triton.next_power_of_2(n), n
         for b in (1, 3, 16, 64):
             assert cdiv(n, b) == triton.cdiv(n, b)
+
+
+def test_segments_split_the_tiles_evenly_where_they_can():
+    """The automatic segment count rounds to the nearest one that divides the tiles (the unmasked
+    kernels need whole segments), unless that is more than half away; an explicit count is kept."""
+    per = prefill._tiles_per_segment
+    assert per(512, 7, 1, prefer_whole=True) == 64  # 74 tiles would leave 512 % 74 != 0: 8 segments of 64
+    assert per(512, 8, 1, prefer_whole=True) == 64 and per(128, 8, 1, prefer_whole=True) == 16  # the H200 bench
+    assert per(512, 6, 1, prefer_whole=True) == 64  # 4 and 8 segments both 2 away: the more
+    assert per(512, 7, 1) == 74
+    assert per(509, 8, 1, prefer_whole=True) == 64  # a prime: only 1 segment would divide, keep 8
+    assert per(96, 5, 2, prefer_whole=True) == 16  # multiples of 2 (pass 1 tiles of 2 of pass 2's): 6 segments
