@@ -375,6 +375,7 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
     return torch.cat((head, out), dim=2), S, A
 
 
+@functools.lru_cache  # (on the operator's path: a scan of the divisors each call would cost tens of us)
 def _tiles_per_segment(tiles, segments, step, prefer_whole=False):
     """Tiles a segment for about `segments` segments, a multiple of `step` (pass 1's tile in pass 2's).
     prefer_whole: the count nearest to that which divides `tiles` (the fewest segments away; on a tie
