@@ -22,8 +22,8 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
 
 def cdiv(a: int, b: int) -> int:
     """ceil(a / b) for the launch arithmetic on the host. (triton.cdiv and triton.next_power_of_2 are
-    constexpr functions: about 5 us a call in Python, a few of them per launch, which an operator's
-    time counts while the GPU waits for its first launch.)"""
+    constexpr functions, about 2 us a call in Python: 9 of the parallel operator's 53 us of Python a
+    call, kernels mocked, which its time counts while the GPU waits for the first launch.)"""
     return -(-a // b)
 
 
