@@ -141,12 +141,11 @@ def _chunk_mask(N: tl.constexpr, eta_ptr, MB: tl.constexpr):
     """M[t, j] for the positions of a tile that starts at a mini-batch boundary: eta_tok[t % MB]
     inside t's mini-batch, eta_tok[MB-1] for an earlier one, 0 after t. [N, N] fp32."""
     rows = tl.arange(0, N)
-    cols = rows
     eta_row = tl.load(eta_ptr + rows % MB).to(tl.float32)
     eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
-    same = (rows[:, None] // MB) == (cols[None, :] // MB)
+    same = (rows[:, None] // MB) == (rows[None, :] // MB)
     m = tl.where(same, eta_row[:, None], eta_last)
-    return tl.where(rows[:, None] >= cols[None, :], m, 0.0)
+    return tl.where(rows[:, None] >= rows[None, :], m, 0.0)
 
 
 # ---- parallel form --------------------------------------------------------------------------------
@@ -168,8 +167,9 @@ def _load_lr(lr_ptr, rows, stride_lr, limit):
 def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta,
                           D: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr = False):
     """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
-    loaded by the caller: a tile ahead, since the pipeliner leaves such small loads in place and
-    their latency showed as stalls; measured no faster, nor slower). Returns k (input dtype), vh (fp32)."""
+    loaded by the caller; pass 1 loads them a tile ahead, since the pipeliner leaves such small loads
+    in place and their latency showed as stalls: measured no faster, nor slower). Returns k (input
+    dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
     k = _load_tile(k_ptr, rows, stride_t, cols, ok, EVEN)  # [BT, BD]
     v = _load_tile(v_ptr, rows, stride_t, cols, ok, EVEN).to(tl.float32)
@@ -418,8 +418,8 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     assert BT1 % BT == 0 and BT1 // BT <= 16, "pass 1's tile must be 1 to 16 of pass 2's"
     BD = max(16, next_power_of_2(D))
     tiles = cdiv(T, BT)
-    sms = _multiprocessors(q.device.index) if q.is_cuda else 4
     if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
+        sms = _multiprocessors(q.device.index) if q.is_cuda else 4
         segments = max(1, min(tiles, 4 * sms // (B * H)))
         per_seg = _tiles_per_segment(tiles, segments, BT1 // BT, prefer_whole=True)
     else:

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from . import fresh, mini_batch_supported, next_power_of_2
-from .prefill import EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout, _zero_pad
+from .prefill import (EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout,
+                      _start_state, _zero_pad)
 
 
 @triton.jit
@@ -153,7 +154,7 @@ def _dot_precision(dtype) -> str:
 def _exact_forward(q, k, v, lr, S0, gamma, beta, eta_tok, states=None):
     """The exact kernel from S0 (every sequence's fresh state); `states`, when given, receives the
     boundary states. Returns (out, S)."""
-    S = S0.float().contiguous().expand(q.shape[0], -1, -1, -1)
+    S = _start_state(q, S0.contiguous(), None)
     out, S_out, _ = _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=states,
                                    precision=_dot_precision(q.dtype))
     return out, S_out
