@@ -15,16 +15,17 @@ keeps, and why).
   and 32768, with flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
 - `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
   and head dims, the default) against masked ones, values stored or recomputed, and the operator
-  `prefill.parallel` itself; at T - 40 tokens (a ragged last tile, an unfinished mini-batch: what
-  such a length costs; both rows run the masked kernels now, since only whole tiles and segments
-  take the unmasked ones, tiles3_h200.json having measured a version where the rest did too); eager and as CUDA graphs; at T = 8192 and 32768, with
-  chunk_linear_attn in the same run. The committed results hold candidates of earlier versions of
-  this script, removed since: tiles_h200.json (commit 9eb174d) the LayerNorm shifts from products
-  with the identity on the tensor cores (slower) and a cap of 168 registers for 3 programs a
-  multiprocessor (1.3-2x slower); tiles2_h200.json (the commit after) the chunk mask built every
-  tile against once (`hoist_mask`: within noise at 32768, 1% faster at 8192; once is the code
-  now) and both passes in one launch of persistent programs taking segments from a queue, pass 2's
-  waiting on counters (`fused`: 2% slower, not kept).
+  `prefill.parallel` itself, and at T - 40 tokens (a ragged last tile, an unfinished mini-batch: the
+  masked kernels, since only whole tiles and segments take the unmasked ones; tiles3_h200.json
+  measured a version where all but the last tile did, with and without); eager and as CUDA graphs;
+  at T = 8192 and 32768, with chunk_linear_attn in the same run. The committed results hold
+  candidates of earlier versions of this script, removed since: tiles_h200.json (commit 9eb174d) the
+  LayerNorm shifts from products with the identity on the tensor cores (slower) and a cap of 168
+  registers for 3 programs a multiprocessor (1.3-2x slower); tiles2_h200.json (the working tree
+  before 29b28a4: its fused kernel was never committed) the chunk mask built every tile against once
+  (`hoist_mask`: within noise at 32768, 1% faster at 8192; once is the code now) and both passes in
+  one launch of persistent programs taking segments from a queue, pass 2's waiting on counters
+  (`fused`: 2% slower, not kept).
 - `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
   passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
 
@@ -150,11 +151,9 @@ def tile_rows(ceiling):
                                                                          first_pass_only=f, **o))
         args = (q, k, v, lr, S0, gamma, beta, eta)
         runs[("prefill.parallel (the operator)", "all", 7)] = lambda: prefill.parallel(*args)
-        # 40 tokens fewer: a ragged last tile and an unfinished mini-batch (only that tile keeps masks)
+        # 40 tokens fewer: a ragged last tile and an unfinished mini-batch (the masked kernels)
         ragged = tuple(x[..., :T - 40, :] for x in (q, k, v)) + (lr[..., :T - 40], S0, gamma, beta, eta)
-        for even in (True, False):
-            runs[(f"T-40 even_tiles={even}", "all", 7 * (T - 40) / T)] = (
-                lambda e=even: prefill._parallel_aligned(*ragged, S, even_tiles=e))
+        runs[("T-40", "all", 7 * (T - 40) / T)] = lambda: prefill._parallel_aligned(*ragged, S)
         if (fla := fla_run(q, k, v)) is not None:
             runs[("fla chunk_linear_attn", "all", 4)] = fla
         rows += time_runs(T, runs, tensor, ceiling)
