@@ -197,6 +197,9 @@ def main():
     ap.add_argument("--arch", choices=ARCHS, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=6.0)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="Also end after this many steps; the schedule follows whichever of steps and time is "
+                         "further along (tests give a step budget: no run may depend on the machine's speed).")
     ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=512)
@@ -250,8 +253,8 @@ def main():
     step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
     budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
     best = BestWeights()
-    while (elapsed := time.time() - t0) < budget:
-        frac = elapsed / budget
+    while (elapsed := time.time() - t0) < budget and (args.steps is None or step < args.steps):
+        frac = max(elapsed / budget, step / args.steps if args.steps else 0.0)
         lr = args.lr * (frac / warmup if frac < warmup else 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
         opt.param_groups[0]["lr"].fill_(lr)
         loss = step_fn(next(stream).to(device, non_blocking=True).long())

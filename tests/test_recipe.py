@@ -24,11 +24,11 @@ def write_parts(directory: Path) -> None:
 def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
     write_parts(tmp_path)
     out = tmp_path / "out"
-    subprocess.run([sys.executable, str(RECIPE), "--arch", arch, "--out", str(out), "--minutes", "0.02",
+    subprocess.run([sys.executable, str(RECIPE), "--arch", arch, "--out", str(out), "--minutes", "30", "--steps", "3",
                     "--layers", "1", "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path)],
                    check=True, capture_output=True, timeout=300)
     log = json.loads((out / "train_log.json").read_text())
-    assert log["arch"] == arch and log["steps"] >= 1 and log["test_bits_per_byte"] > 0
+    assert log["arch"] == arch and log["steps"] == 3 and log["test_bits_per_byte"] > 0
     assert (out / weights).stat().st_size > 0
     if arch != "transformer":
         assert edgettt.load(out).config.num_hidden_layers == 1
@@ -54,13 +54,15 @@ def test_early_stopping_keeps_the_weights_of_the_best_validation_score():
 
 
 def test_validation_runs_at_every_eval_step_not_only_on_log_lines(tmp_path):
-    """--eval-every 30: val is measured at steps 30, 60, 90, ... (it was checked only every 100 steps)."""
+    """--eval-every 30: val is measured at steps 30, 60, 90, ... (it was checked only every 100 steps).
+    A step budget, not a time budget: a loaded machine makes fewer steps in the same minutes."""
     write_parts(tmp_path)
     out = tmp_path / "out"
-    subprocess.run([sys.executable, str(RECIPE), "--arch", "transformer", "--out", str(out), "--minutes", "0.03",
+    subprocess.run([sys.executable, str(RECIPE), "--arch", "transformer", "--out", str(out), "--minutes", "30",
+                    "--steps", "90",
                     "--layers", "1", "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path), "--eval-every", "30"],
                    check=True, capture_output=True, timeout=300)
     log = json.loads((out / "train_log.json").read_text())
     evaluated = [e["step"] for e in log["log"] if "val_bits_per_byte" in e]
-    assert evaluated and all(s % 30 == 0 for s in evaluated)
-    assert evaluated == list(range(30, 30 * len(evaluated) + 1, 30))
+    assert log["steps"] == 90
+    assert evaluated == [30, 60, 90]
