@@ -3,18 +3,15 @@
 A directory holds `config.json` and `model.safetensors` (or, for original checkpoints,
 `pytorch_model.bin`, read with `weights_only=True` only), optionally `tokenizer.json`. Every tensor
 is checked against the shapes the config implies: missing, unexpected and mis-shaped tensors are
-named, and non-finite weights refused. Outputs are written to a temporary directory and renamed
-into place when complete, so a failed run leaves nothing half-written.
+named, and non-finite weights refused. Outputs go through `outputs.Output`: written to a private
+staging directory and renamed into place when complete, so a failed run leaves nothing half-written.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -24,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from .config import ModelConfig
 from .errors import EdgetttError
 from .model import CausalLM
+from .outputs import as_output
 from .tokenizer import load_tokenizer
 
 WEIGHTS_FILE = "model.safetensors"
@@ -57,13 +55,14 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
     config = ModelConfig.load(path / "config.json")
+    check_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
     weights = read_weights(path)
     with torch.device("meta"):
         model = CausalLM(config)
     if config.quantization:
         from .quantize import prepare_quantized
 
-        prepare_quantized(model, weights)
+        prepare_quantized(model, weights, str(path))
     check_weights(model, weights, path)
     model.load_state_dict(weights, strict=False, assign=True)
     model.tie_weights()
@@ -85,28 +84,99 @@ def model_fingerprint(model: CausalLM) -> str:
     return digest.hexdigest()[:16]
 
 
+# dtypes a weights file may hold: float weights in any float precision; int8/uint8 for quantized storage
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+STORAGE_DTYPES = (torch.int8, torch.uint8, torch.int64)  # int64: a quantized state's bucket width
+
+
+def weights_file(path: Path) -> Path:
+    for name in (WEIGHTS_FILE, PICKLE_FILE):
+        if (path / name).exists():
+            return path / name
+    raise EdgetttError(f"{path}: no {WEIGHTS_FILE} or {PICKLE_FILE}; the weights are missing")
+
+
+def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """Name -> (shape, dtype) of every tensor in the weights file, from the safetensors header alone
+    (a .bin is memory-mapped, not read)."""
+    file = weights_file(path)
+    if file.name == PICKLE_FILE:
+        return {k: (tuple(t.shape), t.dtype) for k, t in read_weights(path).items()}
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(file), framework="pt") as f:
+            return {k: (tuple(f.get_slice(k).get_shape()), _SAFETENSORS_DTYPES.get(f.get_slice(k).get_dtype()))
+                    for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise EdgetttError(f"{file}: not a readable safetensors file ({exc}); the file is damaged, write it again") from None
+
+
+_SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
+                       "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
+
+
+def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
+    """The config's sizes against the tensors the file holds, before a model is built from them: a
+    config that disagrees with its weights (a typo of 10**9) must not allocate anything."""
+    bad_dtype = sorted(k for k, (_, dtype) in header.items() if dtype not in FLOAT_DTYPES + STORAGE_DTYPES)
+    if bad_dtype:
+        name = bad_dtype[0]
+        raise EdgetttError(f"{source.parent}: {name} has dtype {header[name][1] or 'unsupported'}; weights must be "
+                           "float16, bfloat16, float32 or float64 (integers only in quantized models); re-save them as float")
+    C, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
+    H, d, b = config.num_attention_heads, config.head_dim, config.mini_batch_size
+    expect = {"model.embed_tokens.weight": ((V, C), "vocab_size, hidden_size"),
+              "model.norm.weight": ((C,), "hidden_size")}
+    block = "model.layers.0.seq_modeling_block."
+    for name in ("ttt_norm_weight", "value_norm.weight"):
+        expect[block + name] = ((H, d), "num_attention_heads, head dim")
+    for name in ("learnable_token_idx", "mask_eta"):
+        expect[block + name] = ((b,), "mini_batch_size")
+    expect["model.layers.0.mlp.gate_proj.weight"] = ((config.intermediate_size, C), "intermediate_size, hidden_size")
+    for name, (shape, keys) in expect.items():
+        if name in header and header[name][0] != shape:
+            raise EdgetttError(f"{source}: {keys} {list(shape)} disagree with {name} {list(header[name][0])} in the "
+                               "weights file; the checkpoint does not match its config")
+    if "model.embed_tokens.weight" not in header:
+        raise EdgetttError(f"{source.parent}: the weights file has no model.embed_tokens.weight; not a TTT model's "
+                           "weights")
+    layers = {int(k.split(".")[2]) for k in header if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if layers != set(range(L)):
+        raise EdgetttError(f"{source}: num_hidden_layers {L} disagrees with the weights file's {len(layers)} layers; "
+                           "the checkpoint does not match its config")
+
+
 def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    if (path / WEIGHTS_FILE).exists():
-        file = path / WEIGHTS_FILE
+    file = weights_file(path)
+    if file.name == WEIGHTS_FILE:
         try:
             return load_file(file)
         except (SafetensorError, OSError, ValueError) as exc:
-            raise EdgetttError(f"{file}: not a readable safetensors file ({exc})") from None
-    file = path / PICKLE_FILE
-    if not file.exists():
-        raise EdgetttError(f"{path}: no {WEIGHTS_FILE} or {PICKLE_FILE}; the weights are missing")
+            raise EdgetttError(f"{file}: not a readable safetensors file ({exc}); the file is damaged, write it again") from None
     try:
-        weights = torch.load(file, map_location="cpu", weights_only=True)
+        weights = _load_bin(file)
     except pickle.UnpicklingError:
         raise EdgetttError(
             f"{file}: not a weights-only pickle (it holds code or objects, and edgettt refuses to unpickle "
             "them); re-save it as safetensors with code you trust"
         ) from None
     except (OSError, RuntimeError, EOFError) as exc:
-        raise EdgetttError(f"{file}: not a readable PyTorch weights file ({exc})") from None
-    if not isinstance(weights, dict) or not all(isinstance(t, torch.Tensor) for t in weights.values()):
-        raise EdgetttError(f"{file}: expected a dict of tensors (a state dict)")
+        raise EdgetttError(f"{file}: not a readable PyTorch weights file ({exc}); the file is damaged, write it again") from None
+    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
+                                                for k, t in weights.items()):
+        raise EdgetttError(f"{file}: expected a dict of tensors by name (a state dict); re-save it as one")
     return weights
+
+
+def _load_bin(file: Path):
+    """A weights-only pickle, memory-mapped where its format allows (the zip format of torch >= 1.6)."""
+    try:
+        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as exc:
+        if "mmap" not in str(exc):
+            raise
+        return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -130,6 +200,13 @@ def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path)
              if tuple(weights[n].shape) != expected[n]]
     if wrong:
         raise EdgetttError(f"{path}: mis-shaped tensors: {_names(wrong)}; the checkpoint does not match its config")
+    dtypes = {name: t.dtype for name, t in model.state_dict().items()}
+    wrong = [f"{n} {weights[n].dtype} (expected {dtypes[n]})" for n in sorted(expected)
+             if (weights[n].dtype in FLOAT_DTYPES) != (dtypes[n] in FLOAT_DTYPES)
+             or (dtypes[n] not in FLOAT_DTYPES and weights[n].dtype != dtypes[n])]
+    if wrong:
+        raise EdgetttError(f"{path}: tensors of the wrong dtype: {_names(wrong)}; the checkpoint does not match "
+                           "its config")
     bad = [n for n in sorted(expected) if weights[n].is_floating_point() and not torch.isfinite(weights[n]).all()]
     if bad:
         raise EdgetttError(f"{path}: non-finite values (NaN or inf) in {_names(bad)}; the checkpoint is corrupt")
@@ -140,13 +217,14 @@ def _names(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def save_model(model: CausalLM, path: str | os.PathLike, force: bool = False,
+def save_model(model: CausalLM, path, force: bool = False,
                extra_files: dict[str, str] | None = None, weights_format: str = "safetensors") -> None:
     """Write config.json, the weights (and the tokenizer, extra text files) atomically.
 
+    `path` is a path or an `Output` planned before the work (`outputs.Output.plan(..., "model")`);
     `weights_format` "bin" writes a weights-only `pytorch_model.bin`, as older checkpoints have.
     """
-    with output_dir(path, force) as tmp:
+    with as_output(path, "model", force).write() as tmp:
         (tmp / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         tensors = {k: v.detach().contiguous().cpu() for k, v in model.weights().items()}
         if weights_format == "bin":
@@ -157,56 +235,3 @@ def save_model(model: CausalLM, path: str | os.PathLike, force: bool = False,
             model.tokenizer.save(tmp)
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text)
-
-
-def check_output(path: str | os.PathLike, force: bool, directory: bool = True) -> Path:
-    """Refuse an existing output unless forced, or one of the wrong kind; call before any long work."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise EdgetttError(f"{path}: already exists; pass --force to overwrite it")
-    if path.exists() and path.is_dir() != directory:
-        kind = "not a directory" if directory else "a directory"
-        raise EdgetttError(f"{path}: exists and is {kind}; remove it or choose another name")
-    return path
-
-
-@contextlib.contextmanager
-def output_file(path: str | os.PathLike, force: bool):
-    """Yield a temporary name beside `path`; on success it replaces `path`, on failure it goes."""
-    path = check_output(path, force, directory=False)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        yield tmp
-        tmp.replace(path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _usual_permissions(directory: Path) -> None:
-    """mkdtemp makes a private directory; the result should look like any directory the user makes."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(directory, 0o777 & ~umask)
-    for file in directory.iterdir():
-        os.chmod(file, 0o666 & ~umask)
-
-
-@contextlib.contextmanager
-def output_dir(path: str | os.PathLike, force: bool):
-    """Yield a temporary directory beside `path`; on success it replaces `path`, on failure it goes."""
-    path = check_output(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
-    try:
-        yield tmp
-        _usual_permissions(tmp)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    old = None
-    if path.exists():
-        old = path.parent / f".{path.name}.old-{os.getpid()}"
-        path.rename(old)
-    tmp.rename(path)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)

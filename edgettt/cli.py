@@ -1,13 +1,18 @@
 """The `edgettt` command line. Each command is a thin layer over the Python API.
 
-Bad input raises `EdgetttError`; the group turns it into a one-line `Error: ...` and exit code 1,
-without a traceback.
+Exit codes: 1 for bad input or a failed run (`EdgetttError`, or an operating-system error such as a
+full disk: one line `Error: ...`, no traceback); 2 for a malformed command line (click's own: an
+unknown option, a value out of the range `--help` shows). Every command plans its outputs before
+any work (`outputs.Output.plan`): an output never touches an input, and `--force` replaces only what
+edgettt wrote.
 """
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
+import math
+import os
+import sys
 
 import click
 
@@ -20,6 +25,42 @@ class Group(click.Group):
             return super().invoke(ctx)
         except EdgetttError as exc:
             raise click.ClickException(str(exc)) from None
+        except BrokenPipeError:  # `edgettt ... | head`: the reader left; nothing to say to it
+            sys.stdout = open(os.devnull, "w")
+            ctx.exit(1)
+        except OSError as exc:  # a full disk, a file vanished under us: the run failed, say where
+            where = f"{exc.filename}: " if exc.filename else ""
+            raise click.ClickException(f"{where}{exc.strerror or exc}; the run stopped, nothing was replaced") \
+                from None
+
+
+class FiniteFloat(click.FloatRange):
+    """A float range that also refuses nan and inf (click's FloatRange lets nan through)."""
+
+    def convert(self, value, param, ctx):
+        rv = super().convert(value, param, ctx)
+        if not math.isfinite(rv):
+            self.fail(f"{rv} is not a finite number.", param, ctx)
+        return rv
+
+
+POSITIVE = click.IntRange(min=1)
+COUNT = click.IntRange(min=0)
+SEED = click.IntRange(min=0, max=2**32 - 1)
+
+
+def model_input(spec):
+    """The directory a MODEL argument names (a path, or a shipped model's folder): an input to protect."""
+    from .checkpoint import resolve_model_path
+
+    return None if spec is None else resolve_model_path(spec)
+
+
+def text_input(spec):
+    """The file or folder a TEXT option names, or None for stdin and built-in texts."""
+    from .data import text_path
+
+    return text_path(spec)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -45,45 +86,47 @@ def cli():
 
 
 @cli.command()
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
               help="TTT-Linear or TTT-MLP.")
-@click.option("--hidden-size", default=64, show_default=True)
-@click.option("--layers", default=2, show_default=True)
-@click.option("--heads", default=4, show_default=True)
-@click.option("--intermediate-size", default=None, type=int, help="SwiGLU width [default: 2.75 x hidden].")
-@click.option("--vocab-size", default=256, show_default=True, help="256 = byte-level.")
-@click.option("--mini-batch-size", default=16, show_default=True)
+@click.option("--hidden-size", default=64, show_default=True, type=POSITIVE)
+@click.option("--layers", default=2, show_default=True, type=POSITIVE)
+@click.option("--heads", default=4, show_default=True, type=POSITIVE)
+@click.option("--intermediate-size", default=None, type=POSITIVE, help="SwiGLU width [default: 2.75 x hidden].")
+@click.option("--vocab-size", default=256, show_default=True, type=POSITIVE, help="256 = byte-level.")
+@click.option("--mini-batch-size", default=16, show_default=True, type=POSITIVE)
 @click.option("--share-qk", is_flag=True, help="Mamba-style backbone: shared q/k projection with convs.")
 @click.option("--pre-conv", is_flag=True, help="Mamba-style backbone: conv before the TTT layer.")
 @click.option("--use-gate", is_flag=True, help="Mamba-style backbone: gelu gate on the output.")
 @click.option("--untied", is_flag=True, help="Separate lm_head instead of tied embeddings.")
-@click.option("--seed", default=0, show_default=True)
+@click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_size, mini_batch_size,
            share_qk, pre_conv, use_gate, untied, seed, weights_format, force):
     """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT."""
-    from .checkpoint import check_output, save_model
+    from .checkpoint import save_model
     from .config import ModelConfig
+    from .outputs import Output
     from .random_init import random_model
 
-    check_output(out, force)
+    out = Output.plan(out, "model", force)
     config = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size,
                          intermediate_size=intermediate_size or int(2.75 * hidden_size),
                          num_hidden_layers=layers, num_attention_heads=heads, ttt_layer_type=family,
                          mini_batch_size=mini_batch_size, share_qk=share_qk, pre_conv=pre_conv,
                          use_gate=use_gate, tie_word_embeddings=not untied)
     config.validate("--options")
+    config.check_memory("--options")
     model = random_model(config, seed)
-    save_model(model, out, force=force, weights_format=weights_format)
-    click.echo(f"wrote {out}: random {config.family}, {model.num_parameters():,} parameters")
+    save_model(model, out, weights_format=weights_format)
+    click.echo(f"wrote {out.path}: random {config.family}, {model.num_parameters():,} parameters")
 
 
 @cli.command()
 @click.argument("src", type=click.Path())
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="exact: equals the original; parallel: fully parallel, values at the initial state.")
 @click.option("--data", default=None, metavar="TEXT",
@@ -92,15 +135,16 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
                    "python-stdlib) [default: python-docs-sample; with --distill: python-docs:train].")
 @click.option("--eval-data", default=None, metavar="TEXT",
               help="With --distill: text the report measures on [default: python-docs-sample].")
-@click.option("--ctx", default=256, show_default=True, help="Tokens per measured (and distillation) window.")
-@click.option("--max-tokens", default=4096, show_default=True, help="Measure at most this many tokens.")
+@click.option("--ctx", default=256, show_default=True, type=POSITIVE, help="Tokens per measured (and distillation) window.")
+@click.option("--max-tokens", default=4096, show_default=True, type=POSITIVE, help="Measure at most this many tokens.")
 @click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
-@click.option("--steps", default=300, show_default=True, help="Distillation steps.")
-@click.option("--minutes", default=None, type=click.FloatRange(min=0, min_open=True),
+@click.option("--steps", default=300, show_default=True, type=POSITIVE, help="Distillation steps.")
+@click.option("--minutes", default=None, type=FiniteFloat(min=0, min_open=True),
               help="Also end the distillation after this many minutes (the learning-rate schedule follows the clock).")
-@click.option("--lr", default=1e-3, show_default=True, help="Distillation learning rate.")
+@click.option("--lr", default=1e-3, show_default=True, type=FiniteFloat(min=0, min_open=True),
+              help="Distillation learning rate.")
 @click.option("--batch", default=32, show_default=True, type=click.IntRange(1), help="Distillation windows a step.")
-@click.option("--hard-weight", default=0.0, show_default=True, type=click.FloatRange(0, 1),
+@click.option("--hard-weight", default=0.0, show_default=True, type=FiniteFloat(0, 1),
               help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
@@ -116,11 +160,12 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     """
     from . import convert as convert_model
     from . import load
-    from .checkpoint import check_output, save_model
+    from .checkpoint import save_model
     from .data import read_text
     from .evaluate import conversion_report, encode
+    from .outputs import Output
 
-    check_output(out, force)
+    out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
     original = load(src)
     converted = convert_model(original, form)
     measure_text = read_text(eval_data if distill else data)
@@ -145,11 +190,11 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     if report:
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
-    save_model(converted, out, force=force, extra_files=extra)
+    save_model(converted, out, extra_files=extra)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"wrote {out}: {converted.config.family}, form {form}")
+    click.echo(f"wrote {out.path}: {converted.config.family}, form {form}")
     if "distill" in report and "before" in report["distill"]:
         distilled = report["distill"]
         click.echo("before distillation:\n" + format_conversion_report(distilled["before"]))
@@ -184,11 +229,13 @@ def format_conversion_report(r: dict) -> str:
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
               help="Sample text (see `edgettt eval --help` for the forms TEXT takes).")
-@click.option("--seq-len", default=2048, show_default=True, help="Tokens per sample: the context to calibrate for.")
-@click.option("--samples", default=8, show_default=True, help="Number of windows drawn from the text.")
-@click.option("--seed", default=0, show_default=True, help="Which windows are drawn.")
-@click.option("--percentile", default=99.99, show_default=True, help="Clipping percentile of the state scales.")
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="Calibration file to write.")
+@click.option("--seq-len", default=2048, show_default=True, type=POSITIVE,
+              help="Tokens per sample: the context to calibrate for.")
+@click.option("--samples", default=8, show_default=True, type=POSITIVE, help="Number of windows drawn from the text.")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Which windows are drawn.")
+@click.option("--percentile", default=99.99, show_default=True, type=FiniteFloat(0, 100, min_open=True),
+              help="Clipping percentile of the state scales.")
+@click.option("-o", "--output", required=True, type=click.Path(), help="Calibration file to write.")
 @click.option("--force", is_flag=True, help="Overwrite the output.")
 def calibrate(model_path, data, seq_len, samples, seed, percentile, output, force):
     """Record what quantization needs from a converted MODEL on sample text: the input statistics of
@@ -196,13 +243,14 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     positions, with the chosen int8 state scales."""
     from . import load
     from .calibration import calibrate as run_calibration
-    from .checkpoint import check_output
     from .data import read_text
+    from .outputs import Output
 
-    check_output(output, force, directory=False)
+    out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)],
+                      option="--output")
     model = load(model_path)
     cal = run_calibration(model, read_text(data), seq_len, samples, seed, percentile)
-    cal.save(output, force=force)
+    cal.save(out)
     click.echo(f"wrote {output}: {len(cal.hessians)} layer input statistics, state scales for "
                f"{len(cal.state_scales)} layer levels; {cal.samples} x {cal.seq_len} tokens of {cal.text['name']} "
                f"(sha256 {cal.text['sha256']}), model {cal.model_fingerprint}")
@@ -213,7 +261,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 
 @cli.command()
 @click.argument("model_path", metavar="MODEL", type=click.Path())
-@click.argument("out", type=click.Path(file_okay=False))
+@click.argument("out", type=click.Path())
 @click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "bnb-int8", "none"]), default="int8",
               show_default=True, help="bnb-int8: bitsandbytes' LLM.int8 (outlier columns in fp16).")
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
@@ -230,10 +278,11 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
     from .calibration import Calibration
-    from .checkpoint import check_output, save_model
+    from .checkpoint import save_model
+    from .outputs import Output
     from .quantize import QuantConfig, apply_state_format, quantize_, weight_bits
 
-    check_output(out, force)
+    out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
     config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state, skip=skip)
     model = load(model_path)
     if model.form == "ttt":
@@ -244,6 +293,8 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
     if calib:
         cal = Calibration.load(calib)
         cal.check_model(model, calib)
+        cal.check_shapes(model, calib)
+        check_calibration_covers(cal, model, config, calib)
     elif method == "gptq" or state == "int8":
         raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
     before = weight_bits(model)
@@ -255,10 +306,23 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
     quantize_(model, config, cal.hessians if cal else None, report=line)
     apply_state_format(model, config.state, cal)
     model.config.quantization = config.to_dict()
-    save_model(model, out, force=force)
+    save_model(model, out)
     after = weight_bits(model)
-    click.echo(f"wrote {out}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
+    click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
                f"{after['bits_per_weight']:.2f} bits per weight; state {state}")
+
+
+def check_calibration_covers(cal, model, config, source) -> None:
+    """What `config` will read from the calibration is there, before any layer is quantized."""
+    from .quantize import quantizable_linears
+
+    if config.state == "int8" and not cal.state_scales:
+        raise EdgetttError(f"{source}: has no state scales for --state int8; make it with `edgettt calibrate`")
+    if config.method == "gptq":
+        missing = [name for name, _ in quantizable_linears(model, config) if name not in cal.hessians]
+        if missing:
+            raise EdgetttError(f"{source}: no input statistics for {', '.join(missing[:3])}; --method gptq needs "
+                               "them, make the file with `edgettt calibrate` on this model")
 
 
 @cli.command()
@@ -272,11 +336,11 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, f
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="Form to convert a TTT checkpoint to.")
-@click.option("--ctx", default=2048, show_default=True, help="Context length (and calibration length).")
-@click.option("--max-tokens", default=100_000, show_default=True)
+@click.option("--ctx", default=2048, show_default=True, type=POSITIVE, help="Context length (and calibration length).")
+@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE)
 @click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
                                            "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
-@click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path(file_okay=False))
+@click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path())
 @click.option("--force", is_flag=True, help="Overwrite the output directory.")
 def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, onnx, output,
            force):
@@ -284,8 +348,8 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     accuracy-vs-bits table (printed; report.json/.csv/.md and PNG plots in the output directory).
     With no MODEL, runs on the shipped ttt-linear-tiny."""
     from . import load
-    from .checkpoint import output_dir
     from .data import read_text
+    from .outputs import Output
     from .report import build_report, table, variants, write
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
@@ -297,9 +361,11 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     for s in states:
         if s not in ("fp32", "fp16", "int8", "int8-tensor"):
             raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
+    out = Output.plan(output, "report", force, option="--output",
+                      inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
-    with output_dir(output, force) as tmp:
+    with out.write() as tmp:
         result = build_report(model, str(model_path), read_text(data), read_text(calib_data),
                               variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
                               log=click.echo)
@@ -315,34 +381,34 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT",
               help="A file, a directory of .txt/.md, '-' for stdin, or a built-in name "
                    "(python-docs[:train|:val|:test], python-docs-sample, python-stdlib).")
-@click.option("--ctx", default=512, show_default=True, help="Tokens per window.")
-@click.option("--max-tokens", default=100_000, show_default=True, help="Evaluate at most this many tokens.")
-@click.option("--save-logits", default=None, type=click.Path(dir_okay=False),
+@click.option("--ctx", default=512, show_default=True, type=POSITIVE, help="Tokens per window.")
+@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE, help="Evaluate at most this many tokens.")
+@click.option("--save-logits", default=None, type=click.Path(),
               help="Save MODEL's logits as reference logits for later runs.")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the report as JSON.")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite existing --save-logits / --json files.")
 def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
     """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
     the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position)."""
     from . import load
-    from .checkpoint import check_output, output_file
     from .data import read_text
     from .evaluate import evaluate, save_reference
+    from .outputs import plan_outputs
 
     if ref_path and ref_logits:
         raise EdgetttError("--ref and --ref-logits: give one reference, not both")
-    for out in (save_logits, json_path):
-        if out:
-            check_output(out, force, directory=False)
+    logits_out, json_out = plan_outputs(
+        (save_logits, "logits", force, "--save-logits"), (json_path, "json", force, "--json"),
+        inputs=[model_input(model_path), model_input(ref_path), ref_logits, text_input(data)])
     text = read_text(data)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     ref = load(ref_path) if ref_path else None
     report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
-    if save_logits:
-        save_reference(save_logits, logits, windows, report, force=force)
-    if json_path:
-        with output_file(json_path, force) as tmp:
+    if logits_out:
+        save_reference(logits_out, logits, windows, report)
+    if json_out:
+        with json_out.write() as tmp:
             tmp.write_text(json.dumps(report, indent=2) + "\n")
     click.echo(format_eval_report(report))
 
@@ -441,8 +507,9 @@ def info(model_path, as_json):
 
 @cli.command("export")
 @click.argument("model_path", metavar="MODEL")
-@click.argument("out", type=click.Path(file_okay=False))
-@click.option("--opset", default=21, show_default=True, help="ONNX opset of the default domain.")
+@click.argument("out", type=click.Path())
+@click.option("--opset", default=21, show_default=True, type=click.IntRange(21, 23),
+              help="ONNX opset of the default domain (21: per-axis QuantizeLinear, as ONNX Runtime >= 1.17 reads it).")
 @click.option("--verify-data", default="python-docs-sample", show_default=True,
               help="Text the graphs are checked on in onnxruntime against torch.")
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime check.")
@@ -460,35 +527,39 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, force):
     KLD <= 1e-4; prefill-then-decode equal to prefill); otherwise nothing is written.
     """
     from . import load
-    from .checkpoint import check_output
     from .data import read_text
     from .export import export_model
+    from .outputs import Output
 
-    check_output(out, force)
+    out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
     model = load(model_path)
     text = None if no_verify else read_text(verify_data)
-    click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out} ...", err=True)
-    data = export_model(model, out, str(model_path), opset=opset, force=force, verify_text=text,
+    click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out.path} ...", err=True)
+    data = export_model(model, out, str(model_path), opset=opset, verify_text=text,
                         log=lambda line: click.echo(line, err=True))
-    sizes = {g["file"]: (Path(out) / g["file"]).stat().st_size for g in data["graphs"].values()}
-    click.echo(f"wrote {out}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) + ", manifest.json")
+    sizes = {g["file"]: (out.path / g["file"]).stat().st_size for g in data["graphs"].values()}
+    click.echo(f"wrote {out.path}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) + ", manifest.json")
     if "verification" in data:
         click.echo(f"verified in onnxruntime ({data['verification']['rule']}): {data['verification']['summary']}")
 
 
 @cli.command("run")
-@click.argument("export_dir", metavar="OUT_DIR", type=click.Path(file_okay=False))
+@click.argument("export_dir", metavar="OUT_DIR", type=click.Path())
 @click.option("--prompt", required=True, help="Text to continue.")
-@click.option("--max-new-tokens", default=64, show_default=True)
-@click.option("--temperature", default=0.0, show_default=True, help="0: greedy.")
-@click.option("--seed", default=0, show_default=True)
-@click.option("--threads", default=None, type=int, help="onnxruntime intra-op threads [default: its own].")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write the timings here.")
-def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json_path):
+@click.option("--max-new-tokens", default=64, show_default=True, type=COUNT)
+@click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0), help="0: greedy.")
+@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--threads", default=None, type=click.IntRange(1, 1024),
+              help="onnxruntime intra-op threads [default: its own].")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write the timings here.")
+@click.option("--force", is_flag=True, help="Overwrite the --json file.")
+def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json_path, force):
     """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
     then decode token by token, streaming the text; prints tokens/s and peak memory at the end."""
+    from .outputs import Output
     from .runner import Runner, peak_memory_mb
 
+    json_out = Output.plan(json_path, "json", force, inputs=[export_dir], option="--json") if json_path else None
     runner = Runner(export_dir, threads)
     warn_beyond_distillation(export_dir, runner.manifest["source"].get("distilled_ctx"),
                              len(runner.codec.encode(prompt)) + max_new_tokens)
@@ -501,15 +572,19 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json
     click.echo(f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tokens_per_s']:.1f} tokens/s; "
                f"decode {stats['new_tokens']} tokens at {stats['decode_tokens_per_s']:.1f} tokens/s; "
                f"peak memory {stats['peak_memory_mb']:.0f} MB", err=True)
-    if json_path:
-        Path(json_path).write_text(json.dumps(stats, indent=2) + "\n")
+    if json_out:
+        with json_out.write() as tmp:
+            tmp.write_text(json.dumps(stats, indent=2) + "\n")
 
 
 def int_list(ctx, param, value):
     try:
-        return [int(v) for v in value.split(",") if v]
+        values = [int(v) for v in value.split(",") if v]
     except ValueError:
-        raise click.BadParameter(f"{value!r}: expected comma-separated integers, e.g. 8192,32768") from None
+        values = None
+    if values is None or any(v < 1 for v in values):
+        raise click.BadParameter(f"{value!r}: expected comma-separated positive integers, e.g. {param.default}")
+    return values
 
 
 def shape_list(ctx, param, value):
@@ -520,7 +595,7 @@ def shape_list(ctx, param, value):
         shapes = [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
     except ValueError:
         shapes = None
-    if shapes is None or any(len(s) != dims for s in shapes):
+    if shapes is None or any(len(s) != dims or min(s) < 1 for s in shapes):
         names = "NxK" if dims == 2 else "x".join("BHTd"[:dims])
         raise click.BadParameter(f"{value!r}: expected {names} shapes, e.g. {example}")
     return shapes
@@ -529,9 +604,9 @@ def shape_list(ctx, param, value):
 @cli.command()
 @click.option("--seq-lens", default="8192,32768", show_default=True, callback=int_list,
               help="Prefill lengths T (comma-separated).")
-@click.option("--batch", default=4, show_default=True, help="Prefill batch B.")
-@click.option("--heads", default=16, show_default=True)
-@click.option("--head-dim", default=64, show_default=True)
+@click.option("--batch", default=4, show_default=True, type=POSITIVE, help="Prefill batch B.")
+@click.option("--heads", default=16, show_default=True, type=POSITIVE)
+@click.option("--head-dim", default=64, show_default=True, type=POSITIVE)
 @click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
 @click.option("--decode-batch", default="64,256", show_default=True, callback=int_list,
               help="Sequences per decode step (comma-separated).")
@@ -540,8 +615,8 @@ def shape_list(ctx, param, value):
 @click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
               help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
 @click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
-@click.option("--json", "json_path", default=None, type=click.Path(dir_okay=False), help="Write every row here.")
-@click.option("--markdown", "md_path", default=None, type=click.Path(dir_okay=False), help="Write the tables here.")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
 def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_shapes, no_references, json_path,
           md_path, force):
@@ -562,13 +637,11 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     """
     import torch
 
-    from .checkpoint import check_output, output_file
+    from .outputs import plan_outputs
 
+    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
     if not torch.cuda.is_available():
-        raise EdgetttError("edgettt bench needs a CUDA GPU (torch.cuda.is_available() is False)")
-    for path in (json_path, md_path):
-        if path:
-            check_output(path, force, directory=False)
+        raise EdgetttError("edgettt bench needs a CUDA GPU (torch.cuda.is_available() is False); run it on a machine with one")
     from tqdm import tqdm
 
     from . import bench as benchmark
@@ -582,11 +655,11 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               f"bitsandbytes {meta['bitsandbytes']}")
     tables = benchmark.table(result)
     click.echo(header + "\n" + tables)
-    if json_path:
-        with output_file(json_path, force) as tmp:
+    if json_out:
+        with json_out.write() as tmp:
             tmp.write_text(json.dumps(result, indent=2) + "\n")
-    if md_path:
-        with output_file(md_path, force) as tmp:
+    if md_out:
+        with md_out.write() as tmp:
             tmp.write_text(header + "\n" + tables + "\n")
 
 

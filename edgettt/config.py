@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,10 @@ TTT_MODEL_TYPE = "ttt"
 CONVERTED_MODEL_TYPE = "edgettt-linear-attention"
 FORMAT_VERSION = 1
 FORMS = ("ttt", "exact", "parallel")  # "ttt" = the original mini-batch TTT computation
+# Upper bounds of the size keys: far above any published TTT model (the largest, 1.3B, has hidden 2048
+# and 24 layers), low enough that a typo is refused before it allocates anything.
+SIZE_LIMITS = {"vocab_size": 2**22, "hidden_size": 2**16, "intermediate_size": 2**18, "num_hidden_layers": 1024,
+               "num_attention_heads": 1024, "mini_batch_size": 2**16, "conv_kernel": 1024}
 
 
 @dataclasses.dataclass
@@ -67,7 +73,7 @@ class ModelConfig:
         if model_type not in (TTT_MODEL_TYPE, CONVERTED_MODEL_TYPE):
             raise EdgetttError(
                 f"{source}: model_type is {model_type!r}, expected 'ttt' (a ttt-lm-pytorch checkpoint) "
-                f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model)"
+                f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model); edgettt reads only these"
             )
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form", "quantization"}
         known = {k: v for k, v in raw.items() if k in names}
@@ -82,7 +88,7 @@ class ModelConfig:
                 )
             form = raw.get("form")
             if form not in ("exact", "parallel"):
-                raise EdgetttError(f"{source}: form is {form!r}, expected 'exact' or 'parallel'")
+                raise EdgetttError(f"{source}: form is {form!r}, expected 'exact' or 'parallel'; convert the original again")
         quantization = raw.get("quantization") if form != "ttt" else None
         extra.pop("quantization", None)
         config = cls(**known, form=form, extra=extra, quantization=quantization)
@@ -101,14 +107,25 @@ class ModelConfig:
         return out
 
     def validate(self, source: str = "config.json") -> None:
+        """Types and ranges of every key, before anything is built from them (a config.json is input)."""
         def bad(what: str) -> EdgetttError:
             return EdgetttError(f"{source}: {what}; fix the config")
 
-        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                    "num_attention_heads", "mini_batch_size", "conv_kernel"):
+        for key, limit in SIZE_LIMITS.items():
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise bad(f"{key} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+                raise bad(f"{key} must be an integer from 1 to {limit:,}, got {value!r}")
+        for key in ("rms_norm_eps", "rope_theta", "ttt_base_lr"):
+            value = getattr(self, key)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+                raise bad(f"{key} must be a positive finite number, got {value!r}")
+        for key in ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv"):
+            if not isinstance(getattr(self, key), bool):
+                raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")
+        for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            value = getattr(self, key)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise bad(f"{key} must be a non-negative integer or null, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
             raise bad(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                       f"{self.num_attention_heads}")
@@ -120,6 +137,29 @@ class ModelConfig:
             raise bad(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         if self.form not in FORMS:
             raise bad(f"form {self.form!r} is not one of {FORMS}")
+        distilled = self.extra.get("distilled_ctx")
+        if distilled is not None and (not isinstance(distilled, int) or isinstance(distilled, bool) or distilled < 1):
+            raise bad(f"distilled_ctx must be a positive integer, got {distilled!r}")
+        if self.quantization is not None and not isinstance(self.quantization, dict):
+            raise bad(f"quantization must be an object, got {self.quantization!r}")
+
+    def estimated_parameters(self) -> int:
+        """Parameters of a model of this config, near enough to refuse one that cannot fit in memory."""
+        C, L, d = self.hidden_size, self.num_hidden_layers, self.head_dim
+        embed = self.vocab_size * C * (1 if self.tie_word_embeddings else 2)
+        inner = self.num_attention_heads * d * self.inner_dim * (2 if self.ttt_layer_type == "mlp" else 1)
+        return embed + L * (5 * C * C + 3 * C * self.intermediate_size + inner)
+
+    def check_memory(self, source: str = "config.json") -> None:
+        """Refuse, before allocating, a model whose float32 weights would not fit in this machine's memory."""
+        need = 4 * self.estimated_parameters()
+        try:
+            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError, AttributeError):
+            return
+        if need > have:
+            raise EdgetttError(f"{source}: a model of this size needs about {need / 2**30:.1f} GiB of float32 weights, "
+                               f"more than this machine's {have / 2**30:.1f} GiB; choose smaller sizes")
 
     @classmethod
     def load(cls, path: Path) -> "ModelConfig":
@@ -130,5 +170,5 @@ class ModelConfig:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise EdgetttError(f"{path}: not readable JSON ({exc}); check the file") from None
         if not isinstance(raw, dict):
-            raise EdgetttError(f"{path}: expected a JSON object")
+            raise EdgetttError(f"{path}: expected a JSON object of config keys; fix the config")
         return cls.from_dict(raw, source=str(path))

@@ -26,6 +26,7 @@ from torch import nn
 
 from . import linear_attention as la
 from .config import ModelConfig
+from .errors import EdgetttError
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
@@ -52,6 +53,7 @@ class LinearAttentionLayer(MixerBase):
     def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
         """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
         `bucket_tokens` positions) | int8-tensor (same buffers)."""
+        self._check_scales(fmt, scales or [], bucket_tokens)
         self.state_format = fmt
         for level, scale in enumerate(scales or [], start=1):
             self.register_buffer(f"state_scale_{level}", scale.float().clone())
@@ -60,6 +62,23 @@ class LinearAttentionLayer(MixerBase):
             self.bucket_tokens = int(bucket_tokens)  # read as an int (an exported graph must not read the buffer)
         elif hasattr(self, "state_bucket_tokens"):  # one scale for all positions now: nothing stale to save
             del self.state_bucket_tokens, self.bucket_tokens
+
+    def _check_scales(self, fmt: str, scales: list[torch.Tensor], bucket_tokens: int) -> None:
+        """One table per level, [buckets, H, Dk] or [H, Dk] as the initial state's rows, positive."""
+        rows = [tuple(s0.shape[:2]) for s0 in self.initial_states()]
+        if fmt in ("int8", "int8-tensor") and len(scales) != len(rows):
+            raise EdgetttError(f"state format {fmt}: {len(scales)} scale tables for {len(rows)} state levels; "
+                               "calibrate and quantize the model again")
+        for level, (scale, want) in enumerate(zip(scales, rows), start=1):
+            if scale.dim() not in (2, 3) or tuple(scale.shape[-2:]) != want:
+                raise EdgetttError(f"state_scale_{level} is {tuple(scale.shape)}, expected [buckets, {want[0]}, "
+                                   f"{want[1]}]; calibrate and quantize the model again")
+            if scale.device.type != "meta" and not (torch.isfinite(scale).all() and (scale > 0).all()):
+                raise EdgetttError(f"state_scale_{level} holds scales that are not positive and finite; "
+                                   "calibrate and quantize the model again")
+            if scale.dim() == 3 and scale.shape[0] > 1 and int(bucket_tokens) < 1:
+                raise EdgetttError(f"state_scale_{level} has {scale.shape[0]} position buckets but no bucket "
+                                   "width; calibrate and quantize the model again")
 
     def state_scale(self, level: int, position) -> torch.Tensor:
         """[H, Dk]: the row scales of the state committed at `position` (tokens seen; an int, or a

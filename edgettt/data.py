@@ -125,12 +125,19 @@ def read_text(spec: str | None) -> Text:
     return Text(name, data)
 
 
+def text_path(spec: str | None) -> Path | None:
+    """The file or folder a TEXT spec reads, or None for standard input and the built-in texts."""
+    if spec is None or spec == "-" or spec in BUILTIN_NAMES:
+        return None
+    return Path(spec)
+
+
 def _read_path(path: Path) -> bytes:
     try:
         if path.is_dir():
             files = sorted(f for f in path.rglob("*") if f.suffix in (".txt", ".md") and f.is_file())
             if not files:
-                raise EdgetttError(f"{path}: directory has no .txt or .md files")
+                raise EdgetttError(f"{path}: directory has no .txt or .md files; give a file or a folder of text files")
             return b"\n\n".join(f.read_bytes() for f in files)
         if path.is_file():
             return path.read_bytes()

@@ -75,10 +75,11 @@ def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: di
 
     from safetensors.torch import save_file
 
-    from .checkpoint import output_file
+    from .outputs import as_output
 
-    meta = {"text": json.dumps(report["text"]), "model": json.dumps(report["model"]), "ctx": str(report["ctx"])}
-    with output_file(path, force) as tmp:
+    meta = {"edgettt_reference_logits": "1", "text": json.dumps(report["text"]), "model": json.dumps(report["model"]),
+            "ctx": str(report["ctx"])}
+    with as_output(path, "logits", force).write() as tmp:
         save_file({"logits": logits.float().contiguous(), "windows": windows.contiguous()}, tmp, metadata=meta)
 
 
@@ -96,7 +97,8 @@ def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     except FileNotFoundError:
         raise EdgetttError(f"{path}: no such file; save reference logits first with `edgettt eval --save-logits`") from None
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
-        raise EdgetttError(f"{path}: not a reference-logits file written by edgettt eval ({exc})") from None
+        raise EdgetttError(f"{path}: not a reference-logits file written by edgettt eval ({exc}); save them with "
+                           "`edgettt eval --save-logits`") from None
     return logits, windows, meta
 
 

@@ -35,6 +35,7 @@ LLM_INT8_THRESHOLD = 6.0
 METHODS = ("rtn", "gptq")
 STATE_FORMATS = ("fp32", "fp16", "int8", "int8-tensor")
 DEFAULT_SKIP = ("lm_head",)
+GROUP_SIZES = (32, 64, 128)
 
 
 @dataclasses.dataclass
@@ -46,7 +47,11 @@ class QuantConfig:
     skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
 
     def __post_init__(self):
+        if isinstance(self.skip, str) or not all(isinstance(p, str) for p in self.skip):
+            raise EdgetttError(f"--skip {self.skip!r}: expected name patterns")
         self.skip = tuple(self.skip)
+        if self.group_size not in GROUP_SIZES or isinstance(self.group_size, bool):
+            raise EdgetttError(f"--group-size {self.group_size!r}: expected one of {', '.join(map(str, GROUP_SIZES))}")
         if self.weights not in WEIGHT_FORMATS + ("none",):
             raise EdgetttError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHT_FORMATS)}, none")
         if self.method not in METHODS:
@@ -60,8 +65,13 @@ class QuantConfig:
         return {**dataclasses.asdict(self), "skip": list(self.skip)}
 
     @classmethod
-    def from_dict(cls, raw: dict) -> "QuantConfig":
-        return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+    def from_dict(cls, raw: dict, source: str = "config.json") -> "QuantConfig":
+        """From a config.json's `quantization`: the same checks as the command line, named by file."""
+        try:
+            return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+        except (EdgetttError, TypeError) as exc:
+            raise EdgetttError(f"{source}: quantization is malformed ({str(exc).split(':')[0]}: "
+                               f"{raw}); quantize the model again") from None
 
 
 # ---- int8 -------------------------------------------------------------------------------------
@@ -350,9 +360,10 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
     return rows
 
 
-def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor]) -> None:
-    """Shape a freshly built model like the quantized one whose `weights` will be loaded into it."""
-    config = QuantConfig.from_dict(model.config.quantization)
+def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source: str = "model") -> None:
+    """Shape a freshly built model like the quantized one whose `weights` (read from the directory
+    `source`) will be loaded into it."""
+    config = QuantConfig.from_dict(model.config.quantization, f"{source}/config.json")
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
             shapes = storage_shapes(config.weights, module.out_features, module.in_features, config.group_size)
@@ -363,7 +374,10 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor]) -> Non
         prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
         scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
         bucket_tokens = weights.get(f"model.layers.{i}.seq_modeling_block.state_bucket_tokens", torch.tensor(0))
-        layer.seq_modeling_block.set_state_format(config.state, scales, int(bucket_tokens))
+        try:
+            layer.seq_modeling_block.set_state_format(config.state, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
+        except EdgetttError as exc:
+            raise EdgetttError(f"{source}: layer {i}: {exc}") from None
 
 
 def weight_bits(model: nn.Module) -> dict:

@@ -52,17 +52,107 @@ class JsonCodec:
         return push
 
 
+ROLES = ("input_ids", "logits", "position", "inner_position", "state")
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(float16)": "float16"}
+
+
 def load_manifest(directory: Path) -> dict:
+    """manifest.json of an export, checked against its schema (every key the runner reads)."""
     file = directory / "manifest.json"
+    if not directory.is_dir():
+        raise EdgetttError(f"{directory}: no such export directory; make one with `edgettt export MODEL {directory}`")
     try:
-        manifest = json.loads(file.read_text())
+        manifest = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise EdgetttError(f"{directory}: no manifest.json; make an export with `edgettt export MODEL {directory}`") from None
-    except json.JSONDecodeError as exc:
-        raise EdgetttError(f"{file}: not valid JSON ({exc})") from None
-    if manifest.get("edgettt_export") != 1:
-        raise EdgetttError(f"{file}: not an edgettt export manifest (format {manifest.get('edgettt_export')!r})")
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise EdgetttError(f"{file}: not valid JSON ({exc}); export the model again") from None
+    if not isinstance(manifest, dict) or manifest.get("edgettt_export") != 1:
+        found = manifest.get("edgettt_export") if isinstance(manifest, dict) else None
+        raise EdgetttError(f"{file}: not an edgettt export manifest (format {found!r}); make it with `edgettt export`")
+    check_manifest(manifest, directory, file)
     return manifest
+
+
+def _require(ok: bool, file: Path, what: str) -> None:
+    if not ok:
+        raise EdgetttError(f"{file}: {what}; export the model again with `edgettt export`")
+
+
+def _positive_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def inside_file(directory: Path, name, file: Path, key: str) -> Path:
+    """directory/name, refused unless it is a plain file name inside the export directory."""
+    _require(isinstance(name, str) and name != "" and "\0" not in name, file, f"{key} is not a file name")
+    path = directory / name
+    inside = path.resolve().parent == directory.resolve() and not Path(name).is_absolute() and "/" not in name
+    _require(inside, file, f"{key} {name!r} lies outside the export directory; the runner reads only files inside it")
+    _require(path.is_file(), file, f"{key} {name!r} is missing from the export directory")
+    return path
+
+
+def check_manifest(m: dict, directory: Path, file: Path) -> None:
+    """Every field the runner reads, of the right type; graph and tokenizer files inside `directory`."""
+    _require(_positive_int(m.get("vocab_size")), file, "vocab_size is missing or not a positive integer")
+    _require(_positive_int(m.get("mini_batch_size")), file, "mini_batch_size is missing or not a positive integer")
+    tok = m.get("tokenizer")
+    _require(isinstance(tok, dict) and tok.get("type") in ("bytes", "tokenizer.json"), file,
+             "tokenizer is missing or of an unknown type (expected 'bytes' or 'tokenizer.json')")
+    if tok["type"] == "tokenizer.json":
+        inside_file(directory, tok.get("file"), file, "tokenizer.file")
+    _require(isinstance(m.get("session_config", {}), dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in m.get("session_config", {}).items()), file,
+        "session_config must map names to strings")
+    _require(isinstance(m.get("source", {}), dict), file, "source must be an object")
+    ctx = m.get("source", {}).get("distilled_ctx")
+    _require(ctx is None or _positive_int(ctx), file, "source.distilled_ctx must be a positive integer")
+    graphs = m.get("graphs")
+    _require(isinstance(graphs, dict) and {"prefill", "decode"} <= set(graphs), file,
+             "graphs must name a prefill and a decode graph")
+    for kind, needed in (("prefill", ("input_ids",)), ("decode", ("input_ids",))):
+        graph = graphs[kind]
+        _require(isinstance(graph, dict), file, f"graphs.{kind} must be an object")
+        inside_file(directory, graph.get("file"), file, f"graphs.{kind}.file")
+        for side in ("inputs", "outputs"):
+            io = graph.get(side)
+            _require(isinstance(io, list) and all(_io_entry(x) for x in io), file,
+                     f"graphs.{kind}.{side} must list objects with name, dtype, shape and a known role")
+        roles = [x["role"] for x in graph["inputs"]]
+        _require(all(r in roles for r in needed), file, f"graphs.{kind}.inputs has no input_ids")
+        _require([x["role"] for x in graph["outputs"]].count("logits") == 1, file,
+                 f"graphs.{kind}.outputs must have one logits output")
+    decode_in = {x["state"] for x in graphs["decode"]["inputs"] if x["role"] == "state"}
+    for kind in ("prefill", "decode"):
+        out = {x["state"] for x in graphs[kind]["outputs"] if x["role"] == "state"}
+        _require(out == decode_in, file, f"graphs.{kind}.outputs' states differ from decode's state inputs")
+    _require(any(x["role"] in ("position", "inner_position") for x in graphs["decode"]["inputs"]), file,
+             "graphs.decode.inputs has no position")
+
+
+def _io_entry(x) -> bool:
+    return (isinstance(x, dict) and isinstance(x.get("name"), str) and isinstance(x.get("dtype"), str)
+            and isinstance(x.get("shape"), list) and x.get("role") in ROLES
+            and (x["role"] != "state" or isinstance(x.get("state"), str)))
+
+
+def check_graph(sess: ort.InferenceSession, graph: dict, vocab_size: int, file: Path) -> None:
+    """The loaded graph's inputs and outputs against the manifest: names, order, dtypes, fixed dims."""
+    for side, actual in (("inputs", sess.get_inputs()), ("outputs", sess.get_outputs())):
+        listed = graph[side]
+        _require([a.name for a in actual] == [x["name"] for x in listed], file,
+                 f"the manifest's {side} {[x['name'] for x in listed][:4]} are not the graph's "
+                 f"{[a.name for a in actual][:4]}")
+        for a, x in zip(actual, listed):
+            _require(ORT_TYPES.get(a.type) == x["dtype"], file, f"{x['name']} is {a.type} in the graph, "
+                                                                  f"{x['dtype']} in the manifest")
+            fixed = [(g, s) for g, s in zip(a.shape, x["shape"]) if isinstance(g, int) and isinstance(s, int)]
+            _require(len(a.shape) == len(x["shape"]) and all(g == s for g, s in fixed), file,
+                     f"{x['name']} has shape {a.shape} in the graph, {x['shape']} in the manifest")
+            if x["role"] == "logits":
+                _require(a.shape[-1] == vocab_size, file, f"the graph's vocabulary {a.shape[-1]} is not the "
+                                                          f"manifest's vocab_size {vocab_size}")
 
 
 def session(path: Path, config: dict[str, str], threads: int | None = None) -> ort.InferenceSession:
@@ -75,7 +165,7 @@ def session(path: Path, config: dict[str, str], threads: int | None = None) -> o
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own types; name the op it lacks
         raise EdgetttError(f"{path}: onnxruntime {ort.__version__} cannot load it ({str(exc).splitlines()[0]}); "
-                          "a newer onnxruntime may have the operator it names") from None
+                          "a newer onnxruntime may have the operator it names, or export the model again") from None
 
 
 class Runner:
@@ -87,6 +177,8 @@ class Runner:
         config = m.get("session_config", {})
         self.prefill = session(self.dir / self.prefill_graph["file"], config, threads)
         self.decode = session(self.dir / self.decode_graph["file"], config, threads)
+        for sess, graph in ((self.prefill, self.prefill_graph), (self.decode, self.decode_graph)):
+            check_graph(sess, graph, m["vocab_size"], self.dir / graph["file"])
         self.block = m["mini_batch_size"]
         tok = m["tokenizer"]
         self.codec = JsonCodec(self.dir / tok["file"]) if tok["type"] == "tokenizer.json" else ByteCodec()
@@ -134,7 +226,7 @@ class Runner:
         """Yield text pieces as they decode; greedy when temperature is 0. Fills `stats` (timings)."""
         ids = self.codec.encode(prompt)
         if not ids:
-            raise EdgetttError("the prompt is empty: give at least one character")
+            raise EdgetttError("--prompt: the prompt is empty; give at least one character")
         rng = np.random.default_rng(seed)
         push = self.codec.decode_stream()
         t0 = time.perf_counter()

@@ -17,7 +17,7 @@ def test_bench_without_cuda_is_a_one_line_error(tmp_path):
     assert not (tmp_path / "b.json").exists()
 
 
-@pytest.mark.parametrize("args,message", [(["--seq-lens", "8k"], "comma-separated integers"),
+@pytest.mark.parametrize("args,message", [(["--seq-lens", "8k"], "comma-separated positive integers"),
                                           (["--gemv", "4096by4096"], "NxK shapes"),
                                           (["--gemv", "4096x4096x2"], "NxK shapes"),
                                           (["--train", "256x4x512"], "BxHxTxd shapes")])

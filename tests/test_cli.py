@@ -73,8 +73,13 @@ def test_existing_output_needs_force(ckpt, tmp_path):
     result = run("convert", ckpt, out, "--no-report")
     assert result.exit_code == 1 and "already exists; pass --force" in result.output
     assert (out / "keep.txt").read_text() == "mine"
-    assert run("convert", ckpt, out, "--no-report", "--force").exit_code == 0
-    assert not (out / "keep.txt").exists() and load(out).form == "exact"
+    result = run("convert", ckpt, out, "--no-report", "--force")  # a folder of the user's: never replaced
+    assert result.exit_code == 1 and "refusing to replace it even with --force" in result.output
+    assert (out / "keep.txt").read_text() == "mine"
+    mine = tmp_path / "model"
+    assert run("convert", ckpt, mine, "--no-report", "--form", "parallel").exit_code == 0
+    assert run("convert", ckpt, mine, "--no-report", "--force").exit_code == 0  # what edgettt wrote: replaced
+    assert load(mine).form == "exact"
 
 
 def spoil_weights(src, dst, change):
@@ -96,8 +101,8 @@ BAD = {
                        "missing tensors: model.norm.weight"),
     "extra tensor": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.update(junk=torch.ones(1))),
                      "unexpected tensors: junk"),
-    "mis-shaped": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.update({"model.norm.weight": torch.ones(3)})),
-                   "mis-shaped tensors: model.norm.weight"),
+    "mis-shaped": (lambda c, t: spoil_weights(c, t / "b", lambda w: w.update(
+        {"model.layers.0.ffn_norm.weight": torch.ones(3)})), "mis-shaped tensors: model.layers.0.ffn_norm.weight"),
     "non-finite": (lambda c, t: spoil_weights(c, t / "b", lambda w: w["model.norm.weight"].fill_(float("inf"))),
                    "non-finite values"),
 }

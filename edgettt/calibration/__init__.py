@@ -18,7 +18,6 @@ refuses a calibration made for another model.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 
 import torch
@@ -26,7 +25,8 @@ from torch import nn
 from tqdm import tqdm
 
 from .. import linear_attention as la
-from ..checkpoint import model_fingerprint, output_file
+from ..checkpoint import model_fingerprint
+from ..outputs import as_output
 from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluate import encode
@@ -38,6 +38,39 @@ from ..model import CausalLM
 # 2048 tokens), ttt-mlp-tiny exact 0.00007 / 0.00008, parallel 0.00055 / 0.00045.
 BUCKETS = 16
 HEADROOM = 1.25  # over the calibration's maxima: a few windows do not see every text's largest state
+TENSOR_GROUPS = ("hessian/", "state_scale/", "state_rowmax/")
+
+
+def _read_metadata(meta: dict, path) -> dict:
+    """The calibration file's metadata, each field of its type and range, or a one-line error."""
+    def number(key, kind, low):
+        try:
+            value = kind(meta[key])
+        except KeyError:
+            raise EdgetttError(f"{path}: metadata has no {key}; not a complete calibration file, make it again "
+                               "with `edgettt calibrate`") from None
+        except ValueError:
+            raise EdgetttError(f"{path}: metadata {key} is {meta[key]!r}, not a number; make the file again with "
+                               "`edgettt calibrate`") from None
+        if not (value >= low) or value != value or value in (float("inf"),):
+            raise EdgetttError(f"{path}: metadata {key} is {value}, out of range; make the file again with "
+                               "`edgettt calibrate`")
+        return value
+
+    fingerprint = meta.get("model_fingerprint")
+    if not isinstance(fingerprint, str) or not fingerprint:
+        raise EdgetttError(f"{path}: metadata has no model_fingerprint; the file cannot be tied to a model, make it "
+                           "again with `edgettt calibrate`")
+    try:
+        text = json.loads(meta["text"])
+    except (KeyError, ValueError):
+        text = None
+    if not isinstance(text, dict) or not {"name", "bytes", "sha256"} <= set(text):
+        raise EdgetttError(f"{path}: metadata text is missing or malformed; make the file again with "
+                           "`edgettt calibrate`")
+    return {"model_fingerprint": fingerprint, "text": text, "seq_len": number("seq_len", int, 1),
+            "samples": number("samples", int, 1), "seed": number("seed", int, 0),
+            "percentile": number("percentile", float, 0)}
 
 
 @dataclass
@@ -52,7 +85,8 @@ class Calibration:
     state_scales: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level" -> [H, Dk]
     state_rowmax: dict[str, torch.Tensor] = field(default_factory=dict)  # "layer.level.S|dS|A" -> [H, Dk, buckets]
 
-    def save(self, path: str | os.PathLike, force: bool = False) -> None:
+    def save(self, path, force: bool = False) -> None:
+        """Write the calibration file atomically; `path` is a path or a planned `outputs.Output`."""
         from safetensors.torch import save_file
 
         tensors = {f"hessian/{k}": v for k, v in self.hessians.items()}
@@ -61,11 +95,11 @@ class Calibration:
         meta = {"edgettt_calibration": "1", "model_fingerprint": self.model_fingerprint, "text": json.dumps(self.text),
                 "seq_len": str(self.seq_len), "samples": str(self.samples), "seed": str(self.seed),
                 "percentile": str(self.percentile)}
-        with output_file(path, force) as tmp:
+        with as_output(path, "calibration", force).write() as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
 
     @classmethod
-    def load(cls, path: str | os.PathLike) -> "Calibration":
+    def load(cls, path) -> "Calibration":
         from safetensors import SafetensorError, safe_open
 
         try:
@@ -78,10 +112,31 @@ class Calibration:
             raise EdgetttError(f"{path}: not a calibration file ({exc}); make one with `edgettt calibrate`") from None
         if meta.get("edgettt_calibration") != "1":
             raise EdgetttError(f"{path}: not an edgettt calibration file; make one with `edgettt calibrate`")
+        fields = _read_metadata(meta, path)
+        unknown = sorted(k for k in tensors if not k.startswith(TENSOR_GROUPS))
+        if unknown:
+            raise EdgetttError(f"{path}: unexpected tensors {', '.join(unknown[:4])}; not a file `edgettt calibrate` wrote")
         part = lambda prefix: {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}  # noqa: E731
-        return cls(meta["model_fingerprint"], json.loads(meta["text"]), int(meta["seq_len"]), int(meta["samples"]),
-                   int(meta["seed"]), float(meta["percentile"]), part("hessian/"), part("state_scale/"),
-                   part("state_rowmax/"))
+        cal = cls(**fields, hessians=part("hessian/"), state_scales=part("state_scale/"),
+                  state_rowmax=part("state_rowmax/"))
+        cal._check_tables(path)
+        return cal
+
+    def _check_tables(self, path) -> None:
+        """Every table finite, of the rank it must have; scales positive."""
+        def bad(key: str, what: str) -> EdgetttError:
+            return EdgetttError(f"{path}: {key} {what}; make the file again with `edgettt calibrate`")
+
+        for group, table, ranks in (("hessian", self.hessians, (2,)), ("state_scale", self.state_scales, (2, 3)),
+                                    ("state_rowmax", self.state_rowmax, (3,))):
+            for key, t in table.items():
+                if t.dim() not in ranks or not t.is_floating_point():
+                    raise bad(f"{group}/{key}", f"is {t.dtype} {tuple(t.shape)}, expected a float table of rank "
+                                                f"{' or '.join(map(str, ranks))}")
+                if t.numel() and not torch.isfinite(t).all():
+                    raise bad(f"{group}/{key}", "holds NaN or inf")
+                if group == "state_scale" and t.numel() and not (t > 0).all():
+                    raise bad(f"{group}/{key}", "holds scales that are not positive")
 
     def check_model(self, model: CausalLM, source: str) -> None:
         fingerprint = model_fingerprint(model)  # hashes every weight: once
@@ -89,6 +144,35 @@ class Calibration:
             raise EdgetttError(f"{source}: this calibration was made for another model (fingerprint "
                                f"{self.model_fingerprint}, this model {fingerprint}); run "
                                "`edgettt calibrate` on this model")
+
+    def check_shapes(self, model: CausalLM, source: str) -> None:
+        """The tables fit `model`: a Hessian [K, K] per linear layer it has one for, and per layer and
+        level a scale table [buckets, H, Dk] (or [H, Dk]) matching the initial state. Before any work."""
+        linears = {name: m.in_features for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        for name, h in self.hessians.items():
+            if name not in linears or tuple(h.shape) != (linears[name],) * 2:
+                want = f"[{linears[name]}, {linears[name]}]" if name in linears else "no such layer in the model"
+                raise EdgetttError(f"{source}: hessian/{name} is {tuple(h.shape)} ({want}); the file does not fit "
+                                   "this model; run `edgettt calibrate` on it")
+        expected = {f"{i}.{level}": tuple(s0.shape[:2])
+                    for i, layer in enumerate(model.model.layers)
+                    for level, s0 in enumerate(layer.seq_modeling_block.initial_states(), start=1)}
+        for key, table in self.state_scales.items():
+            if key not in expected:
+                raise EdgetttError(f"{source}: state_scale/{key}: the model has no such layer level; the file does "
+                                   "not fit this model, run `edgettt calibrate` on it")
+            if tuple(table.shape[-2:]) != expected[key]:
+                raise EdgetttError(f"{source}: state_scale/{key} is {tuple(table.shape)}, expected [buckets, "
+                                   f"{expected[key][0]}, {expected[key][1]}]; the file does not fit this model, "
+                                   "run `edgettt calibrate` on it")
+        missing = sorted(set(expected) - set(self.state_scales))
+        if self.state_scales and missing:
+            raise EdgetttError(f"{source}: no state scales for layer levels {', '.join(missing)}; run "
+                               "`edgettt calibrate` on this model")
+        if len({t.shape[0] for t in self.state_scales.values() if t.dim() == 3}) > 1 or (
+                self.bucket_tokens == 0 and any(t.dim() == 3 and t.shape[0] > 1 for t in self.state_scales.values())):
+            raise EdgetttError(f"{source}: the state scale tables disagree on their position buckets; run "
+                               "`edgettt calibrate` again")
 
     def layer_scales(self, layer: int) -> list[torch.Tensor]:
         """Per level: int8 state scales [buckets, H, Dk] (a file from before buckets: [H, Dk])."""

@@ -195,6 +195,12 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
                                     output_names=names_out, dynamic_shapes=tuple(dynamic), verbose=False,
                                     custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)
     program.save(str(path), external_data=False)
+    import onnx
+
+    written = {o.domain: o.version for o in onnx.load(str(path), load_external_data=False).opset_import}
+    if written.get("", written.get("ai.onnx")) != opset:  # the exporter may pick another; the manifest must not lie
+        raise EdgetttError(f"{path.name}: the exporter wrote opset {written.get('')}, not the {opset} asked for; "
+                           f"export with --opset {DEFAULT_OPSET}")
 
 
 def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None) -> dict:
@@ -256,12 +262,13 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
 
 def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
                  verify_text=None, log=lambda line: None) -> dict:
-    """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out`
-    atomically: a failed export or verification leaves nothing behind. Returns the manifest."""
-    from ..checkpoint import output_dir
+    """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out` (a
+    path or a planned `outputs.Output`) atomically: a failed export or verification leaves nothing
+    behind. Returns the manifest."""
+    from ..outputs import as_output
     from .verify import verify
 
-    with output_dir(out, force) as tmp:
+    with as_output(out, "export", force).write() as tmp:
         data = write_export(model, tmp, name, opset, log)
         if verify_text is not None:
             log(f"  verifying in onnxruntime on {verify_text.name}")
