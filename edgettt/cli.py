@@ -166,16 +166,16 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     from .outputs import Output
 
     out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
+    measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
+    train_text = read_text(data or "python-docs:train") if distill else None
     original = load(src)
     converted = convert_model(original, form)
-    measure_text = read_text(eval_data if distill else data)
     report = {}
     if not no_report:
         report = conversion_report(original, converted, measure_text, ctx, max_tokens)
     if distill:
         from .distill import distill as run_distill
 
-        train_text = read_text(data or "python-docs:train")
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
                              batch=batch, hard_weight=hard_weight, minutes=minutes)
         converted.config.extra["distilled_ctx"] = ctx  # the context it is good for (config.json: kept by quantize, export)
@@ -248,8 +248,9 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 
     out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)],
                       option="--output")
+    text = read_text(data)
     model = load(model_path)
-    cal = run_calibration(model, read_text(data), seq_len, samples, seed, percentile)
+    cal = run_calibration(model, text, seq_len, samples, seed, percentile)
     cal.save(out)
     click.echo(f"wrote {output}: {len(cal.hessians)} layer input statistics, state scales for "
                f"{len(cal.state_scales)} layer levels; {cal.samples} x {cal.seq_len} tokens of {cal.text['name']} "
@@ -363,10 +364,11 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
             raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
     out = Output.plan(output, "report", force, option="--output",
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
+    text, calib_text = read_text(data), read_text(calib_data)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
-        result = build_report(model, str(model_path), read_text(data), read_text(calib_data),
+        result = build_report(model, str(model_path), text, calib_text,
                               variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
                               log=click.echo)
         write(result, tmp)
@@ -532,8 +534,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, force):
     from .outputs import Output
 
     out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
-    model = load(model_path)
     text = None if no_verify else read_text(verify_data)
+    model = load(model_path)
     click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out.path} ...", err=True)
     data = export_model(model, out, str(model_path), opset=opset, verify_text=text,
                         log=lambda line: click.echo(line, err=True))

@@ -417,6 +417,12 @@ CASES = [
     c("run-empty-prompt", lambda w: ["run", w / "export", "--prompt", ""], ONE, "prompt"),
     # ---- texts
     c("text-missing", lambda w: ["eval", w / "par", "--data", w / "nope.txt"], ONE, "nope.txt"),
+    c("text-distill-data-missing", lambda w: ["convert", w / "ttt", w / "o", "--form", "parallel", "--distill",
+                                              "--data", w / "nope.txt"], ONE, "nope.txt"),
+    c("text-calib-data-missing", lambda w: ["report", w / "par", "--calib-data", w / "nope.txt", "-o", w / "r"], ONE,
+      "nope.txt"),
+    c("text-verify-data-missing", lambda w: ["export", w / "par", w / "e", "--verify-data", w / "nope.txt"], ONE,
+      "nope.txt"),
     c("text-empty", lambda w: ["eval", w / "par", "--data", w / "empty.txt"], ONE, "empty.txt",
       lambda w: (w / "empty.txt").write_text("")),
     c("text-empty-stdin", lambda w: ["convert", w / "ttt", w / "out", "--data", "-"], ONE, "<stdin>", None, ""),
@@ -488,7 +494,7 @@ CASES = [
 
 
 def test_the_suite_covers_every_command_with_over_100_cases():
-    assert len(CASES) >= 195 and len({case.id for case in CASES}) == len(CASES)  # the README says 195
+    assert len(CASES) >= 198 and len({case.id for case in CASES}) == len(CASES)  # the README says 198
     commands = {case.args(Path("w"))[0] for case in CASES}
     assert {"create", "convert", "eval", "calibrate", "quantize", "report", "export", "run", "info",
             "bench"} <= commands
