@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -171,12 +172,14 @@ def read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 def _load_bin(file: Path):
     """A weights-only pickle, memory-mapped where its format allows (the zip format of torch >= 1.6)."""
-    try:
-        return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-    except RuntimeError as exc:
-        if "mmap" not in str(exc):
-            raise
-        return torch.load(file, map_location="cpu", weights_only=True)
+    with warnings.catch_warnings():  # torch's remarks on pickle protocols: the error, if any, says enough
+        warnings.simplefilter("ignore")
+        try:
+            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:
+            if "mmap" not in str(exc):
+                raise
+            return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path) -> None:
