@@ -272,58 +272,45 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--state", type=click.Choice(["fp32", "fp16", "int8", "int8-tensor"]), default="fp32", show_default=True,
               help="int8: calibrated per-row scales (needs --calib); int8-tensor: one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
-@click.option("--skip", multiple=True, default=("lm_head",), show_default=True,
-              help="Leave layers whose name matches this pattern in float (repeatable).")
+@click.option("--skip", multiple=True, metavar="PATTERN",
+              help="Also leave layers whose name matches PATTERN in float (repeatable; added to lm_head, which "
+                   "stays float unless --quantize-lm-head).")
+@click.option("--quantize-lm-head", is_flag=True, help="Quantize lm_head too (it is skipped by default).")
+@click.option("--fallback", type=click.Choice(["int8", "float", "refuse"]), default="int8", show_default=True,
+              help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
+                   "--group-size); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def quantize(model_path, out, weights, group_size, method, state, calib, skip, force):
+def quantize(model_path, out, weights, group_size, method, state, calib, skip, quantize_lm_head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
     from .calibration import Calibration
     from .checkpoint import save_model
     from .outputs import Output
-    from .quantize import QuantConfig, apply_state_format, quantize_, weight_bits
+    from .quantize import QuantConfig, layer_formats, quantize_model, skip_patterns, weight_bits
 
     out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
-    config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state, skip=skip)
-    model = load(model_path)
-    if model.form == "ttt":
-        raise EdgetttError(f"{model_path}: an original TTT model; quantize a converted one (`edgettt convert`)")
-    if model.config.quantization:
-        raise EdgetttError(f"{model_path}: already quantized; quantize the unquantized converted model")
-    cal = None
-    if calib:
-        cal = Calibration.load(calib)
-        cal.check_model(model, calib)
-        cal.check_shapes(model, calib)
-        check_calibration_covers(cal, model, config, calib)
-    elif method == "gptq" or state == "int8":
+    config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state,
+                         skip=skip_patterns(skip, quantize_lm_head), fallback=fallback)
+    if (method == "gptq" or state == "int8") and not calib:
         raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
+    model = load(model_path)
+    cal = Calibration.load(calib) if calib else None
+    misfits = {n: f for n, f in layer_formats(model, config).items() if f != weights} if weights != "none" else {}
+    if misfits:
+        click.echo(f"{len(misfits)} layers cannot be {weights} in groups of {group_size} (input size not a multiple): "
+                   f"kept in {fallback} (--fallback)", err=True)
     before = weight_bits(model)
 
     def line(row):
         click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:5s} "
-                   f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB")
+                   f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB"
+                   + ("  (fallback)" if row.get("fallback") else ""))
 
-    quantize_(model, config, cal.hessians if cal else None, report=line)
-    apply_state_format(model, config.state, cal)
-    model.config.quantization = config.to_dict()
+    quantize_model(model, config, cal, report=line, source=str(calib), name=str(model_path))
     save_model(model, out)
     after = weight_bits(model)
     click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
                f"{after['bits_per_weight']:.2f} bits per weight; state {state}")
-
-
-def check_calibration_covers(cal, model, config, source) -> None:
-    """What `config` will read from the calibration is there, before any layer is quantized."""
-    from .quantize import quantizable_linears
-
-    if config.state == "int8" and not cal.state_scales:
-        raise EdgetttError(f"{source}: has no state scales for --state int8; make it with `edgettt calibrate`")
-    if config.method == "gptq":
-        missing = [name for name, _ in quantizable_linears(model, config) if name not in cal.hessians]
-        if missing:
-            raise EdgetttError(f"{source}: no input statistics for {', '.join(missing[:3])}; --method gptq needs "
-                               "them, make the file with `edgettt calibrate` on this model")
 
 
 @cli.command()
@@ -337,14 +324,21 @@ def check_calibration_covers(cal, model, config, source) -> None:
 @click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="Form to convert a TTT checkpoint to.")
-@click.option("--ctx", default=2048, show_default=True, type=POSITIVE, help="Context length (and calibration length).")
-@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE)
+@click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
+              help="Tokens per evaluation window; also the calibration's sequence length.")
+@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE,
+              help="Evaluate on at most this many tokens of --data.")
+@click.option("--skip", multiple=True, metavar="PATTERN",
+              help="Also leave layers matching PATTERN in float in every variant (added to lm_head; repeatable).")
+@click.option("--fallback", type=click.Choice(["int8", "float", "refuse"]), default="int8", show_default=True,
+              help="Format of a layer a variant's format cannot take; refuse: stop before any work.")
 @click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
                                            "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
+@click.option("--keep-exports", is_flag=True, help="With --onnx: keep each variant's export in OUTPUT/exports/.")
 @click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path())
 @click.option("--force", is_flag=True, help="Overwrite the output directory.")
-def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, onnx, output,
-           force):
+def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, skip, fallback,
+           onnx, keep_exports, output, force):
     """Convert, calibrate, quantize every variant and measure each against the float model: the
     accuracy-vs-bits table (printed; report.json/.csv/.md and PNG plots in the output directory).
     With no MODEL, runs on the shipped ttt-linear-tiny."""
@@ -368,12 +362,19 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
+        from .quantize import skip_patterns
+
         result = build_report(model, str(model_path), text, calib_text,
-                              variants(names, states, int(group_size)), ctx, max_tokens, form, onnx=onnx,
-                              log=click.echo)
+                              variants(names, states, int(group_size), skip_patterns(skip), fallback), ctx,
+                              max_tokens, form, onnx=onnx, log=click.echo,
+                              keep_exports=tmp / "exports" if onnx and keep_exports else None)
         write(result, tmp)
     click.echo(table(result))
-    click.echo(f"wrote {output}/report.json, report.csv, report.md, accuracy_vs_size.png, kld_by_position.png")
+    click.echo(f"wrote {output}/report.json, report.csv, report.md, report.html, accuracy_vs_size.png, "
+               "kld_by_position.png" + (", exports/" if onnx and keep_exports else ""))
+    if result["failed"]:
+        raise EdgetttError(f"{len(result['failed'])} variants failed ({'; '.join(f['variant'] + ': ' + f['error'] for f in result['failed'])})"
+                           f"; the report in {output} holds the others")
 
 
 @cli.command("eval")

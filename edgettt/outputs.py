@@ -47,8 +47,10 @@ DIRECTORY_FILES = {
     "model": {"config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "convert_report.json",
               "MODEL_CARD.md", "eval.json", "train_log.json"},
     "export": {"manifest.json", "prefill.onnx", "decode.onnx", "tokenizer.json"},
-    "report": {"report.json", "report.csv", "report.md", "accuracy_vs_size.png", "kld_by_position.png"},
+    "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
+               "kld_by_position.png"},
 }
+SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)
 FILE_KINDS = {"json", "markdown", "calibration", "logits"}
 KIND_NAMES = {"model": "an edgettt or TTT model directory", "export": "an edgettt export directory",
               "report": "an edgettt report directory", "json": "a JSON file", "markdown": "a text file",
@@ -93,8 +95,13 @@ def recognise(path: Path, kind: str) -> bool:
         if not path.is_dir():
             return False
         entries = list(path.iterdir())
-        if any(not e.is_file() or e.is_symlink() or e.name not in DIRECTORY_FILES[kind] for e in entries):
-            return False  # something edgettt did not put there
+        sub, sub_kind = SUBDIRECTORIES.get(kind, (None, None))
+        for e in entries:
+            if e.name == sub and e.is_dir() and not e.is_symlink():
+                if not all(recognise(x, sub_kind) for x in e.iterdir()):
+                    return False
+            elif not e.is_file() or e.is_symlink() or e.name not in DIRECTORY_FILES[kind]:
+                return False  # something edgettt did not put there
         if kind == "model":
             config = _read_json(path / "config.json")
             return isinstance(config, dict) and config.get("model_type") in ("ttt", "edgettt-linear-attention")

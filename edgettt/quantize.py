@@ -34,8 +34,9 @@ WEIGHT_FORMATS = ("int8", "int4", "nf4", "fp4", "bnb-int8")
 LLM_INT8_THRESHOLD = 6.0
 METHODS = ("rtn", "gptq")
 STATE_FORMATS = ("fp32", "fp16", "int8", "int8-tensor")
-DEFAULT_SKIP = ("lm_head",)
+DEFAULT_SKIP = ("lm_head",)  # always kept in float unless asked otherwise; --skip adds to it
 GROUP_SIZES = (32, 64, 128)
+FALLBACKS = ("int8", "float", "refuse")  # for a layer the asked format cannot take (llama.cpp's fallback types)
 
 
 @dataclasses.dataclass
@@ -45,8 +46,15 @@ class QuantConfig:
     method: str = "rtn"
     state: str = "fp32"  # int8: calibrated per-row scales; int8-tensor: one uncalibrated scale
     skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
+    fallback: str = "int8"  # the format of a layer `weights` cannot take (int4/nf4/fp4: K not a multiple of the group)
+    overrides: dict = dataclasses.field(default_factory=dict)  # layer -> format it got instead (filled by quantize_)
 
     def __post_init__(self):
+        if self.fallback not in FALLBACKS:
+            raise EdgetttError(f"--fallback {self.fallback!r}: expected one of {', '.join(FALLBACKS)}")
+        if not isinstance(self.overrides, dict) or not all(
+                isinstance(k, str) and v in WEIGHT_FORMATS + ("float",) for k, v in self.overrides.items()):
+            raise EdgetttError(f"overrides {self.overrides!r}: expected layer names with their formats")
         if isinstance(self.skip, str) or not all(isinstance(p, str) for p in self.skip):
             raise EdgetttError(f"--skip {self.skip!r}: expected name patterns")
         self.skip = tuple(self.skip)
@@ -62,7 +70,11 @@ class QuantConfig:
             raise EdgetttError("--method gptq applies to --weights int4 and int8 only")
 
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "skip": list(self.skip)}
+        return {**dataclasses.asdict(self), "skip": list(self.skip), "overrides": dict(self.overrides)}
+
+    def fits(self, in_features: int) -> bool:
+        """Whether `weights` can take a layer of this input size (groups and blocks along the input)."""
+        return self.weights not in ("int4", "nf4", "fp4") or in_features % self.group_size == 0
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> "QuantConfig":
@@ -316,22 +328,37 @@ def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str
     return out
 
 
-def quantize_weight(name: str, w: torch.Tensor, config: QuantConfig, hessian: torch.Tensor | None):
-    N, K = w.shape
-    if config.weights in ("int4", "nf4", "fp4") and K % config.group_size:
-        raise EdgetttError(f"{name}: group size {config.group_size} does not divide its input size {K}; "
-                           "choose another --group-size or --skip this layer")
+def layer_formats(model: nn.Module, config: QuantConfig) -> dict[str, str]:
+    """The format each quantizable layer gets: `config.weights` where it fits, else `config.fallback`
+    ("float": left as it is). With fallback "refuse", a one-line error listing every layer that does
+    not fit. Decided before any layer is quantized."""
+    formats, misfits = {}, []
+    for name, linear in quantizable_linears(model, config):
+        if config.fits(linear.in_features):
+            formats[name] = config.weights
+        else:
+            misfits.append(f"{name} (K={linear.in_features})")
+            formats[name] = config.fallback
+    if misfits and config.fallback == "refuse":
+        raise EdgetttError(f"{config.weights} in groups of {config.group_size} cannot take {len(misfits)} layers, whose "
+                           f"input size is not a multiple of {config.group_size}: {', '.join(misfits[:4])}"
+                           f"{' and more' if len(misfits) > 4 else ''}; choose another group size, skip them, or "
+                           "let them fall back to int8 or float")
+    return formats
+
+
+def quantize_weight(name: str, w: torch.Tensor, fmt: str, config: QuantConfig, hessian: torch.Tensor | None):
     if config.method == "gptq" and hessian is None:
-        raise EdgetttError(f"{name}: --method gptq needs input statistics; run `edgettt calibrate` and pass --calib")
-    if config.weights == "int8":
+        raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
+    if fmt == "int8":
         return quantize_int8_gptq(w, hessian) if config.method == "gptq" else quantize_int8(w)
-    if config.weights == "bnb-int8":
+    if fmt == "bnb-int8":
         return quantize_llm_int8(w)
-    if config.weights == "int4" and config.method == "gptq":
+    if fmt == "int4" and config.method == "gptq":
         return quantize_int4_gptq(w, config.group_size, hessian)
-    if config.weights == "int4":
+    if fmt == "int4":
         return quantize_int4_rtn(w, config.group_size)
-    return quantize_bnb4(w, config.weights, config.group_size)
+    return quantize_bnb4(w, fmt, config.group_size)
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -347,13 +374,21 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
     rows = []
     if config.weights == "none":
         return rows
+    formats = layer_formats(model, config)
+    config.overrides = {name: fmt for name, fmt in formats.items() if fmt != config.weights}
     for name, linear in quantizable_linears(model, config):
         w = linear.weight.detach().float().cpu()
-        tensors = quantize_weight(name, w, config, (hessians or {}).get(name))
-        q = QuantLinear(w.shape[1], w.shape[0], config.weights, config.group_size, tensors)
-        set_module(model, name, q.to(linear.weight.device))
-        row = {"name": name, "shape": list(w.shape), "format": config.weights,
-               "bytes_before": w.numel() * linear.weight.element_size(), "bytes_after": q.nbytes()}
+        if formats[name] == "float":
+            row = {"name": name, "shape": list(w.shape), "format": "float", "fallback": True,
+                   "bytes_before": w.numel() * linear.weight.element_size(),
+                   "bytes_after": w.numel() * linear.weight.element_size()}
+        else:
+            tensors = quantize_weight(name, w, formats[name], config, (hessians or {}).get(name))
+            q = QuantLinear(w.shape[1], w.shape[0], formats[name], config.group_size, tensors)
+            set_module(model, name, q.to(linear.weight.device))
+            row = {"name": name, "shape": list(w.shape), "format": formats[name],
+                   "fallback": formats[name] != config.weights,
+                   "bytes_before": w.numel() * linear.weight.element_size(), "bytes_after": q.nbytes()}
         rows.append(row)
         if report:
             report(row)
@@ -366,9 +401,13 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
     config = QuantConfig.from_dict(model.config.quantization, f"{source}/config.json")
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
-            shapes = storage_shapes(config.weights, module.out_features, module.in_features, config.group_size)
+            fmt = config.overrides.get(name, config.weights)
+            if fmt == "float" or (fmt == config.weights and not config.fits(module.in_features)):
+                raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {config.group_size}; "
+                                   "quantize the model again")
+            shapes = storage_shapes(fmt, module.out_features, module.in_features, config.group_size)
             tensors = {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}
-            set_module(model, name, QuantLinear(module.in_features, module.out_features, config.weights,
+            set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
                                                 config.group_size, tensors))
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
@@ -378,6 +417,50 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             layer.seq_modeling_block.set_state_format(config.state, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
         except EdgetttError as exc:
             raise EdgetttError(f"{source}: layer {i}: {exc}") from None
+
+
+def skip_patterns(extra=(), quantize_lm_head: bool = False) -> tuple[str, ...]:
+    """The layers left in float: lm_head by default, plus `extra` patterns (added, never replacing it)."""
+    return (() if quantize_lm_head else DEFAULT_SKIP) + tuple(p for p in extra if p not in DEFAULT_SKIP)
+
+
+def check_calibration_covers(cal, model: nn.Module, config: QuantConfig, source: str = "calibration") -> None:
+    """What `config` will read from the calibration is there and fits `model`, before any work."""
+    if cal is None:
+        if config.method == "gptq" or config.state == "int8":
+            raise EdgetttError(f"method {config.method!r} / state {config.state!r} needs a calibration "
+                               "(edgettt.calibrate or `edgettt calibrate`)")
+        return
+    cal.check_model(model, source)
+    cal.check_shapes(model, source)
+    if config.state == "int8" and not cal.state_scales:
+        raise EdgetttError(f"{source}: has no state scales for the int8 state; make it with `edgettt calibrate`")
+    if config.method == "gptq":
+        missing = [name for name, _ in quantizable_linears(model, config) if name not in cal.hessians]
+        if missing:
+            raise EdgetttError(f"{source}: no input statistics for {', '.join(missing[:3])}; GPTQ needs them, make the "
+                               "file with `edgettt calibrate` on this model")
+
+
+def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, report=None,
+                   source: str = "calibration", name: str = "model") -> list[dict]:
+    """Quantize a converted model completely, in place: weights (`quantize_`), the decode state's format,
+    and the record of both in `model.config.quantization` (saved with the model). Everything is checked
+    before any layer changes: the model's form, that it is not quantized yet, that each layer has a
+    format that fits (`layer_formats`), and that `calibration` holds what GPTQ and the int8 state read.
+    Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
+    if model.form == "ttt":
+        raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
+                           "`edgettt convert`)")
+    if model.config.quantization:
+        raise EdgetttError(f"{name}: already quantized; quantize the unquantized converted model")
+    if config.weights != "none":
+        layer_formats(model, config)  # refuses up front (fallback "refuse") before any layer changes
+    check_calibration_covers(calibration, model, config, source)
+    rows = quantize_(model, config, calibration.hessians if calibration is not None else None, report=report)
+    apply_state_format(model, config.state, calibration)
+    model.config.quantization = config.to_dict()
+    return rows
 
 
 def weight_bits(model: nn.Module) -> dict:

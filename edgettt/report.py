@@ -19,7 +19,7 @@ from .data import Text, token_windows
 from .errors import EdgetttError
 from .evaluate import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
-from .quantize import QuantConfig, apply_state_format, quantize_
+from .quantize import QuantConfig, layer_formats, quantize_model
 
 
 @dataclasses.dataclass
@@ -28,6 +28,8 @@ class Variant:
     method: str = "rtn"
     group_size: int = 64
     state: str = "fp32"
+    skip: tuple[str, ...] = ("lm_head",)
+    fallback: str = "int8"
 
     @property
     def name(self) -> str:
@@ -41,26 +43,33 @@ class Variant:
         return f"{w} s-{self.state}"
 
     def config(self) -> QuantConfig:
-        return QuantConfig(self.weights, self.group_size, self.method, self.state)
+        return QuantConfig(self.weights, self.group_size, self.method, self.state, skip=self.skip,
+                           fallback=self.fallback)
 
 
-def variants(weights: list[str], states: list[str], group_size: int) -> list[Variant]:
+def variants(weights: list[str], states: list[str], group_size: int, skip: tuple[str, ...] = ("lm_head",),
+             fallback: str = "int8") -> list[Variant]:
     """Every weight format with a float state, then every state format with float weights."""
     out = []
     for w in weights:
         fmt, _, method = w.partition("-") if w.endswith(("-rtn", "-gptq")) else (w, "", "")
         method = method or "rtn"
-        out.append(Variant(fmt, method, group_size))
-    out += [Variant("none", state=s) for s in states if s != "fp32"]
+        out.append(Variant(fmt, method, group_size, skip=skip, fallback=fallback))
+    out += [Variant("none", state=s, skip=skip, fallback=fallback) for s in states if s != "fp32"]
     return out
 
 
 def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Text, variant_list: list[Variant],
                  ctx: int, max_tokens: int, form: str = "exact", calib_samples: int = 4, onnx: bool = False,
-                 log=print) -> dict:
-    """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form)."""
+                 log=print, keep_exports: Path | None = None) -> dict:
+    """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form);
+    with `keep_exports`, each variant's export stays in that folder. A variant that fails is listed
+    under "failed" with its error; the rows finished before and after it are kept."""
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
+    for v in variant_list:  # a format that cannot take a layer, with fallback "refuse": before any work
+        if v.weights != "none":
+            layer_formats(converted, v.config())
     if onnx:
         if converted.form != "parallel":
             raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
@@ -76,22 +85,37 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     cal = calibrate(converted, calib_text, seq_len=ctx, samples=calib_samples)
     rows = [_row("float (converted)", "float", "fp32", model_facts(converted, "ref"),
                  metrics.drift(ref_logits, ref_logits, targets, n_bytes), None)]
+    keep = (lambda name: keep_exports / name.replace(" ", "_")) if keep_exports else (lambda name: None)
     if onnx:
-        rows[0].update(onnx_speed(converted))
+        rows[0].update(onnx_speed(converted, keep=keep("float")))
+    failed = []
     for v in variant_list:
-        model = convert(converted, converted.form)  # a fresh copy
-        quantize_(model, v.config(), cal.hessians)
-        apply_state_format(model, v.state, cal)
-        model.config.quantization = v.config().to_dict()
-        d = metrics.drift(ref_logits, collect_logits(model, windows, desc=v.name), targets, n_bytes)
-        rows.append(_row(v.name, v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name),
-                         d, orig_ppl))
-        if onnx:
-            rows[-1].update(onnx_speed(model))
-        log(f"  {v.name:28s} {rows[-1]['size_mb']:6.2f} MB  KLD {d['kld_mean']:.5f}  top-1 {100 * d['top1']:.2f}%")
+        try:
+            rows.append(_variant_row(v, converted, cal, ref_logits, windows, n_bytes, orig_ppl))
+            if onnx:
+                rows[-1].update(onnx_speed(rows[-1].pop("_model"), keep=keep(v.name)))
+        except EdgetttError as exc:  # the other variants still count
+            failed.append({"variant": v.name, "error": str(exc)})
+            log(f"  {v.name:28s} failed: {exc}")
+            continue
+        rows[-1].pop("_model", None)
+        r = rows[-1]
+        log(f"  {v.name:28s} {r['size_mb']:6.2f} MB  KLD {r['kld_mean']:.5f}  top-1 {100 * r['top1']:.2f}%"
+            + (f"  ({r['fallback_layers']} layers in {v.fallback})" if r.get("fallback_layers") else ""))
     return {"model": source_name, "form": converted.form, "text": text.fingerprint(),
             "calibration_text": calib_text.fingerprint(), "ctx": ctx, "windows": windows.shape[0],
-            "original": orig_ppl, "rows": rows}
+            "original": orig_ppl, "rows": rows, "failed": failed}
+
+
+def _variant_row(v: Variant, converted: CausalLM, cal, ref_logits, windows, n_bytes, orig_ppl) -> dict:
+    model = convert(converted, converted.form)  # a fresh copy
+    layers = quantize_model(model, v.config(), cal)
+    d = metrics.drift(ref_logits, collect_logits(model, windows, desc=v.name), windows[:, 1:], n_bytes)
+    row = _row(v.name, v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name), d,
+               orig_ppl)
+    row["fallback_layers"] = sum(1 for layer in layers if layer.get("fallback"))
+    row["_model"] = model
+    return row
 
 
 def _row(name, weights, state, facts, d, orig_ppl) -> dict:
@@ -145,30 +169,104 @@ def write(report: dict, out: Path) -> None:
     md += [f"- {r['variant']}: " + ", ".join(f"{x:.5f}" for x in r["kld_by_position"]) for r in report["rows"]]
     (out / "report.md").write_text("\n".join(md) + "\n")
     plot(report, out)
+    (out / "report.html").write_text(html(report, out))
+
+
+def variant_colours(report: dict) -> dict[str, tuple]:
+    """One colour per variant, the same in every plot and in the HTML table; the float model in black."""
+    import matplotlib
+
+    palette = matplotlib.colormaps["tab10" if len(report["rows"]) <= 11 else "tab20"]
+    colours = {r["variant"]: palette(i % palette.N) for i, r in enumerate(report["rows"][1:])}
+    colours[report["rows"][0]["variant"]] = (0.0, 0.0, 0.0, 1.0)
+    return colours
+
+
+MARKERS = "osD^v<>phX*"
+LINES = ("-", "--", "-.", ":")
 
 
 def plot(report: dict, out: Path) -> None:
+    """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = report["rows"]
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows:
-        ax.scatter(r["size_mb"], max(r["kld_mean"], 1e-7))
-        ax.annotate(r["variant"], (r["size_mb"], max(r["kld_mean"], 1e-7)), fontsize=7)
-    ax.set(xlabel="weights, MB", ylabel="KLD mean vs float (log)", yscale="log", title="Accuracy against size")
-    fig.tight_layout()
-    fig.savefig(out / "accuracy_vs_size.png", dpi=120)
+    rows, colours = report["rows"], variant_colours(report)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    ref = rows[0]  # the float model: KLD 0 against itself, which a log axis cannot show: a line at its size
+    ax.axvline(ref["size_mb"], color="black", linestyle=":", linewidth=1)
+    ax.text(ref["size_mb"], 0.98, f" {ref['variant']}: KLD 0 (the reference)", transform=ax.get_xaxis_transform(),
+            ha="right", va="top", fontsize=8, rotation=90)
+    for i, r in enumerate(rows[1:]):
+        ax.scatter(r["size_mb"], r["kld_mean"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)], s=60,
+                   label=f"{r['variant']} ({r['size_mb']:.2f} MB, KLD {r['kld_mean']:.2g})", zorder=3)
+    ax.set(xlabel="weights on disk, MB", ylabel="mean KLD against the float model (log; lower is better)",
+           yscale="log", title=f"{report['model']}: drift against size")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.savefig(out / "accuracy_vs_size.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for r in rows[1:]:
-        ax.plot(range(1, len(r["kld_by_position"]) + 1), r["kld_by_position"], marker="o", label=r["variant"])
-    ax.set(xlabel=f"position bucket (of {report['ctx']} tokens)", ylabel="KLD mean", yscale="log",
-           title="Drift along the text")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(out / "kld_by_position.png", dpi=120)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for i, r in enumerate(rows[1:]):
+        n = len(r["kld_by_position"])
+        centres = [(b + 0.5) * report["ctx"] / n for b in range(n)]  # the bucket's middle token position
+        ax.plot(centres, r["kld_by_position"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)],
+                linestyle=LINES[i % len(LINES)], markersize=4, label=r["variant"])
+    ax.set(xlabel="token position in the window", ylabel="mean KLD against the float model (log)", yscale="log",
+           title=f"{report['model']}: drift along the text (windows of {report['ctx']} tokens)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.savefig(out / "kld_by_position.png", dpi=120, bbox_inches="tight")
     plt.close(fig)
 
+
+def html(report: dict, out: Path) -> str:
+    """One self-contained page: the summary, the table, drift by position, the plots inlined (offline)."""
+    import base64
+    from html import escape
+
+    colours = variant_colours(report)
+    head = ["variant", "weights", "state", "MB", "bits/w", "PPL", "dPPL %", "KLD mean", "KLD p99", "top-1", "RMS dp"]
+    head += ["decode.onnx MB", "ORT prefill tok/s", "ORT decode tok/s"] if "onnx_decode_mb" in report["rows"][0] else []
+
+    def swatch(name):
+        r, g, b, _ = (int(255 * c) for c in colours[name])
+        return f'<span class="sw" style="background:rgb({r},{g},{b})"></span>'
+
+    rows = "".join("<tr>" + "".join(
+        f"<td>{swatch(row['variant']) if key == 'variant' else ''}{escape(fmt.format(row[key]))}</td>"
+        for key, fmt in columns(report)) + "</tr>" for row in report["rows"])
+    n = len(report["rows"][0]["kld_by_position"])
+    drift_head = "".join(f"<th>{int(b * report['ctx'] / n)}-{int((b + 1) * report['ctx'] / n) - 1}</th>" for b in range(n))
+    drift = "".join(f"<tr><td>{swatch(r['variant'])}{escape(r['variant'])}</td>"
+                    + "".join(f"<td>{x:.5f}</td>" for x in r["kld_by_position"]) + "</tr>" for r in report["rows"][1:])
+    images = "".join(
+        f'<figure><img alt="{name}" src="data:image/png;base64,'
+        f'{base64.b64encode((out / name).read_bytes()).decode()}"><figcaption>{name}</figcaption></figure>'
+        for name in ("accuracy_vs_size.png", "kld_by_position.png"))
+    failed = "".join(f"<li>{escape(f['variant'])}: {escape(f['error'])}</li>" for f in report.get("failed", []))
+    t = report["text"]
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>edgettt report: {escape(report['model'])}</title>
+<style>
+body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }}
+th:first-child, td:first-child {{ text-align: left; }}
+th {{ background: #f4f4f4; }}
+.sw {{ display: inline-block; width: 10px; height: 10px; margin-right: 6px; border-radius: 2px; }}
+figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #666; font-size: 12px; }}
+</style></head><body>
+<h1>Accuracy against bits: {escape(report['model'])} ({escape(report['form'])} form)</h1>
+<p>Text {escape(t['name'])} ({t['bytes']:,} bytes, sha256 {escape(t['sha256'])}), {report['windows']} windows of
+{report['ctx']} tokens; the reference is the unquantized converted model. KLD: lower is better.</p>
+<table id="variants"><thead><tr>{"".join(f"<th>{escape(h)}</th>" for h in head)}</tr></thead><tbody>{rows}</tbody></table>
+{f"<h2>Failed variants</h2><ul>{failed}</ul>" if failed else ""}
+<h2>Drift along the text (mean KLD by token position)</h2>
+<table id="drift"><thead><tr><th>variant</th>{drift_head}</tr></thead><tbody>{drift}</tbody></table>
+{images}
+<p>Made by edgettt report.</p>
+</body></html>
+"""

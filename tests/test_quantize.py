@@ -164,10 +164,32 @@ def test_bad_configs():
     with pytest.raises(EdgetttError, match="gptq applies to --weights int4 and int8"):
         QuantConfig("nf4", method="gptq")
     model = convert(edgettt.load("ttt-linear-tiny"), "exact")
-    with pytest.raises(EdgetttError, match="group size 128 does not divide its input size 192"):
-        quantize_(model, QuantConfig("int4", 128))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(EdgetttError, match=r"cannot take 24 layers.*q_proj \(K=192\)"):
+        quantize_(model, QuantConfig("int4", 128, fallback="refuse"))
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # refused before any layer
     with pytest.raises(EdgetttError, match="needs input statistics"):
         quantize_(model, QuantConfig("int4", 64, "gptq"))
+
+
+@pytest.mark.parametrize("fallback", ["int8", "float"])
+def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path, fallback):
+    """int4 in groups of 128 cannot take ttt-linear-tiny's layers of input size 192 (all but down_proj):
+    they go to the fallback, down_proj to int4; the choice is recorded per layer, and the saved model
+    loads with the same formats."""
+    model = convert(edgettt.load("ttt-linear-tiny"), "exact")
+    config = QuantConfig("int4", 128, fallback=fallback)
+    rows = {r["name"]: r for r in quantize_(model, config)}
+    up, down = "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"
+    assert rows[up]["format"] == fallback and rows[up]["fallback"]
+    assert rows[down]["format"] == "int4" and not rows[down]["fallback"]
+    assert config.overrides[up] == fallback and down not in config.overrides
+    model.config.quantization = config.to_dict()
+    model.save(tmp_path / "q")
+    again = edgettt.load(tmp_path / "q")
+    assert getattr(again.get_submodule(up), "fmt", "float") == fallback and again.get_submodule(down).fmt == "int4"
+    ids = torch.randint(0, 256, (1, 40))
+    assert torch.allclose(again(ids), model(ids), atol=1e-5)
 
 
 def test_missing_bitsandbytes_is_a_clear_error(monkeypatch):

@@ -65,9 +65,9 @@ def test_quantize_bad_inputs(setup, tmp_path):
     assert run("convert", tmp_path / "t2", tmp_path / "la2", "--no-report").exit_code == 0
     result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8", "--calib", setup / "cal.st")
     assert result.exit_code == 1 and "made for another model" in result.output
-    # group size that does not divide the layer (down_proj reads the intermediate 160)
-    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64")
-    assert result.exit_code == 1 and "does not divide its input size 160" in result.output
+    # group size that does not divide the layer (down_proj reads the intermediate 160): refused up front
+    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64", "--fallback", "refuse")
+    assert result.exit_code == 1 and "down_proj (K=160)" in result.output
     result = run("quantize", setup / "ttt", tmp_path / "o")
     assert result.exit_code == 1 and "quantize a converted one" in result.output
     (tmp_path / "junk.st").write_bytes(b"x" * 20)
@@ -126,3 +126,18 @@ def test_info_counts_the_int8_state_as_stored(setup, tmp_path):
     assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)
     assert quant["decode_state_bytes_per_sequence"] == layers * (s_elems * (1 + 4) + 4 * (K - 1) * C)
     assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == "int8"
+
+
+def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_path):
+    """The default model of `edgettt create` (intermediate 160 here, 176 at the default width): int4 at
+    group 64 takes every layer but down_proj, which falls back to int8, said per layer; --skip adds."""
+    la = setup / "la"
+    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64", "--skip", "o_proj")
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line for line in result.output.splitlines() if line.startswith("  model.")}
+    assert "int8" in lines["model.layers.0.mlp.down_proj"] and "(fallback)" in lines["model.layers.0.mlp.down_proj"]
+    assert "int4" in lines["model.layers.0.mlp.up_proj"]
+    assert not any("o_proj" in name or "lm_head" in name for name in lines)  # skipped: lm_head and o_proj
+    config = json.loads((tmp_path / "o" / "config.json").read_text())["quantization"]
+    assert config["skip"] == ["lm_head", "o_proj"] and config["overrides"]["model.layers.0.mlp.down_proj"] == "int8"
+    assert "cannot be int4" in result.output

@@ -268,13 +268,14 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
     from ..outputs import as_output
     from .verify import verify
 
-    with as_output(out, "export", force).write() as tmp:
+    out = as_output(out, "export", force)
+    with out.write() as tmp:
         data = write_export(model, tmp, name, opset, log)
         if verify_text is not None:
             log(f"  verifying in onnxruntime on {verify_text.name}")
             data["verification"] = verify(model, tmp, verify_text)
             write_manifest(tmp, data)
             if not data["verification"]["passed"]:
-                raise EdgetttError(f"{out}: onnxruntime disagrees with torch ({data['verification']['summary']}); "
+                raise EdgetttError(f"{out.path}: onnxruntime disagrees with torch ({data['verification']['summary']}); "
                                    "nothing written")
     return data

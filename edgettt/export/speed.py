@@ -26,12 +26,15 @@ def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
     return prompt / (t1 - t0), (ids.shape[1] - prompt) / (t2 - t1)
 
 
-def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0) -> dict:
+def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0,
+               keep: Path | None = None) -> dict:
+    """Export `model` (into `keep` when given, else a temporary folder) and time it in onnxruntime."""
     from ..runner import Runner
     from . import write_export
 
     with tempfile.TemporaryDirectory(prefix="edgettt-onnx-") as tmp:
-        directory = Path(tmp)
+        directory = Path(tmp) if keep is None else keep
+        directory.mkdir(parents=True, exist_ok=True)
         write_export(model, directory, "speed")
         runner = Runner(directory)
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, prompt + steps))

@@ -1,9 +1,18 @@
-"""Check an export in onnxruntime against the torch model it came from (issue targets):
-float graphs within relative error 1e-4 of torch's logits, quantized graphs within KLD 1e-4 of torch
-running the same quantized model, and prefill-then-decode in onnxruntime equal to onnxruntime's
-prefill of the whole text."""
+"""Check an export in onnxruntime against the torch model it came from.
+
+The tolerance is what fp32 rounding of this model can explain, measured on the same tokens: torch in
+float64 is the reference, and torch in float32 lands at some relative error `floor` from it; a graph
+that computes the same function in fp32 lands within a small multiple of that (`ROUNDING_FACTOR`).
+That holds for float weights and for int4/int8/nf4/fp4 weights, whose dequantized values are exact
+fp32 numbers. Two variants are discontinuous by design and keep a KLD rule (`KLD_MAX`): an int8
+state (a difference of one fp32 ulp can flip a rounding at a mini-batch commit) and LLM.int8 (torch
+multiplies its outlier columns in fp16, the graph in fp32). Prefill-then-decode in onnxruntime must
+equal onnxruntime's prefill of the whole text by the same rule.
+"""
 
 from __future__ import annotations
+
+import copy
 
 import numpy as np
 import torch
@@ -11,8 +20,9 @@ import torch
 from ..metrics import kld, logit_error
 from ..model import CausalLM
 
-REL_ERROR_MAX = 1e-4  # float graphs, logits against torch
-KLD_MAX = 1e-4  # quantized graphs
+ROUNDING_FACTOR = 10  # two fp32 computations of one function differ by about sqrt(2) x floor; 10 leaves room
+FLOOR_MIN = 1e-7  # below this the floor itself is noise of the measurement
+KLD_MAX = 1e-4  # int8 state, LLM.int8
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
@@ -37,15 +47,42 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
     decoded, _ = runner.decode_tokens(ids[:, split:].numpy(), split, states)  # logits at positions split..
     prefill_vs_torch = compare(ref.numpy(), ort_logits)
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
-    quantized = bool(model.config.quantization)
-    if quantized:
+    quantization = model.config.quantization or {}
+    discontinuous = quantization.get("state") in ("int8", "int8-tensor") or quantization.get("weights") == "bnb-int8"
+    if discontinuous:
+        floor = None
         passed = prefill_vs_torch["kld_mean"] <= KLD_MAX and decode_vs_prefill["kld_mean"] <= KLD_MAX
-        rule = f"KLD mean <= {KLD_MAX:g}"
+        rule = f"KLD mean <= {KLD_MAX:g} (a rounding step in the model: {quantization})"
     else:
-        passed = prefill_vs_torch["rel_error"] < REL_ERROR_MAX and decode_vs_prefill["rel_error"] < REL_ERROR_MAX
-        rule = f"relative error < {REL_ERROR_MAX:g}"
+        floor = max(fp32_rounding_floor(model, ids, ref), FLOOR_MIN)
+        limit = ROUNDING_FACTOR * floor
+        passed = prefill_vs_torch["rel_error"] < limit and decode_vs_prefill["rel_error"] < limit
+        rule = (f"relative error < {ROUNDING_FACTOR} x {floor:.2e} (torch fp32 against fp64 on these tokens) "
+                f"= {limit:.2e}")
     summary = (f"prefill vs torch: rel {prefill_vs_torch['rel_error']:.2e}, KLD {prefill_vs_torch['kld_mean']:.2e}; "
                f"decode vs prefill: rel {decode_vs_prefill['rel_error']:.2e}, KLD {decode_vs_prefill['kld_mean']:.2e}")
     return {"text": text.fingerprint(), "windows": windows, "tokens": length, "decoded_from": split,
             "prefill_vs_torch": prefill_vs_torch, "decode_vs_prefill": decode_vs_prefill,
-            "rule": rule, "passed": passed, "summary": summary}
+            "fp32_rounding_floor": floor, "rule": rule, "passed": passed, "summary": summary}
+
+
+def float64_copy(model: CausalLM) -> CausalLM:
+    """The model in float64, quantized layers as plain linears holding their dequantized weights."""
+    from torch import nn
+
+    from ..quantize import QuantLinear, set_module
+
+    model = copy.deepcopy(model).float()
+    for name, module in list(model.named_modules()):
+        if isinstance(module, QuantLinear):
+            linear = nn.Linear(module.in_features, module.out_features, bias=False)
+            linear.weight = nn.Parameter(module.dequantized().float(), requires_grad=False)
+            set_module(model, name, linear)
+    return model.double()
+
+
+def fp32_rounding_floor(model: CausalLM, ids: torch.Tensor, ref32: torch.Tensor) -> float:
+    """Relative error of torch's fp32 logits `ref32` against the same model in float64."""
+    with torch.no_grad():
+        ref64, _ = float64_copy(model).prefill(ids)
+    return logit_error(ref64, ref32.double())["rel_error"]

@@ -1,0 +1,56 @@
+"""The report's HTML page: self-contained, and drawn by a real headless browser (skipped without one)."""
+
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+
+from edgettt.cli import cli
+
+BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def run(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
+@pytest.fixture(scope="module")
+def report_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    run("create", root / "ttt", "--hidden-size", 32, "--intermediate-size", 64, "--mini-batch-size", 8)
+    run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report")
+    run("report", root / "par", "--weights", "int8,int4-rtn", "--state", "fp16", "--group-size", 32, "--ctx", 64,
+        "--max-tokens", 400, "--data", "python-docs-sample", "--calib-data", "python-docs-sample", "-o", root / "r")
+    return root / "r"
+
+
+def test_the_page_is_self_contained_and_holds_every_variant(report_dir):
+    page = (report_dir / "report.html").read_text()
+    rows = json.loads((report_dir / "report.json").read_text())["rows"]
+    assert page.count("data:image/png;base64,") == 2
+    assert "http://" not in page and "https://" not in page and "<script" not in page  # readable offline
+    for row in rows:
+        assert row["variant"] in page
+
+
+@pytest.mark.skipif(BROWSER is None, reason="no headless Chromium installed (apt-get install chromium)")
+def test_a_headless_browser_draws_the_tables_and_plots(report_dir, tmp_path):
+    shot = tmp_path / "shot.png"
+    subprocess.run([BROWSER, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                    "--disable-component-update", "--no-first-run", f"--user-data-dir={tmp_path / 'profile'}",
+                    "--window-size=1200,2400", f"--screenshot={shot}", (report_dir / "report.html").as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    image = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert image.shape[:2] == (2400, 1200)
+    coloured = (image.max(-1) - image.min(-1)) > 60  # saturated pixels: the plots' markers and the swatches
+    rows_drawn = np.nonzero(coloured.any(1))[0]
+    assert coloured.sum() > 2000, "no plot was drawn"
+    assert rows_drawn.max() - rows_drawn.min() > 600, "the colours sit in one band: are both plots there?"
+    dark = image.max(-1) < 100  # text
+    assert dark[:300].sum() > 2000, "no title or table text at the top of the page"
