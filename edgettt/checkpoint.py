@@ -11,22 +11,17 @@ from __future__ import annotations
 
 import json
 import os
-import pickle
-import warnings
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .errors import EdgetttError
 from .model import CausalLM
 from .outputs import as_output
 from .tokenizer import load_tokenizer
+from .weights_io import FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, read_weights, weights_header, write_weights
 
-WEIGHTS_FILE = "model.safetensors"
-PICKLE_FILE = "pytorch_model.bin"
 SHIPPED_MODELS = Path(__file__).parent / "models"
 
 
@@ -85,38 +80,6 @@ def model_fingerprint(model: CausalLM) -> str:
     return digest.hexdigest()[:16]
 
 
-# dtypes a weights file may hold: float weights in any float precision; int8/uint8 for quantized storage
-FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-STORAGE_DTYPES = (torch.int8, torch.uint8, torch.int64)  # int64: a quantized state's bucket width
-
-
-def weights_file(path: Path) -> Path:
-    for name in (WEIGHTS_FILE, PICKLE_FILE):
-        if (path / name).exists():
-            return path / name
-    raise EdgetttError(f"{path}: no {WEIGHTS_FILE} or {PICKLE_FILE}; the weights are missing")
-
-
-def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """Name -> (shape, dtype) of every tensor in the weights file, from the safetensors header alone
-    (a .bin is memory-mapped, not read)."""
-    file = weights_file(path)
-    if file.name == PICKLE_FILE:
-        return {k: (tuple(t.shape), t.dtype) for k, t in read_weights(path).items()}
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(file), framework="pt") as f:
-            return {k: (tuple(f.get_slice(k).get_shape()), _SAFETENSORS_DTYPES.get(f.get_slice(k).get_dtype()))
-                    for k in f.keys()}
-    except (SafetensorError, OSError, ValueError) as exc:
-        raise EdgetttError(f"{file}: not a readable safetensors file ({exc}); the file is damaged, write it again") from None
-
-
-_SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64,
-                       "I8": torch.int8, "U8": torch.uint8, "I64": torch.int64}
-
-
 def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
     """The config's sizes against the tensors the file holds, before a model is built from them: a
     config that disagrees with its weights (a typo of 10**9) must not allocate anything."""
@@ -146,40 +109,6 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
     if layers != set(range(L)):
         raise EdgetttError(f"{source}: num_hidden_layers {L} disagrees with the weights file's {len(layers)} layers; "
                            "the checkpoint does not match its config")
-
-
-def read_weights(path: Path) -> dict[str, torch.Tensor]:
-    file = weights_file(path)
-    if file.name == WEIGHTS_FILE:
-        try:
-            return load_file(file)
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise EdgetttError(f"{file}: not a readable safetensors file ({exc}); the file is damaged, write it again") from None
-    try:
-        weights = _load_bin(file)
-    except pickle.UnpicklingError:
-        raise EdgetttError(
-            f"{file}: not a weights-only pickle (it holds code or objects, and edgettt refuses to unpickle "
-            "them); re-save it as safetensors with code you trust"
-        ) from None
-    except (OSError, RuntimeError, EOFError) as exc:
-        raise EdgetttError(f"{file}: not a readable PyTorch weights file ({exc}); the file is damaged, write it again") from None
-    if not isinstance(weights, dict) or not all(isinstance(k, str) and isinstance(t, torch.Tensor)
-                                                for k, t in weights.items()):
-        raise EdgetttError(f"{file}: expected a dict of tensors by name (a state dict); re-save it as one")
-    return weights
-
-
-def _load_bin(file: Path):
-    """A weights-only pickle, memory-mapped where its format allows (the zip format of torch >= 1.6)."""
-    with warnings.catch_warnings():  # torch's remarks on pickle protocols: the error, if any, says enough
-        warnings.simplefilter("ignore")
-        try:
-            return torch.load(file, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:
-            if "mmap" not in str(exc):
-                raise
-            return torch.load(file, map_location="cpu", weights_only=True)
 
 
 def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path) -> None:
@@ -220,20 +149,18 @@ def _names(names: list[str], limit: int = 6) -> str:
     return ", ".join(names[:limit]) + more
 
 
-def save_model(model: CausalLM, path, force: bool = False,
-               extra_files: dict[str, str] | None = None, weights_format: str = "safetensors") -> None:
+def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str, str] | None = None,
+               weights_format: str = "safetensors", max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
     """Write config.json, the weights (and the tokenizer, extra text files) atomically.
 
     `path` is a path or an `Output` planned before the work (`outputs.Output.plan(..., "model")`);
-    `weights_format` "bin" writes a weights-only `pytorch_model.bin`, as older checkpoints have.
+    `weights_format` "bin" writes a weights-only `pytorch_model.bin`, as older checkpoints have; weights
+    above `max_shard_bytes` are written as Hugging Face shards with an index.
     """
     with as_output(path, "model", force).write() as tmp:
         (tmp / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
         tensors = {k: v.detach().contiguous().cpu() for k, v in model.weights().items()}
-        if weights_format == "bin":
-            torch.save(tensors, tmp / PICKLE_FILE)
-        else:
-            save_file(tensors, tmp / WEIGHTS_FILE, metadata={"format": "pt"})
+        write_weights(tensors, tmp, weights_format, max_shard_bytes)
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
         for name, text in (extra_files or {}).items():

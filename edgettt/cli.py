@@ -65,7 +65,8 @@ def text_input(spec):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgettt")
-def cli():
+@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
+def cli(no_progress):
     """Take TTT-KV language models (TTT-Linear, TTT-MLP) to the edge as linear attention.
 
     \b
@@ -82,7 +83,11 @@ def cli():
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
     ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
+
+    Exit codes: 0 done; 1 bad input or a failed run (one line on stderr); 2 a malformed command line.
     """
+    if no_progress:
+        os.environ["TQDM_DISABLE"] = "1"  # progress.bar reads it for every bar
 
 
 @cli.command()
@@ -645,12 +650,12 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
     if not torch.cuda.is_available():
         raise EdgetttError("edgettt bench needs a CUDA GPU (torch.cuda.is_available() is False); run it on a machine with one")
-    from tqdm import tqdm
+    from .progress import bar
 
     from . import bench as benchmark
 
     result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
-                           references=not no_references, progress=lambda jobs: tqdm(jobs, desc="bench", unit="case"),
+                           references=not no_references, progress=lambda jobs: bar(jobs, desc="bench", unit="case"),
                            train_shapes=train_shapes)
     meta = result["meta"]
     header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "

@@ -13,10 +13,10 @@ import time
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from .evaluate import best_device
 from .model import CausalLM
+from .progress import bar
 
 
 def kl_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:
@@ -50,7 +50,8 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     losses = []
     t0 = time.monotonic()
-    for step in tqdm(range(steps), desc="distill", disable=None):
+    progress = bar(range(steps), desc="distill", unit="step")
+    for step in progress:
         done = step / steps
         if minutes:
             done = max(done, (time.monotonic() - t0) / (60 * minutes))
@@ -71,5 +72,7 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
         torch.nn.utils.clip_grad_norm_(student.parameters(), 1.0)
         opt.step()
         losses.append(loss.item())
+        progress.set_postfix(loss=f"{losses[-1]:.4f}", refresh=False)
+    progress.close()
     student.eval()
     return losses

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import torch
-from tqdm import tqdm
 
 from . import metrics
 from .data import Text, token_windows
 from .errors import EdgetttError
 from .model import CausalLM
+from .progress import bar
 
 
 def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
@@ -27,7 +27,7 @@ def collect_logits(model: CausalLM, windows: torch.Tensor, batch_size: int = 8, 
     device = best_device()
     model.to(device)
     out = []
-    for i in tqdm(range(0, windows.shape[0], batch_size), desc=desc, leave=False, disable=None):
+    for i in bar(range(0, windows.shape[0], batch_size), desc=desc, unit="batch", leave=False):
         out.append(model(windows[i:i + batch_size, :-1].to(device)).float().cpu())
     return torch.cat(out)
 

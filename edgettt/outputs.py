@@ -31,6 +31,7 @@ import ctypes
 import errno
 import json
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass, field
@@ -45,11 +46,12 @@ PARKED = "previous"  # the old output, parked there between the two renames of t
 # What each kind of output holds: the files edgettt writes there, and how to recognise one.
 DIRECTORY_FILES = {
     "model": {"config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "convert_report.json",
-              "MODEL_CARD.md", "eval.json", "train_log.json"},
+              "MODEL_CARD.md", "eval.json", "train_log.json", "model.safetensors.index.json"},
     "export": {"manifest.json", "prefill.onnx", "decode.onnx", "tokenizer.json"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
                "kld_by_position.png"},
 }
+FILE_PATTERNS = {"model": re.compile(r"model-\d{5}-of-\d{5}\.safetensors")}  # Hugging Face shards
 SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)
 FILE_KINDS = {"json", "markdown", "calibration", "logits"}
 KIND_NAMES = {"model": "an edgettt or TTT model directory", "export": "an edgettt export directory",
@@ -100,7 +102,8 @@ def recognise(path: Path, kind: str) -> bool:
             if e.name == sub and e.is_dir() and not e.is_symlink():
                 if not all(recognise(x, sub_kind) for x in e.iterdir()):
                     return False
-            elif not e.is_file() or e.is_symlink() or e.name not in DIRECTORY_FILES[kind]:
+            elif not e.is_file() or e.is_symlink() or not (
+                    e.name in DIRECTORY_FILES[kind] or (kind in FILE_PATTERNS and FILE_PATTERNS[kind].fullmatch(e.name))):
                 return False  # something edgettt did not put there
         if kind == "model":
             config = _read_json(path / "config.json")

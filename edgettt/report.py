@@ -19,6 +19,7 @@ from .data import Text, token_windows
 from .errors import EdgetttError
 from .evaluate import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
+from .progress import bar
 from .quantize import QuantConfig, layer_formats, quantize_model
 
 
@@ -89,7 +90,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     if onnx:
         rows[0].update(onnx_speed(converted, keep=keep("float")))
     failed = []
-    for v in variant_list:
+    for v in bar(variant_list, desc="variants", unit="variant", leave=False):
         try:
             rows.append(_variant_row(v, converted, cal, ref_logits, windows, n_bytes, orig_ppl))
             if onnx:

@@ -144,3 +144,34 @@ def test_tokenizer_json_is_used_and_travels_with_the_model(tmp_path):
     assert report["windows"] == (9 * 40 - 1) // 32 and report["ref"]["ppl"] > 1
     convert(loaded, "exact").save(tmp_path / "c")
     assert (tmp_path / "c" / "tokenizer.json").exists() and load(tmp_path / "c").tokenizer.name == "tokenizer.json"
+
+
+def test_sharded_checkpoints_are_read_and_written(tmp_path):
+    """Hugging Face's layout above a few GB: shards and model.safetensors.index.json. Written when the
+    weights exceed max_shard_bytes, read back tensor for tensor; a shard the index names but the
+    directory lacks, or one outside it, is a one-line error."""
+    import json
+
+    import edgettt
+    from edgettt.checkpoint import save_model
+    from edgettt.outputs import recognise
+
+    model = edgettt.load("ttt-linear-tiny")
+    save_model(model, tmp_path / "s", max_shard_bytes=2_000_000)
+    shards = sorted(p.name for p in (tmp_path / "s").glob("model-*.safetensors"))
+    assert len(shards) >= 3 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((tmp_path / "s" / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"]) == set(model.weights()) and not (tmp_path / "s" / "model.safetensors").exists()
+    again = edgettt.load(tmp_path / "s")
+    for name, t in model.weights().items():
+        assert torch.equal(again.weights()[name], t), name
+    assert recognise(tmp_path / "s", "model")  # --force may replace it
+    index["weight_map"]["model.norm.weight"] = "../elsewhere.safetensors"
+    (tmp_path / "s" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(edgettt.EdgetttError, match="not a file inside"):
+        edgettt.load(tmp_path / "s")
+    (tmp_path / "s" / shards[-1]).unlink()
+    index["weight_map"]["model.norm.weight"] = shards[0]
+    (tmp_path / "s" / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(edgettt.EdgetttError, match="not a file inside"):
+        edgettt.load(tmp_path / "s")

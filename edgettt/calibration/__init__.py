@@ -22,15 +22,15 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import nn
-from tqdm import tqdm
 
 from .. import linear_attention as la
 from ..checkpoint import model_fingerprint
-from ..outputs import as_output
 from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluate import encode
 from ..model import CausalLM
+from ..outputs import as_output
+from ..progress import bar
 
 # 16 buckets: on the shipped models (6 test windows of 2048, 4 calibration windows) the int8 state's KLD
 # was, for 8 / 16 / 32 buckets, ttt-linear-tiny exact 0.00080 / 0.00073 / 0.00087 (32: each bucket's
@@ -206,7 +206,7 @@ def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8
     for i, mixer in enumerate(mixers):
         mixer.observer = _state_observer(i, mixer, rowmax)
     try:
-        for w in tqdm(windows, desc="calibrate", disable=None):
+        for w in bar(windows, desc="calibrate", unit="window"):
             model(w[None])
     finally:
         for h in hooks:

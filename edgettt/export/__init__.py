@@ -26,6 +26,7 @@ from torch import nn
 
 from ..errors import EdgetttError
 from ..model import CausalLM, State
+from ..progress import bar
 from ..quantize import QuantLinear
 from . import onnx_ops
 
@@ -214,15 +215,19 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
     b = model.config.mini_batch_size
     # example shapes that fix nothing: batch 2, a length that is neither 1 nor a multiple of b
     ids = torch.randint(0, model.config.vocab_size, (2, 2 * b + 3))
-    with torch.no_grad():
+    with torch.no_grad(), bar(total=2, desc="export graphs", unit="graph", leave=False) as progress:
         log("  tracing prefill.onnx (any batch, any length)")
+        progress.set_postfix_str("prefill.onnx")
         _export_graph(prefill, (ids,), io["prefill"], [{0: batch, 1: tokens}],
                       directory / "prefill.onnx", opset)
+        progress.update()
         states = prefill(ids)[1:]
         decode_args = (ids[:, :1], torch.tensor(3), *states)
         log("  tracing decode.onnx (one token, states in and out)")
+        progress.set_postfix_str("decode.onnx")
         dynamic = [{0: batch}, None, tuple({0: batch} for _ in states)]  # *states is one argument
         _export_graph(decode, decode_args, io["decode"], dynamic, directory / "decode.onnx", opset)
+        progress.update()
     return io
 
 

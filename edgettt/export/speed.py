@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from ..model import CausalLM
+from ..progress import bar
 
 
 def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
@@ -39,7 +40,8 @@ def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: in
         runner = Runner(directory)
         ids = np.random.default_rng(seed).integers(0, model.config.vocab_size, (1, prompt + steps))
         time_round(runner, ids[:, :prompt + 16], prompt)  # warm-up
-        rounds = [time_round(runner, ids, prompt) for _ in range(repeats)]
+        rounds = [time_round(runner, ids, prompt) for _ in bar(range(repeats), desc="onnxruntime speed", unit="round",
+                                                                leave=False)]
         return {"onnx_prefill_mb": (directory / "prefill.onnx").stat().st_size / 1e6,
                 "onnx_decode_mb": (directory / "decode.onnx").stat().st_size / 1e6,
                 "ort_prefill_tokens_per_s": statistics.median(r[0] for r in rounds),
