@@ -25,9 +25,9 @@ import torch
 import edgettt
 from edgettt.calibration import calibrate
 from edgettt.data import read_text
-from edgettt.export import write_export
-from edgettt.export.speed import time_round
-from edgettt.quantize import QuantConfig, quantize_
+from edgettt.onnx import write_export
+from edgettt.onnx.speed import time_round
+from edgettt.quant import QuantConfig, quantize_
 from edgettt.runner import Runner
 
 VARIANTS = {"float": None, "int8": QuantConfig("int8"), "int4-gptq-g64": QuantConfig("int4", 64, "gptq"),

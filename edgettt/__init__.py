@@ -1,11 +1,15 @@
 """edgettt: TTT-KV language models converted to linear attention, quantized and exported for the edge.
 
-    model = edgettt.load("path/to/checkpoint")         # original TTT or converted model
+    model = edgettt.load("path/to/checkpoint")         # original TTT or converted model, or a shipped name
     fast = edgettt.convert(model, form="parallel")      # linear-attention form
     logits = fast(input_ids)                            # [B, T, vocab]
     state = fast.init_state(batch_size)
     logits, state = fast.step(input_ids[:, t], state)   # decode over a fixed-size state
-    fast.save("out")
+    cal = edgettt.calibrate(fast, "python-docs:train")  # one function per command: see edgettt/api.py
+    q = edgettt.quant(fast, edgettt.QuantConfig("int4", 64, "gptq"), cal)
+    print(edgettt.evaluation(q, "python-docs", ref=fast).drift["kld_mean"])
+    edgettt.export(q, "onnx/")                          # ONNX Runtime graphs, verified
+    edgettt.save(q, "q4/")
 """
 
 import importlib
@@ -15,10 +19,12 @@ from .errors import EdgetttError
 # Imported on first use, so that `edgettt.runner` (the edge runner) imports without torch.
 _LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("config", "ModelConfig"),
          "convert": ("conversion", "convert"), "CausalLM": ("model", "CausalLM"), "State": ("model", "State"),
-         "random_model": ("random_init", "random_model")}
+         "random_model": ("random_init", "random_model"), "QuantConfig": ("quant", "QuantConfig"),
+         **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save")}}
 
 __version__ = "0.1.0"
-__all__ = ["load", "convert", "ModelConfig", "CausalLM", "State", "EdgetttError", "random_model"]
+__all__ = ["load", "convert", "ModelConfig", "CausalLM", "State", "EdgetttError", "random_model", "QuantConfig",
+           "calibrate", "quantize", "evaluate", "export", "report", "save"]
 
 
 def __getattr__(name: str):

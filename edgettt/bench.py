@@ -269,7 +269,7 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
 def weight_variants(N, K, dtype, group=64) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
-    from .quantize import quantize_int4_rtn, quantize_int8
+    from .quant import quantize_int4_rtn, quantize_int8
 
     w = torch.randn(N, K, device="cuda") * 0.02
     dt_name = dtype_name(dtype)

@@ -9,6 +9,7 @@ edgettt wrote.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -47,6 +48,28 @@ class FiniteFloat(click.FloatRange):
 POSITIVE = click.IntRange(min=1)
 COUNT = click.IntRange(min=0)
 SEED = click.IntRange(min=0, max=2**32 - 1)
+
+
+def default_torch_threads(cores: int, load: float, torch_default: int) -> int:
+    """torch's default (one per physical core) less the cores other work keeps busy (the 1-minute load
+    average): on this 2-core CPU beside another job, report took 30.5 s with torch's default threads and
+    8.2 s with one (issue 18)."""
+    return max(1, min(torch_default, round(cores - load)))
+
+
+def torch_threads(command):
+    """Add --threads to a command that runs torch, and set torch's CPU threads before it runs."""
+    @click.option("--threads", type=click.IntRange(1, 1024), default=None,
+                  help="torch CPU threads [default: the cores not busy with other work, by the load average].")
+    @functools.wraps(command)
+    def run_with_threads(*args, threads=None, **kwargs):
+        import torch
+
+        if threads is None:
+            threads = default_torch_threads(os.cpu_count() or 1, os.getloadavg()[0], torch.get_num_threads())
+        torch.set_num_threads(threads)
+        return command(*args, **kwargs)
+    return run_with_threads
 
 
 def model_input(spec):
@@ -91,6 +114,7 @@ def cli(no_progress):
 
 
 @cli.command()
+@torch_threads
 @click.argument("out", type=click.Path())
 @click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
               help="TTT-Linear or TTT-MLP.")
@@ -130,6 +154,7 @@ def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_siz
 
 
 @cli.command()
+@torch_threads
 @click.argument("src", type=click.Path())
 @click.argument("out", type=click.Path())
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
@@ -167,7 +192,7 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     from . import load
     from .checkpoint import save_model
     from .data import read_text
-    from .evaluate import conversion_report, encode
+    from .evaluation import conversion_report, encode
     from .outputs import Output
 
     out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
@@ -231,6 +256,7 @@ def format_conversion_report(r: dict) -> str:
 
 
 @cli.command()
+@torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
               help="Sample text (see `edgettt eval --help` for the forms TEXT takes).")
@@ -266,6 +292,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 
 
 @cli.command()
+@torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("out", type=click.Path())
 @click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "bnb-int8", "none"]), default="int8",
@@ -291,7 +318,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     from .calibration import Calibration
     from .checkpoint import save_model
     from .outputs import Output
-    from .quantize import QuantConfig, layer_formats, quantize_model, skip_patterns, weight_bits
+    from .quant import QuantConfig, layer_formats, quantize_model, skip_patterns, weight_bits
 
     out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
     config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state,
@@ -319,6 +346,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
 
 
 @cli.command()
+@torch_threads
 @click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
@@ -350,7 +378,7 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     from . import load
     from .data import read_text
     from .outputs import Output
-    from .report import build_report, table, variants, write
+    from .reporting import build_report, table, variants, write
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
@@ -367,7 +395,7 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
-        from .quantize import skip_patterns
+        from .quant import skip_patterns
 
         result = build_report(model, str(model_path), text, calib_text,
                               variants(names, states, int(group_size), skip_patterns(skip), fallback), ctx,
@@ -383,6 +411,7 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 
 
 @cli.command("eval")
+@torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--ref", "ref_path", default=None, metavar="MODEL", help="Reference model to measure drift against.")
 @click.option("--ref-logits", default=None, type=click.Path(), help="Saved reference logits (--save-logits).")
@@ -400,7 +429,7 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
     the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position)."""
     from . import load
     from .data import read_text
-    from .evaluate import evaluate, save_reference
+    from .evaluation import evaluate, save_reference
     from .outputs import plan_outputs
 
     if ref_path and ref_logits:
@@ -464,12 +493,13 @@ def format_eval_report(r: dict) -> str:
 
 
 @cli.command()
+@torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def info(model_path, as_json):
     """Family, form, sizes, parameter count and decode-state bytes of MODEL."""
     from . import load
-    from .evaluate import model_facts
+    from .evaluation import model_facts
 
     model = load(model_path)
     c = model.config
@@ -494,6 +524,7 @@ def info(model_path, as_json):
         "decode_state_bytes_per_sequence": model.decode_state_bytes(),
         "decode_state_tensors": {k: list(t.shape[1:]) for k, t in state.layers[0].items()},
         "tokenizer": model.tokenizer.name if model.tokenizer else None,
+        "distilled_ctx": c.extra.get("distilled_ctx"),
     }
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -510,10 +541,13 @@ def info(model_path, as_json):
         + (f"; quantized: {json.dumps(c.quantization)}" if c.quantization else ""),
         f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence "
         f"(per layer: {per_layer})",
+        *([f"  distilled at {facts['distilled_ctx']} tokens: its drift from the original grows beyond that"]
+          if facts["distilled_ctx"] else []),
     ]))
 
 
 @cli.command("export")
+@torch_threads
 @click.argument("model_path", metavar="MODEL")
 @click.argument("out", type=click.Path())
 @click.option("--opset", default=21, show_default=True, type=click.IntRange(21, 23),
@@ -536,7 +570,7 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, force):
     """
     from . import load
     from .data import read_text
-    from .export import export_model
+    from .onnx import export_model
     from .outputs import Output
 
     out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
@@ -556,16 +590,27 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, force):
 @click.option("--prompt", required=True, help="Text to continue.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=COUNT)
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0), help="0: greedy.")
+@click.option("--top-k", default=0, show_default=True, type=COUNT, help="Sample from the k likeliest tokens (0: all).")
+@click.option("--top-p", default=1.0, show_default=True, type=FiniteFloat(0, 1, min_open=True),
+              help="Sample from the likeliest tokens whose probabilities reach p.")
+@click.option("--repetition-penalty", default=1.1, show_default=True, type=FiniteFloat(min=1),
+              help="Divide the logits of tokens seen in the last --repeat-last-n by this (1: off); greedy "
+                   "decoding of the tiny models repeats spaces without it.")
+@click.option("--repeat-last-n", default=64, show_default=True, type=COUNT)
+@click.option("--max-run", default=16, show_default=True, type=COUNT,
+              help="At most this many of one token in a row (0: no cap); stops runs of spaces.")
+@click.option("--stop", multiple=True, metavar="TEXT", help="End when the generated text ends with TEXT (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--threads", default=None, type=click.IntRange(1, 1024),
               help="onnxruntime intra-op threads [default: its own].")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write the timings here.")
 @click.option("--force", is_flag=True, help="Overwrite the --json file.")
-def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json_path, force):
+def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, repeat_last_n,
+            max_run, stop, seed, threads, json_path, force):
     """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
     then decode token by token, streaming the text; prints tokens/s and peak memory at the end."""
     from .outputs import Output
-    from .runner import Runner, peak_memory_mb
+    from .runner import Runner, Sampling, peak_memory_mb
 
     json_out = Output.plan(json_path, "json", force, inputs=[export_dir], option="--json") if json_path else None
     runner = Runner(export_dir, threads)
@@ -573,7 +618,8 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, seed, threads, json
                              len(runner.codec.encode(prompt)) + max_new_tokens)
     stats: dict = {}
     click.echo(prompt, nl=False)
-    for piece in runner.generate(prompt, max_new_tokens, temperature, seed, stats):
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, repeat_last_n, max_run)
+    for piece in runner.generate(prompt, max_new_tokens, seed=seed, stats=stats, sampling=sampling, stop=stop):
         click.echo(piece, nl=False)
     stats["peak_memory_mb"] = peak_memory_mb()
     click.echo("")

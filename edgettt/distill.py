@@ -14,7 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from .evaluate import best_device
+from .evaluation import best_device
 from .model import CausalLM
 from .progress import bar
 

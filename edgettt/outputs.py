@@ -179,6 +179,7 @@ class Output:
     path: Path
     kind: str
     force: bool = False
+    api: bool = False  # errors name force=True (the Python API) rather than --force (the command line)
     created_parents: list[Path] = field(default_factory=list)
 
     @property
@@ -186,12 +187,13 @@ class Output:
         return self.kind in DIRECTORY_FILES
 
     @classmethod
-    def plan(cls, path, kind: str, force: bool = False, inputs=(), option: str | None = None) -> "Output":
+    def plan(cls, path, kind: str, force: bool = False, inputs=(), option: str | None = None,
+             api: bool = False) -> "Output":
         """Check `path` as an output of `kind` against the command's `inputs` (paths; None and names
         that are not paths are skipped). Raises EdgetttError with a one-line reason."""
         if kind not in DIRECTORY_FILES and kind not in FILE_KINDS:
             raise ValueError(f"unknown output kind {kind!r}")
-        out = cls(Path(path), kind, force)
+        out = cls(Path(path), kind, force, api)
         label = f"{option} {path}" if option else str(path)
         out._check_against_inputs(inputs, label)
         out.cleanup_leftovers()
@@ -214,10 +216,15 @@ class Output:
         if not (path.exists() or path.is_symlink()):
             return
         if not self.force:
-            raise EdgetttError(f"{label}: already exists; pass --force to replace it, or choose another name")
+            raise EdgetttError(f"{label}: already exists; pass {self._force_word} to replace it, or choose another "
+                               "name")
         if not recognise(path, self.kind):
             raise EdgetttError(f"{label}: exists and is not {KIND_NAMES[self.kind]} that edgettt wrote (or holds "
-                               "other files); refusing to replace it even with --force; choose another name")
+                               f"other files); refusing to replace it even with {self._force_word}; choose another name")
+
+    @property
+    def _force_word(self) -> str:
+        return "force=True" if self.api else "--force"
 
     def _check_parent(self, label: str) -> None:
         parent = self.path.absolute().parent
@@ -329,4 +336,4 @@ def plan_outputs(*specs, inputs=()) -> list[Output]:
 
 def as_output(target, kind: str, force: bool = False) -> Output:
     """An `Output` as given, or a path planned as one (the Python API's callers pass paths)."""
-    return target if isinstance(target, Output) else Output.plan(target, kind, force)
+    return target if isinstance(target, Output) else Output.plan(target, kind, force, api=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -222,22 +223,29 @@ class Runner:
         return np.stack(steps, axis=1), states
 
     def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
-                 stats: dict | None = None):
-        """Yield text pieces as they decode; greedy when temperature is 0. Fills `stats` (timings)."""
+                 stats: dict | None = None, sampling: Sampling | None = None, stop: tuple[str, ...] = ()):
+        """Yield text pieces as they decode; greedy when temperature is 0 (`sampling` adds top-k, top-p and
+        the repetition penalty). Ends early when the text produced so far ends with one of `stop`
+        (the stop string is yielded). Fills `stats` (timings)."""
         ids = self.codec.encode(prompt)
         if not ids:
             raise EdgetttError("--prompt: the prompt is empty; give at least one character")
+        sampling = sampling or Sampling(temperature=temperature)
         rng = np.random.default_rng(seed)
         push = self.codec.decode_stream()
         t0 = time.perf_counter()
         logits, states = self.run_prefill(np.array([ids]))
         logits = logits[:, -1]
         t1 = time.perf_counter()
-        position, generated = len(ids), []
+        position, generated, text = len(ids), [], ""
         for _ in range(max_new_tokens):
-            token = pick(logits[0], temperature, rng)
+            token = sampling.pick(logits[0], ids + generated, rng)
             generated.append(token)
-            yield push([token])
+            piece = push([token])
+            text += piece
+            yield piece
+            if any(text.endswith(s) for s in stop if s):
+                break
             logits, states = self.run_decode(np.array([token]), position, states)
             position += 1
         yield push([], final=True)  # bytes of an unfinished character, as replacement characters
@@ -249,12 +257,44 @@ class Runner:
                          decode_tokens_per_s=len(generated) / max(t2 - t1, 1e-9))
 
 
-def pick(logits: np.ndarray, temperature: float, rng: np.random.Generator) -> int:
-    if temperature <= 0:
-        return int(np.argmax(logits))
-    z = logits.astype(np.float64) / temperature
-    p = np.exp(z - z.max())
-    return int(rng.choice(p.size, p=p / p.sum()))
+@dataclass
+class Sampling:
+    """How the next token is chosen from the logits, as llama.cpp's samplers do it: the repetition
+    penalty over the last `repeat_last_n` tokens (positive logits divided by it, negative multiplied;
+    1 turns it off; llama.cpp's default 1.1 over 64), a cap on runs of one token (`max_run` in a row,
+    0: no cap), then greedy (temperature 0) or top-k, top-p and temperature sampling.
+
+    Why the cap: greedy decoding of the tiny byte-level models falls into runs of spaces after a line
+    break (ttt-linear-tiny-parallel, "The print() function": 36 spaces in a row, the space's logit 4
+    above the next token's at every step), which a penalty of 1.1 does not break (it would take 2,
+    which distorts everything else); 16 in a row still allows any indentation Python text has."""
+
+    temperature: float = 0.0
+    top_k: int = 0  # 0: all tokens
+    top_p: float = 1.0
+    repetition_penalty: float = 1.1
+    repeat_last_n: int = 64
+    max_run: int = 16
+
+    def pick(self, logits: np.ndarray, history: list[int], rng: np.random.Generator) -> int:
+        z = logits.astype(np.float64)
+        if self.repetition_penalty != 1.0 and self.repeat_last_n > 0 and history:
+            seen = np.unique(np.asarray(history[-self.repeat_last_n:]))
+            z[seen] = np.where(z[seen] > 0, z[seen] / self.repetition_penalty, z[seen] * self.repetition_penalty)
+        if self.max_run and len(history) >= self.max_run and len(set(history[-self.max_run:])) == 1:
+            z[history[-1]] = -np.inf  # a run of max_run: something else next
+        if self.temperature <= 0:
+            return int(np.argmax(z))
+        if 0 < self.top_k < z.size:
+            z[z < np.partition(z, -self.top_k)[-self.top_k]] = -np.inf
+        p = np.exp((z - z.max()) / self.temperature)
+        p /= p.sum()
+        if self.top_p < 1.0:
+            order = np.argsort(-p)
+            keep = np.cumsum(p[order]) - p[order] < self.top_p  # the smallest set whose mass reaches top_p
+            p[order[~keep]] = 0
+            p /= p.sum()
+        return int(rng.choice(p.size, p=p))
 
 
 def peak_memory_mb() -> float:

@@ -129,7 +129,7 @@ def test_tokenizer_json_is_used_and_travels_with_the_model(tmp_path):
 
     from edgettt import convert
     from edgettt.data import Text
-    from edgettt.evaluate import conversion_report
+    from edgettt.evaluation import conversion_report
 
     vocab = {w: i for i, w in enumerate(["[UNK]", "def", "return", "x", "(", ")", ":", "+", "1"])}
     tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))

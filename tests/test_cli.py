@@ -197,3 +197,24 @@ def test_convert_distillation_ends_on_the_clock_with_minutes(ckpt, tmp_path, mon
 def test_convert_refuses_a_hard_weight_outside_0_to_1(ckpt, tmp_path):
     result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--hard-weight", "1.5")
     assert result.exit_code != 0 and "--hard-weight" in result.output and not (tmp_path / "out").exists()
+
+
+def test_torch_threads_default_leaves_busy_cores_alone_and_the_option_sets_them():
+    from edgettt.cli import default_torch_threads
+
+    assert default_torch_threads(2, 1.0, 2) == 1  # another job on one of two cores
+    assert default_torch_threads(2, 0.1, 2) == 2 and default_torch_threads(8, 0.0, 4) == 4
+    assert default_torch_threads(2, 7.5, 2) == 1
+    before = torch.get_num_threads()
+    try:
+        assert run("info", "ttt-linear-tiny", "--threads", "1").exit_code == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_info_shows_the_distilled_context():
+    facts = json.loads(run("info", "ttt-linear-tiny-parallel", "--json").output)
+    assert facts["distilled_ctx"] == 512
+    assert "distilled at 512 tokens" in run("info", "ttt-linear-tiny-parallel").output
+    assert json.loads(run("info", "ttt-linear-tiny", "--json").output)["distilled_ctx"] is None

@@ -76,7 +76,7 @@ def test_bad_text_sources(tmp_path):
 
 
 def test_invalid_utf8_is_fine_for_byte_level_models(tmp_path, tiny_model):
-    from edgettt.evaluate import encode
+    from edgettt.evaluation import encode
 
     (tmp_path / "bad.txt").write_bytes(b"ok \xff\xfe bytes")
     model = tiny_model(vocab_size=256)

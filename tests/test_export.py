@@ -104,13 +104,14 @@ def test_int4_weights_are_the_models_own_bytes(exported):
 
 @pytest.mark.parametrize("name", ["linear-fp32", "mlp-fp32"])
 def test_runner_generates_what_torch_greedy_decoding_generates(exported, name):
-    from edgettt.runner import Runner
+    from edgettt.runner import Runner, Sampling
 
     model_dir, directory = exported[name]
     model = edgettt.load(model_dir)
     prompt = "def main():\n    return"
     stats = {}
-    text = "".join(Runner(directory).generate(prompt, max_new_tokens=24, stats=stats))
+    plain_greedy = Sampling(repetition_penalty=1.0, max_run=0)
+    text = "".join(Runner(directory).generate(prompt, max_new_tokens=24, stats=stats, sampling=plain_greedy))
     ids = torch.tensor([model.tokenizer.encode(prompt)])
     with torch.no_grad():
         logits, state = model.prefill(ids)
@@ -205,3 +206,14 @@ def test_report_gains_onnx_rows(root, tmp_path):
     assert "ORT decode tok/s" in result.output
     result = run("report", root / "ttt-linear", "--onnx", "-o", tmp_path / "r2")  # converts to exact by default
     assert result.exit_code == 1 and "--form parallel" in result.output
+
+
+def test_run_stops_at_a_stop_string(exported, tmp_path):
+    _, directory = exported["linear-fp32"]
+    from edgettt.runner import Runner
+
+    full = "".join(Runner(directory).generate("ab", max_new_tokens=12))
+    stop = full[3:5]
+    assert stop and full.find(stop) == 3
+    result = run("run", directory, "--prompt", "ab", "--max-new-tokens", 12, "--stop", stop)
+    assert result.exit_code == 0 and result.stdout.rstrip("\n") == "ab" + full[:5]

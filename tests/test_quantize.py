@@ -8,7 +8,7 @@ from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
 from edgettt.calibration import Calibration, calibrate
 from edgettt.data import read_text
-from edgettt.quantize import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
+from edgettt.quant import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
                               pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
                               quantize_int8, quantize_int8_gptq, unpack_nibbles)
 
@@ -208,7 +208,7 @@ def test_missing_bitsandbytes_is_a_clear_error(monkeypatch):
 
 
 def test_llm_int8_through_bitsandbytes_keeps_outlier_columns_accurate():
-    from edgettt.quantize import llm_int8_matmul, quantize_llm_int8
+    from edgettt.quant import llm_int8_matmul, quantize_llm_int8
 
     g = torch.Generator().manual_seed(7)
     w = torch.randn(48, 128, generator=g) / 10
@@ -247,3 +247,13 @@ def test_a_calibration_keeps_the_bucket_span_it_was_made_with(trained, tmp_path)
     old = Calibration.load(tmp_path / "cal.st")
     old.state_scales = halved
     assert old.bucket_tokens == 2 * cal.bucket_tokens
+
+
+def test_bitsandbytes_imports_without_remarks_on_stderr():
+    """Its CPU backend logs a warning about an optional `kernels` package at import on some CPUs."""
+    import subprocess
+    import sys
+
+    code = "import edgettt.quant as q; q.bitsandbytes()"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert "kernels" not in result.stderr and result.stderr.strip() == ""

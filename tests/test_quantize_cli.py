@@ -9,7 +9,7 @@ from click.testing import CliRunner
 import edgettt
 from edgettt.calibration import BUCKETS
 from edgettt.cli import cli
-from edgettt.quantize import QuantLinear
+from edgettt.quant import QuantLinear
 
 
 def run(*args):

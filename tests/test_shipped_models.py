@@ -8,7 +8,7 @@ import torch
 import edgettt
 from edgettt.checkpoint import SHIPPED_MODELS, shipped_models
 from edgettt.data import read_text
-from edgettt.evaluate import evaluate
+from edgettt.evaluation import evaluate
 
 NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
 PARALLEL_NAMES = ["ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel"]  # the distilled parallel forms

@@ -27,7 +27,7 @@ from .. import linear_attention as la
 from ..checkpoint import model_fingerprint
 from ..data import Text, token_windows
 from ..errors import EdgetttError
-from ..evaluate import encode
+from ..evaluation import encode
 from ..model import CausalLM
 from ..outputs import as_output
 from ..progress import bar

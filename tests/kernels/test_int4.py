@@ -5,7 +5,7 @@ import torch
 
 from conftest import rel_err
 from edgettt.kernels.int4 import GEMV_MAX_ROWS, int4_matmul, int4_matmul_ref
-from edgettt.quantize import quantize_int4_rtn
+from edgettt.quant import quantize_int4_rtn
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}

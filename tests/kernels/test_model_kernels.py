@@ -7,11 +7,11 @@ import torch
 
 from conftest import rel_err
 from edgettt import convert
-from edgettt.quantize import QuantConfig, quantize_
+from edgettt.quant import QuantConfig, quantize_
 
 
 def use_kernels(monkeypatch, on: bool):
-    for module in ("edgettt.converted", "edgettt.quantize"):
+    for module in ("edgettt.converted", "edgettt.quant"):
         monkeypatch.setattr(f"{module}.kernels_enabled", lambda x, on=on: on and (x.is_cuda or not torch.cuda.is_available()))
 
 

@@ -32,7 +32,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 
 def verify(model: CausalLM, directory, text, windows: int = 2, length: int | None = None) -> dict:
     """Run both graphs on `windows` windows of `text` and compare (see the module docstring)."""
-    from ..evaluate import encode
+    from ..evaluation import encode
     from ..runner import Runner
 
     b = model.config.mini_batch_size
@@ -70,7 +70,7 @@ def float64_copy(model: CausalLM) -> CausalLM:
     """The model in float64, quantized layers as plain linears holding their dequantized weights."""
     from torch import nn
 
-    from ..quantize import QuantLinear, set_module
+    from ..quant import QuantLinear, set_module
 
     model = copy.deepcopy(model).float()
     for name, module in list(model.named_modules()):

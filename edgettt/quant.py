@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import logging
 import math
 
 import torch
@@ -213,6 +214,11 @@ def quantize_int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torc
 # ---- bitsandbytes ---------------------------------------------------------------------------------
 
 def bitsandbytes():
+    """bitsandbytes.functional, imported without its remark on a missing `kernels` package (its CPU
+    backend looks for an optional faster kernel at import; edgettt does not use it)."""
+    quiet = logging.getLogger("bitsandbytes")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
     try:
         import bitsandbytes.functional as bnbf
     except ImportError as exc:
@@ -220,6 +226,8 @@ def bitsandbytes():
                            "and bnb-int8") from None
     except Exception as exc:  # a broken install raises anything at import
         raise EdgetttError(f"bitsandbytes cannot load a backend ({exc}); reinstall it for this machine") from None
+    finally:
+        quiet.setLevel(level)
     return bnbf
 
 

@@ -50,7 +50,7 @@ _register_schema("MatMulBnb4", [("A", "T1"), ("B", "T2"), ("absmax", "T1")], ["K
 @torch.library.custom_op("edgettt::matmul_nbits", mutates_args=())
 def matmul_nbits(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                  K: int, N: int, block_size: int) -> torch.Tensor:
-    from ..quantize import dequantize_int4
+    from ..quant import dequantize_int4
 
     blocks = K // block_size
     w = dequantize_int4({"qweight": qweight.reshape(N, blocks, -1), "scales": scales.reshape(N, blocks),
@@ -75,7 +75,7 @@ BNB4_QUANT_TYPE = {"fp4": 0, "nf4": 1}  # MatMulBnb4's quant_type attribute
 @torch.library.custom_op("edgettt::matmul_bnb4", mutates_args=())
 def matmul_bnb4(x: torch.Tensor, qweight: torch.Tensor, absmax: torch.Tensor, K: int, N: int, block_size: int,
                 quant_type: int) -> torch.Tensor:
-    from ..quantize import bitsandbytes
+    from ..quant import bitsandbytes
 
     bnbf = bitsandbytes()
     name = {v: k for k, v in BNB4_QUANT_TYPE.items()}[quant_type]

@@ -27,7 +27,7 @@ from torch import nn
 from ..errors import EdgetttError
 from ..model import CausalLM, State
 from ..progress import bar
-from ..quantize import QuantLinear
+from ..quant import QuantLinear
 from . import onnx_ops
 
 EXPORT_FORMAT = 1
@@ -233,7 +233,7 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
 
 def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
     from ..checkpoint import model_fingerprint
-    from ..quantize import weight_bits
+    from ..quant import weight_bits
 
     tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
         {"type": "tokenizer.json", "file": "tokenizer.json"}

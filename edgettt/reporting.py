@@ -17,10 +17,10 @@ from .calibration import calibrate
 from .conversion import convert
 from .data import Text, token_windows
 from .errors import EdgetttError
-from .evaluate import collect_logits, encode, model_facts, target_bytes
+from .evaluation import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
 from .progress import bar
-from .quantize import QuantConfig, layer_formats, quantize_model
+from .quant import QuantConfig, layer_formats, quantize_model
 
 
 @dataclasses.dataclass
@@ -75,7 +75,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
         if converted.form != "parallel":
             raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
                                "pass --form parallel (or a parallel-form model such as ttt-linear-tiny-parallel)")
-        from .export.speed import onnx_speed  # onnx and onnxscript only when asked for
+        from .onnx.speed import onnx_speed  # onnx and onnxscript only when asked for
     windows = token_windows(encode(converted, text), ctx, max_tokens)
     targets, n_bytes = windows[:, 1:], target_bytes(converted, windows)
     log(f"reference logits: {converted.form} form on {text.name}, {windows.shape[0]} x {ctx} tokens")

@@ -1,0 +1,158 @@
+"""The Python API: one function per command, each returning an object (`import edgettt`).
+
+    model = edgettt.load("ttt-linear-tiny")                       # a directory or a shipped model
+    fast = edgettt.convert(model, form="exact")
+    cal = edgettt.calibrate(fast, "python-docs:train", seq_len=512, samples=4)
+    q = edgettt.quant(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
+    result = edgettt.evaluation(q, "python-docs", ctx=512, ref=fast)   # .ppl, .bits_per_byte, .drift
+    result = edgettt.reporting(model, "report/", weights=["int8", "int4-gptq"], ctx=512)
+    exported = edgettt.onnx(parallel_model, "onnx/")                # .path, .manifest, .runner()
+    q.save("q4/")                                                      # or edgettt.save(q, "q4/")
+
+Texts are given as the command line takes them: a path, "-", or a built-in name such as
+"python-docs:train"; or as an `edgettt.data.Text`. Outputs are written as the commands write them
+(never over an input, replaced only with force=True), and errors name the API's arguments.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .data import Text, read_text
+from .model import CausalLM
+from .quant import QuantConfig, quantize_model
+
+
+def _text(text) -> Text:
+    return text if isinstance(text, Text) else read_text(text)
+
+
+def calibrate(model: CausalLM, text="python-docs:train", seq_len: int = 2048, samples: int = 8, seed: int = 0,
+              percentile: float = 99.99):
+    """Statistics quantization needs from a converted model on sample text: the inputs of every linear
+    layer (GPTQ Hessians) and the accumulated state's magnitudes, with int8 state scales. Returns a
+    `Calibration` (`.save(path)`, `Calibration.load(path)`)."""
+    from .calibration import calibrate as run
+
+    return run(model, _text(text), seq_len, samples, seed, percentile)
+
+
+def quantize(model: CausalLM, config: QuantConfig | None = None, calibration=None, report=None) -> CausalLM:
+    """A quantized copy of a converted model (the model given is left as it is): weights, decode state
+    and the record of both in its config, as `config` says (default: int8 weights, fp32 state).
+    `calibration` (from `calibrate`) is needed for GPTQ and the int8 state. `report(row)` sees one
+    dict per layer. Layers the format cannot take fall back as `config.fallback` says."""
+    quantized = copy.deepcopy(model)
+    quantize_model(quantized, config or QuantConfig(), calibration, report=report)
+    return quantized
+
+
+@dataclass
+class Evaluation:
+    """What `evaluate` measured: perplexity and bits per byte, and with a reference the drift."""
+
+    report: dict
+    logits: torch.Tensor = field(repr=False)
+    windows: torch.Tensor = field(repr=False)
+
+    @property
+    def ppl(self) -> float:
+        return self.report["ppl"]
+
+    @property
+    def bits_per_byte(self) -> float | None:
+        return self.report.get("bits_per_byte")
+
+    @property
+    def drift(self) -> dict | None:
+        """KL divergence statistics, top-1 agreement, RMS dp and KLD by position against the reference."""
+        return self.report.get("drift")
+
+
+def evaluate(model: CausalLM, text="python-docs", ctx: int = 512, max_tokens: int | None = 100_000,
+             ref: CausalLM | None = None, ref_logits=None, name: str = "model") -> Evaluation:
+    """Perplexity and bits per byte of `model` on `text` in windows of `ctx` tokens; against `ref` (a
+    model) or `ref_logits` (a file saved by `edgettt eval --save-logits`), the drift."""
+    from .evaluation import evaluate as run
+
+    report, logits, windows = run(model, name, _text(text), ctx, max_tokens, ref, "ref" if ref is not None else None,
+                                  ref_logits)
+    return Evaluation(report, logits, windows)
+
+
+@dataclass
+class Export:
+    """An export directory: its manifest (graphs, states, verification) and a runner for it."""
+
+    path: Path
+    manifest: dict
+
+    @property
+    def verification(self) -> dict | None:
+        return self.manifest.get("verification")
+
+    def runner(self, threads: int | None = None):
+        """The numpy + onnxruntime runner of this export (`edgettt.runner.Runner`)."""
+        from .runner import Runner
+
+        return Runner(self.path, threads)
+
+
+def export(model: CausalLM, out, name: str = "model", verify_text="python-docs-sample", opset: int = 21,
+           force: bool = False) -> Export:
+    """prefill.onnx, decode.onnx and manifest.json for ONNX Runtime in `out`, checked in onnxruntime
+    against torch on `verify_text` (None: not checked) before anything is written."""
+    from .onnx import export_model
+
+    text = None if verify_text is None else _text(verify_text)
+    manifest = export_model(model, out, name, opset=opset, force=force, verify_text=text)
+    return Export(Path(out), manifest)
+
+
+@dataclass
+class Report:
+    """The accuracy-vs-bits report: one row per variant (`rows`), written to `path`."""
+
+    path: Path
+    data: dict
+
+    @property
+    def rows(self) -> list[dict]:
+        return self.data["rows"]
+
+    def table(self) -> str:
+        from .reporting import table
+
+        return table(self.data)
+
+
+def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:train",
+           weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn", "int4-gptq", "nf4"),
+           states=("int8", "int8-tensor", "fp16"), group_size: int = 64, form: str = "exact", ctx: int = 2048,
+           max_tokens: int = 100_000, skip=(), fallback: str = "int8", onnx: bool = False,
+           force: bool = False, log=print) -> Report:
+    """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure
+    each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`."""
+    from .outputs import Output
+    from .quant import skip_patterns
+    from .reporting import build_report, variants, write
+
+    planned = Output.plan(out, "report", force, api=True)
+    data_text, calibration_text = _text(text), _text(calib_text)
+    with planned.write() as tmp:
+        data = build_report(model, getattr(model, "name", "model"), data_text, calibration_text,
+                            variants(list(weights), list(states), group_size, skip_patterns(skip), fallback), ctx,
+                            max_tokens, form, onnx=onnx, log=log)
+        write(data, tmp)
+    return Report(Path(out), data)
+
+
+def save(model: CausalLM, out, force: bool = False) -> None:
+    """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True."""
+    from .checkpoint import save_model
+
+    save_model(model, out, force=force)
