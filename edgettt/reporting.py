@@ -2,7 +2,8 @@
 
 convert (when given a TTT checkpoint) -> calibrate -> quantize every variant -> evaluate each
 against the unquantized converted model (saved reference logits) and the original. Writes
-report.json (a list `rows`), report.csv, report.md and two PNG plots.
+report.json (a list `rows`, and `failed`: variants that did not finish), report.csv, report.md, two PNG
+plots and report.html (all of it in one page, the plots inlined).
 """
 
 from __future__ import annotations

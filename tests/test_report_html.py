@@ -54,3 +54,17 @@ def test_a_headless_browser_draws_the_tables_and_plots(report_dir, tmp_path):
     assert rows_drawn.max() - rows_drawn.min() > 600, "the colours sit in one band: are both plots there?"
     dark = image.max(-1) < 100  # text
     assert dark[:300].sum() > 2000, "no title or table text at the top of the page"
+
+
+def test_report_on_the_default_created_model_falls_back_per_layer_or_refuses_up_front(tmp_path):
+    """`edgettt create`'s default width gives intermediate 176, which no int4 group divides."""
+    run("create", tmp_path / "m")
+    common = ["--weights", "int4-rtn", "--state", "fp16", "--ctx", 64, "--max-tokens", 300, "--data",
+              "python-docs-sample", "--calib-data", "python-docs-sample", "--skip", "o_proj"]
+    run("report", tmp_path / "m", *common, "-o", tmp_path / "r")
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "r" / "report.json").read_text())["rows"]}
+    assert rows["w-int4-rtn-g64 s-fp32"]["fallback_layers"] == 2  # down_proj of both layers, in int8
+    result = CliRunner().invoke(cli, ["report", str(tmp_path / "m"), *map(str, common), "--fallback", "refuse",
+                                      "-o", str(tmp_path / "r2")])
+    assert result.exit_code == 1 and "down_proj (K=176)" in result.output and not (tmp_path / "r2").exists()
+    assert "reference logits" not in result.output  # refused before any work
