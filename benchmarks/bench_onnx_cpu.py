@@ -27,7 +27,7 @@ from edgettt.calibration import calibrate
 from edgettt.data import read_text
 from edgettt.onnx import write_export
 from edgettt.onnx.speed import time_round
-from edgettt.quant import QuantConfig, quantize_
+from edgettt.quant import QuantConfig, quantize_model
 from edgettt.runner import Runner
 
 VARIANTS = {"float": None, "int8": QuantConfig("int8"), "int4-gptq-g64": QuantConfig("int4", 64, "gptq"),
@@ -41,8 +41,7 @@ def export_variants(name: str, root: Path) -> dict[str, Path]:
     for variant, config in VARIANTS.items():
         model = edgettt.load(name)
         if config is not None:
-            quantize_(model, config, cal.hessians)
-            model.config.quantization = config.to_dict()
+            quantize_model(model, config, cal)  # weights, state format and the recorded config
         out[variant] = root / variant
         out[variant].mkdir()
         write_export(model, out[variant], name)

@@ -8,7 +8,7 @@ from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
 from edgettt.calibration import Calibration, calibrate
 from edgettt.data import read_text
-from edgettt.quant import (QuantConfig, apply_state_format, dequantize_bnb4, dequantize_int4, dequantize_int8,
+from edgettt.quant import (QuantConfig, dequantize_bnb4, dequantize_int4, dequantize_int8,
                               pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
                               quantize_int8, quantize_int8_gptq, unpack_nibbles)
 
@@ -86,12 +86,8 @@ def kld(model, ref_logits, ids):
 
 
 def quantized(model, config, cal=None):
-    from edgettt.conversion import convert as copy_of
-
-    q = copy_of(model, model.form)
-    quantize_(q, config, cal.hessians if cal else None)
-    apply_state_format(q, config.state, cal)
-    return q
+    """A quantized copy through the one call the CLI and the report use."""
+    return edgettt.quantize(model, config, cal)
 
 
 def test_gptq_beats_rtn_on_a_trained_model(trained):
