@@ -87,7 +87,8 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
     if bad_dtype:
         name = bad_dtype[0]
         raise EdgetttError(f"{source.parent}: {name} has dtype {header[name][1] or 'unsupported'}; weights must be "
-                           "float16, bfloat16, float32 or float64 (integers only in quantized models); re-save them as float")
+                           "float16, bfloat16, float32 or float64 (integers only in quantized models); re-save them "
+                           "as float")
     C, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
     H, d, b = config.num_attention_heads, config.head_dim, config.mini_batch_size
     expect = {"model.embed_tokens.weight": ((V, C), "vocab_size, hidden_size"),

@@ -406,8 +406,9 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     click.echo(f"wrote {output}/report.json, report.csv, report.md, report.html, accuracy_vs_size.png, "
                "kld_by_position.png" + (", exports/" if onnx and keep_exports else ""))
     if result["failed"]:
-        raise EdgetttError(f"{len(result['failed'])} variants failed ({'; '.join(f['variant'] + ': ' + f['error'] for f in result['failed'])})"
-                           f"; the report in {output} holds the others")
+        failures = "; ".join(f"{f['variant']}: {f['error']}" for f in result["failed"])
+        raise EdgetttError(f"{len(result['failed'])} variants failed ({failures}); the report in {output} holds the "
+                           "others")
 
 
 @cli.command("eval")

@@ -68,3 +68,21 @@ def test_report_on_the_default_created_model_falls_back_per_layer_or_refuses_up_
                                       "-o", str(tmp_path / "r2")])
     assert result.exit_code == 1 and "down_proj (K=176)" in result.output and not (tmp_path / "r2").exists()
     assert "reference logits" not in result.output  # refused before any work
+
+
+def test_report_keeps_the_variants_that_finished_when_one_fails(report_dir, tmp_path, monkeypatch):
+    import edgettt.quant
+    from edgettt.errors import EdgetttError
+
+    def broken():
+        raise EdgetttError("bitsandbytes cannot load a backend (test); reinstall it for this machine")
+
+    monkeypatch.setattr(edgettt.quant, "bitsandbytes", broken)
+    par = report_dir.parent / "par"
+    result = CliRunner().invoke(cli, ["report", str(par), "--weights", "nf4,int8", "--state", "fp16", "--ctx", "64",
+                                      "--max-tokens", "300", "--data", "python-docs-sample", "--calib-data",
+                                      "python-docs-sample", "-o", str(tmp_path / "r")])
+    assert result.exit_code == 1 and "1 variants failed (w-nf4-b64 s-fp32: bitsandbytes cannot" in result.output
+    data = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [r["variant"] for r in data["rows"]] == ["float (converted)", "w-int8 s-fp32", "w-float s-fp16"]
+    assert data["failed"][0]["variant"] == "w-nf4-b64 s-fp32"
