@@ -163,8 +163,3 @@ class CausalLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(t.numel() for t in self.weights().values())
-
-    def save(self, path, force: bool = False) -> None:
-        from .checkpoint import save_model
-
-        save_model(self, path, force=force)

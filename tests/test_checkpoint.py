@@ -142,7 +142,7 @@ def test_tokenizer_json_is_used_and_travels_with_the_model(tmp_path):
     assert loaded.tokenizer.encode("def x ( ) : return x + 1") == [1, 3, 4, 5, 6, 2, 3, 7, 8]
     report = conversion_report(loaded, convert(loaded, "parallel"), Text("t", b"def x ( ) : return x + 1 " * 40), 32, None)
     assert report["windows"] == (9 * 40 - 1) // 32 and report["ref"]["ppl"] > 1
-    convert(loaded, "exact").save(tmp_path / "c")
+    save_model(convert(loaded, "exact"), tmp_path / "c")
     assert (tmp_path / "c" / "tokenizer.json").exists() and load(tmp_path / "c").tokenizer.name == "tokenizer.json"
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import ALL_OPTIONS, FP32_EXACT, option_id, rel_err
+import edgettt
 from edgettt import convert, load
 import edgettt.linear_attention as la
 
@@ -98,7 +99,7 @@ def test_parallel_form_changes_the_function(tiny_model, family):
 @torch.no_grad()
 def test_converted_model_saves_and_loads_back(tiny_model, tmp_path, family, form):
     converted = convert(tiny_model(family, seed=4, share_qk=True, tie_word_embeddings=False), form)
-    converted.save(tmp_path / "m")
+    edgettt.save(converted, tmp_path / "m")
     loaded = load(tmp_path / "m")
     assert loaded.form == form
     ids = torch.randint(0, converted.config.vocab_size, (1, 21))

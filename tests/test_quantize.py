@@ -181,7 +181,7 @@ def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path
     assert rows[down]["format"] == "int4" and not rows[down]["fallback"]
     assert config.overrides[up] == fallback and down not in config.overrides
     model.config.quantization = config.to_dict()
-    model.save(tmp_path / "q")
+    edgettt.save(model, tmp_path / "q")
     again = edgettt.load(tmp_path / "q")
     assert getattr(again.get_submodule(up), "fmt", "float") == fallback and again.get_submodule(down).fmt == "int4"
     ids = torch.randint(0, 256, (1, 40))
