@@ -53,3 +53,14 @@ def poison_kernel_outputs(monkeypatch):
     import edgettt.kernels
 
     monkeypatch.setattr(edgettt.kernels, "POISON_OUTPUTS", True)
+
+
+# The slowest files first: with `pytest -n 2 --dist loadfile` (.ci/run) the workers take whole files in
+# collection order, so the long ones (ONNX exports, the README run) start at once and the short ones
+# fill in around them, instead of two long files ending the run one after the other.
+SLOW_FIRST = ("test_export.py", "test_readme.py", "test_bad_inputs.py", "test_training.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
