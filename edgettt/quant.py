@@ -1,13 +1,9 @@
-"""Weight quantization (DESIGN section 5): one entry point, `quantize_(model, QuantConfig)`.
+"""Weight quantization (DESIGN section 5): `quantize_model(model, QuantConfig, calibration)` quantizes a
+converted model completely (weights, decode-state format, the record in its config); `quantize_` is
+its weights-only step.
 
-Formats (edgettt's own):
-    int8  symmetric per output channel: qweight int8 [N, K], scales [N]; w = q * scale
-    int4  asymmetric, groups of g along the input dim K, packed the way ONNX Runtime's
-          com.microsoft.MatMulNBits reads it:
-              qweight     uint8 [N, K/g, g/2]   two codes a byte, the lower K index in the low nibble
-              scales      float [N, K/g]
-              zero_points uint8 [N, ceil(K/g / 2)]  packed the same way
-          w = (q - zero_point) * scale
+Formats (edgettt's own): int8 per output channel and int4 in ONNX Runtime's MatMulNBits layout, both
+described and packed in `formats.py`.
 Formats through bitsandbytes: nf4 / fp4 (blockwise 4-bit with absmax per block), and bnb-int8
 (LLM.int8: int8 rows with absmax SCB; at run time activation columns above the outlier threshold 6
 go through fp16, the rest through an int8 matmul, as `bitsandbytes.matmul` does).
