@@ -103,6 +103,12 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
         if name in header and header[name][0] != shape:
             raise EdgetttError(f"{source}: {keys} {list(shape)} disagree with {name} {list(header[name][0])} in the "
                                "weights file; the checkpoint does not match its config")
+    for name in ("scales", "scb"):  # a quantized gate_proj (int8, int4, LLM.int8): one row of scales per output
+        shape = header.get(f"model.layers.0.mlp.gate_proj.{name}", (None,))[0]
+        if shape is not None and shape[0] != config.intermediate_size:
+            raise EdgetttError(f"{source}: intermediate_size {config.intermediate_size} disagrees with "
+                               f"model.layers.0.mlp.gate_proj.{name} {list(shape)} in the weights file; the "
+                               "checkpoint does not match its config")
     if "model.embed_tokens.weight" not in header:
         raise EdgetttError(f"{source.parent}: the weights file has no model.embed_tokens.weight; not a TTT model's "
                            "weights")

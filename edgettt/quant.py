@@ -353,7 +353,8 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
                 raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {config.group_size}; "
                                    "quantize the model again")
             shapes = storage_shapes(fmt, module.out_features, module.in_features, config.group_size)
-            tensors = {k: torch.empty(shape, dtype=dtype) for k, (shape, dtype) in shapes.items()}
+            # on the meta device: load_state_dict(assign=True) puts the file's tensors in their place
+            tensors = {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in shapes.items()}
             set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
                                                 config.group_size, tensors))
     for i, layer in enumerate(model.model.layers):

@@ -284,6 +284,8 @@ CASES = [
     c("config-model-type", lambda w: ["info", w / "ttt"], ONE, "model_type", cfg(model_type="llama")),
     c("config-format-version", lambda w: ["info", w / "par"], ONE, "edgettt_format", cfg("par", edgettt_format=2)),
     c("config-form", lambda w: ["info", w / "par"], ONE, "form", cfg("par", form="weird")),
+    c("config-quantized-intermediate-disagrees", lambda w: ["info", w / "q8"], ONE, "intermediate_size",
+      cfg("q8", intermediate_size=2**18)),
     c("config-quantization-string", lambda w: ["info", w / "q8"], ONE, "quantization", cfg("q8", quantization="int4")),
     c("config-quantization-group-string", lambda w: ["info", w / "q8"], ONE, "quantization",
       cfg("q8", quantization={"weights": "int8", "group_size": "64", "state": "int8"})),
@@ -494,7 +496,7 @@ CASES = [
 
 
 def test_the_suite_covers_every_command_with_over_100_cases():
-    assert len(CASES) >= 198 and len({case.id for case in CASES}) == len(CASES)  # the README says 198
+    assert len(CASES) >= 199 and len({case.id for case in CASES}) == len(CASES)  # the README says 199
     commands = {case.args(Path("w"))[0] for case in CASES}
     assert {"create", "convert", "eval", "calibrate", "quantize", "report", "export", "run", "info",
             "bench"} <= commands
