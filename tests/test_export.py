@@ -21,9 +21,12 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory):
-    """A TTT-Linear and a TTT-MLP (all backbone options) model in the parallel form, and a calibration."""
+    """A TTT-Linear and a TTT-MLP (all backbone options) model in the parallel form, and a calibration.
+    One layer each: every export here traces the graphs again (tens of seconds on a CI core); several
+    layers go through ONNX in tests/test_readme.py (the shipped 4-layer model, float and int4) and
+    tests/test_bad_inputs.py (2 layers)."""
     root = tmp_path_factory.mktemp("export")
-    common = ("--hidden-size", "32", "--intermediate-size", "64", "--layers", "2", "--mini-batch-size", "8")
+    common = ("--hidden-size", "32", "--intermediate-size", "64", "--layers", "1", "--mini-batch-size", "8")
     assert run("create", root / "ttt-linear", *common).exit_code == 0
     assert run("create", root / "ttt-mlp", "--family", "mlp", "--share-qk", "--pre-conv", "--use-gate",
                *common).exit_code == 0
