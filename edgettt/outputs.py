@@ -226,13 +226,19 @@ class Output:
     def _force_word(self) -> str:
         return "force=True" if self.api else "--force"
 
-    def _check_parent(self, label: str) -> None:
-        parent = self.path.absolute().parent
-        existing = parent
+    def _missing_parents(self) -> tuple[Path, list[Path]]:
+        """The nearest folder above the output that exists, and the folders below it still to make (top first)."""
+        missing, existing = [], self.path.absolute().parent
         while not existing.exists():
-            if existing.is_symlink():
-                raise EdgetttError(f"{label}: {existing} is a broken symlink; choose an output in an existing folder")
+            missing.append(existing)
             existing = existing.parent
+        return existing, missing[::-1]
+
+    def _check_parent(self, label: str) -> None:
+        existing, missing = self._missing_parents()
+        broken = next((folder for folder in missing if folder.is_symlink()), None)
+        if broken is not None:
+            raise EdgetttError(f"{label}: {broken} is a broken symlink; choose an output in an existing folder")
         if not existing.is_dir():
             raise EdgetttError(f"{label}: {existing} is a file, not a folder; choose an output in a folder")
         try:
@@ -289,12 +295,7 @@ class Output:
         shutil.rmtree(staging, ignore_errors=True)
 
     def _make_parents(self) -> None:
-        missing = []
-        parent = self.path.absolute().parent
-        while not parent.exists():
-            missing.append(parent)
-            parent = parent.parent
-        for folder in reversed(missing):
+        for folder in self._missing_parents()[1]:
             folder.mkdir()
             self.created_parents.append(folder)
 

@@ -394,16 +394,14 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
                    source: str = "calibration", name: str = "model") -> list[dict]:
     """Quantize a converted model completely, in place: weights (`quantize_`), the decode state's format,
     and the record of both in `model.config.quantization` (saved with the model). Everything is checked
-    before any layer changes: the model's form, that it is not quantized yet, that each layer has a
-    format that fits (`layer_formats`), and that `calibration` holds what GPTQ and the int8 state read.
+    before any layer changes: the model's form, that it is not quantized yet, that `calibration` holds
+    what GPTQ and the int8 state read, and (in `quantize_`, first) that each layer has a format that fits.
     Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
     if model.form == "ttt":
         raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
                            "`edgettt convert`)")
     if model.config.quantization:
         raise EdgetttError(f"{name}: already quantized; quantize the unquantized converted model")
-    if config.weights != "none":
-        layer_formats(model, config)  # refuses up front (fallback "refuse") before any layer changes
     check_calibration_covers(calibration, model, config, source)
     rows = quantize_(model, config, calibration.hessians if calibration is not None else None, report=report)
     apply_state_format(model, config.state, calibration)
