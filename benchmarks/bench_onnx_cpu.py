@@ -23,11 +23,10 @@ import onnxruntime as ort
 import torch
 
 import edgettt
-from edgettt.calibration import calibrate
 from edgettt.data import read_text
 from edgettt.onnx import write_export
 from edgettt.onnx.speed import time_round
-from edgettt.quant import QuantConfig, quantize_model
+from edgettt.quant import QuantConfig, calibrate, quantize_model
 from edgettt.runner import Runner
 
 VARIANTS = {"float": None, "int8": QuantConfig("int8"), "int4-gptq-g64": QuantConfig("int4", 64, "gptq"),

@@ -1,37 +1,20 @@
-"""Benchmark: design choices of the parallel-form prefill kernel, on CUDA (which variant the code
-keeps, and why).
+"""Benchmark: the parallel-form prefill kernel's cuts and launch configurations, on CUDA.
 
-    python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
+    python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants2_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
-    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --colsums --json benchmarks/results/colsums_h200.json
-    EDGETTT_AUTOTUNE=0 python benchmarks/bench_parallel_variants.py --tiles --json benchmarks/results/tiles2_h200.json
 
-- parallel-form prefill (edgettt/kernels/prefill.py), bf16, B=4, H=16, d=64, T=32768 (the issue's
-  target shape): pass 2 recomputes the values from (k, v, lr) or reads the ones pass 1 stored (more
-  bytes, less arithmetic); segments per (sequence, head); the tiles of the passes (pass 1 may take
-  a wider tile than pass 2: it has no [tile, tile] scores); pass 1 timed alone.
-- `--colsums`: how pass 2 gets the values' column sums (the state's bias row): stored per tile by
-  pass 1 from a product with ones, such a product in pass 2, or tl.sum in both passes; at T = 8192
-  and 32768, with flash-linear-attention's chunk_linear_attn (when installed) timed in the same run.
-- `--tiles`: tiles without masks where none is needed (`even_tiles`: whole segments, mini-batches
-  and head dims, the default) against masked ones, values stored or recomputed, and the operator
-  `prefill.parallel` itself, and at T - 40 tokens (a ragged last tile, an unfinished mini-batch: the
-  masked kernels, since only whole tiles and segments take the unmasked ones; tiles3_h200.json
-  measured a version where all but the last tile did, with and without); eager and as CUDA graphs;
-  at T = 8192 and 32768, with chunk_linear_attn in the same run. The committed results hold
-  candidates of earlier versions of this script, removed since: tiles_h200.json (commit 9eb174d) the
-  LayerNorm shifts from products with the identity on the tensor cores (slower) and a cap of 168
-  registers for 3 programs a multiprocessor (1.3-2x slower); tiles2_h200.json (the working tree
-  before 29b28a4: its fused kernel was never committed) the chunk mask built every tile against once
-  (`hoist_mask`: within noise at 32768, 1% faster at 8192; once is the code now) and both passes in
-  one launch of persistent programs taking segments from a queue, pass 2's waiting on counters
-  (`fused`: 2% slower, not kept).
-- `--configs`: every launch configuration of PARALLEL_CONFIGS (warps, stages, register cap), both
-  passes pinned to it, at T = 8192 and 32768; pass 1 alone and both passes.
+- default: edgettt/kernels/prefill.py's parallel form, bf16, B=4, H=16, d=64, T=32768 (the kernel
+  issue's target shape): segments per (sequence, head) and tile sizes, pass 1 alone and both
+  passes; the operator `prefill.parallel` eagerly and as a CUDA graph; a ragged length (T - 40: a
+  ragged last tile and an unfinished mini-batch, the masked kernels); flash-linear-attention's
+  chunk_linear_attn in the same run when installed.
+- `--configs`: every launch configuration of PARALLEL_CONFIGS, both passes pinned to it, at
+  T = 8192 and 32768; pass 1 alone and both passes.
 
-The committed results also hold int4 GEMV rows from the same run (commit 99f9c40's script): 3-D
-tiles [rows, groups, bytes] against 2-D byte tiles reshaped into groups; the 2-D kernel won (11.1 vs
-14.2 us at 4096x4096, 24.1 vs 30.9 us at 11008x4096) and is the one kept.
+The design choices the kernel no longer offers (pass 2 recomputing the values, a wider tile for
+pass 1, column sums stored by pass 1 or summed with tl.sum, masks on tiles that need none, a fused
+persistent kernel, register caps) were measured with earlier versions of this script and removed:
+`benchmarks/results/prefill_design.md` lists them with their results files and commits.
 """
 
 import argparse
@@ -52,44 +35,19 @@ def target_inputs(T):
     return args, args[4].expand(B, -1, -1, -1).contiguous(), args[0].numel() * args[0].element_size()
 
 
-def parallel_rows(T, ceiling):
-    (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = []
-    cases = [(store, per_sm, 64, 64) for store in (False, True) for per_sm in (2, 4, 8)] + \
-        [(True, 4, 32, 32), (True, 4, 128, 128), (True, 4, 64, 128), (True, 4, 64, 256)]
-    for store, per_sm, tile, values_tile in cases:
-        segments = max(1, per_sm * sms // (B * H))
-        for first in (True, False):
-            ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, tile=tile,
-                                                            segments=segments, store_values=store, first_pass_only=first,
-                                                            values_tile=values_tile))
-            # pass 1 reads k, v (and writes vh); pass 2 reads q, k, v or vh and writes o
-            moved = tensor * ((3 if store else 2) if first else (7 if store else 6))
-            r = {"kernel": "parallel", "store_values": store, "segments": segments, "tile": tile,
-                 "values_tile": values_tile, "passes": "1" if first else "1+2", "ms": ms,
-                 "fraction_of_copy": moved / (ms * 1e-3) / ceiling}
-            rows.append(r)
-            print(json.dumps(r))
-    return rows
+def passes(q, k, v, lr, S0, gamma, beta, eta, S, first_only=False, **cut):
+    """Pass 1 alone, or both passes, with the plan `cut` (tile, segments) gives."""
+    plan = prefill._parallel_plan(q, eta, **cut)
+    if first_only:
+        return prefill._parallel_pass1(q, k, v, lr, S0, gamma, beta, plan)
+    U, vh = prefill._parallel_pass1(q, k, v, lr, S0, gamma, beta, plan)
+    return prefill._parallel_pass2(q, k, gamma, beta, eta, S, U, vh, plan)
 
 
-def config_rows(ceiling):
-    rows = []
-    for T in (8192, 32768):
-        (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
-        for config in prefill.PARALLEL_CONFIGS:
-            for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
-                tuner.configs, tuner.cache = [config], {}
-            for first in (True, False):
-                ms = time_ms(lambda: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
-                                                                first_pass_only=first))
-                r = {"T": T, "warps": config.num_warps, "stages": config.num_stages, "maxnreg": config.maxnreg,
-                     "passes": "1" if first else "1+2", "ms": ms,
-                     "fraction_of_copy": tensor * (3 if first else 7) / (ms * 1e-3) / ceiling}
-                rows.append(r)
-                print(json.dumps(r))
-    return rows
+def row(fields, ms, moved_bytes, ceiling):
+    r = {**fields, "ms": ms, "fraction_of_copy": moved_bytes / (ms * 1e-3) / ceiling}
+    print(json.dumps(r), flush=True)
+    return r
 
 
 def fla_run(q, k, v):
@@ -102,64 +60,45 @@ def fla_run(q, k, v):
     return lambda: fla[1](qf, kf, vf, normalize=False)
 
 
-def time_runs(T, runs, tensor, ceiling, graph=False):
-    """Time each run of {(name, passes, tensors moved): fn}; rows with ms and fraction of copy."""
+def parallel_rows(T, ceiling):
+    (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
+    S0, gamma, beta = S0.float().contiguous(), gamma.float().contiguous(), beta.float().contiguous()
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
-    for (name, passes, moved), fn in runs.items():
-        with torch.no_grad():
-            ms = time_ms(fn, graph=graph)
-        r = {"T": T, "name": name, "passes": passes, "ms": ms,
-             "fraction_of_copy": tensor * moved / (ms * 1e-3) / ceiling}
-        rows.append(r)
-        print(json.dumps(r), flush=True)
+    for per_sm, tile in [(2, 64), (4, 64), (8, 64), (4, 32), (4, 128), (None, 64)]:
+        segments = None if per_sm is None else max(1, per_sm * sms // (B * H))
+        for first in (True, False):
+            ms = time_ms(lambda: passes(q, k, v, lr, S0, gamma, beta, eta, S, first, tile=tile, segments=segments))
+            # pass 1 reads k, v and writes vh; pass 2 reads q, k, vh and writes o
+            rows.append(row({"T": T, "segments": segments or "auto", "tile": tile, "passes": "1" if first else "1+2"},
+                            ms, tensor * (3 if first else 7), ceiling))
+    args = (q, k, v, lr, S0, gamma, beta, eta)
+    ragged = tuple(x[..., :T - 40, :] for x in (q, k, v)) + (lr[..., :T - 40], S0, gamma, beta, eta)
+    runs = {"prefill.parallel (the operator)": (lambda: prefill.parallel(*args), 7),
+            "T-40 (masked tiles)": (lambda: prefill.parallel(*ragged), 7 * (T - 40) / T)}
+    if (fla := fla_run(q, k, v)) is not None:
+        runs["fla chunk_linear_attn"] = (fla, 4)
+    for graph in (False, True):
+        for name, (fn, moved) in runs.items():
+            with torch.no_grad():
+                ms = time_ms(fn, graph=graph)
+            rows.append(row({"T": T, "name": name + (" (cuda graph)" if graph else ""), "passes": "all"}, ms,
+                            tensor * moved, ceiling))
     return rows
 
 
-def colsum_rows(ceiling):
+def config_rows(ceiling):
     rows = []
     for T in (8192, 32768):
         (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
-        runs = {(f"colsums={c}", "1" if first else "all", 3 if first else 7): (
-            lambda c=c, first=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, colsums=c,
-                                                               first_pass_only=first))
-            for c in ("pass1", "dot", "sum") for first in (True, False)}
-        if (fla := fla_run(q, k, v)) is not None:
-            runs[("fla chunk_linear_attn", "all", 4)] = fla
-        rows += time_runs(T, runs, tensor, ceiling)
-    return rows
-
-
-TILE_VARIANTS = [dict(even_tiles=False), dict(), dict(store_values=False)]
-
-
-def tile_rows(ceiling):
-    """Unmasked tiles (even_tiles, the default where no tile needs a mask) against masked ones,
-    values stored or recomputed, and the operator. Each timed eagerly (do_bench:
-    the Python before the first launch counts, as for any caller) and as a CUDA graph's replays
-    (device time alone)."""
-    rows = []
-    for T in (8192, 32768):
-        (q, k, v, lr, S0, gamma, beta, eta), S, tensor = target_inputs(T)
-        runs = {}
-        for options in TILE_VARIANTS:
-            store = options.get("store_values", True)
-            name = " ".join(f"{k}={v}" for k, v in options.items()) or "default"
+        for config in prefill.PARALLEL_CONFIGS:
+            for tuner in (prefill._parallel_sums_kernel, prefill._parallel_out_kernel):
+                tuner.configs, tuner.cache = [config], {}
             for first in (True, False):
-                moved = (3 if store else 2) if first else (7 if store else 6)
-                runs[(name, "1" if first else "all", moved)] = (
-                    lambda o=options, f=first: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,
-                                                                         first_pass_only=f, **o))
-        args = (q, k, v, lr, S0, gamma, beta, eta)
-        runs[("prefill.parallel (the operator)", "all", 7)] = lambda: prefill.parallel(*args)
-        # 40 tokens fewer: a ragged last tile and an unfinished mini-batch (the masked kernels)
-        ragged = tuple(x[..., :T - 40, :] for x in (q, k, v)) + (lr[..., :T - 40], S0, gamma, beta, eta)
-        runs[("T-40", "all", 7 * (T - 40) / T)] = lambda: prefill._parallel_aligned(*ragged, S)
-        if (fla := fla_run(q, k, v)) is not None:
-            runs[("fla chunk_linear_attn", "all", 4)] = fla
-        rows += time_runs(T, runs, tensor, ceiling)
-        graphed = {(name + " (cuda graph)", passes, moved): fn for (name, passes, moved), fn in runs.items()
-                   if passes == "all"}
-        rows += time_runs(T, graphed, tensor, ceiling, graph=True)
+                ms = time_ms(lambda: passes(q, k, v, lr, S0, gamma, beta, eta, S, first))
+                rows.append(row({"T": T, "warps": config.num_warps, "stages": config.num_stages,
+                                 "maxnreg": config.maxnreg, "passes": "1" if first else "1+2"},
+                                ms, tensor * (3 if first else 7), ceiling))
     return rows
 
 
@@ -167,16 +106,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seq-len", type=int, default=32768)
     ap.add_argument("--configs", action="store_true", help="time every launch configuration instead")
-    ap.add_argument("--colsums", action="store_true", help="time the column-sums variants instead")
-    ap.add_argument("--tiles", action="store_true", help="time the per-tile options (masks, values) instead")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     warm_up()
     ceiling = copy_bandwidth()
-    if args.colsums or args.tiles:
-        rows = colsum_rows(ceiling) if args.colsums else tile_rows(ceiling)
-    else:
-        rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
+    rows = config_rows(ceiling) if args.configs else parallel_rows(args.seq_len, ceiling)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,

@@ -34,18 +34,17 @@ NOT_MULTIPLE_OF_16 = {"NSEG", "LAST_SEG"}  # at B=4, H=16, T=32768 the others ar
 KERNELS = {
     "parallel pass 1 (values, segment sums)": (
         prefill._parallel_sums_kernel,
-        dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, u_ptr=F32, vh_ptr=BF16,
-             colsum_ptr=F32),
+        dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, u_ptr=F32, vh_ptr=BF16),
         ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh",
          "stride_lt"],
-        dict(D=64, BD=64, BT=64, PREC="tf32", STORE_VH=True, SUB=1, COLSUMS=True, STORE_COLSUMS=False, EVEN=True)),
+        dict(D=64, BD=64, BT=64, PREC="tf32", EVEN=True)),
     "parallel pass 2 (outputs)": (
         prefill._parallel_out_kernel,
-        dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32,
-             u_ptr=F32, vh_ptr=BF16, colsum_ptr=F32, s_in_ptr=F32, o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
+        dict(q_ptr=BF16, k_ptr=BF16, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, u_ptr=F32, vh_ptr=BF16, s_in_ptr=F32,
+             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
         ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "LAST_SEG", "stride_sb", "stride_b", "stride_h", "stride_t",
-         "stride_lb", "stride_lh", "stride_lt", "stride_ob", "stride_oh", "stride_ot"],
-        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", LOAD_VH=True, COLSUMS=2, EVEN=True)),
+         "stride_ob", "stride_oh", "stride_ot"],
+        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", EVEN=True)),
     "exact (one program per sequence and head)": (
         prefill._exact_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, s_in_ptr=F32,

@@ -6,8 +6,8 @@
     state = fast.init_state(batch_size)
     logits, state = fast.step(input_ids[:, t], state)   # decode over a fixed-size state
     cal = edgettt.calibrate(fast, "python-docs:train")  # one function per command: see edgettt/api.py
-    q = edgettt.quant(fast, edgettt.QuantConfig("int4", 64, "gptq"), cal)
-    print(edgettt.evaluation(q, "python-docs", ref=fast).drift["kld_mean"])
+    q = edgettt.quantize(fast, edgettt.QuantConfig("int4", 64, "gptq"), cal)
+    print(edgettt.evaluate(q, "python-docs", ref=fast).drift["kld_mean"])
     edgettt.export(q, "onnx/")                          # ONNX Runtime graphs, verified
     edgettt.save(q, "q4/")
 """
@@ -19,7 +19,7 @@ from .errors import EdgetttError
 # Imported on first use, so that `edgettt.runner` (the edge runner) imports without torch.
 _LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("config", "ModelConfig"),
          "convert": ("conversion", "convert"), "CausalLM": ("model", "CausalLM"), "State": ("model", "State"),
-         "random_model": ("random_init", "random_model"), "QuantConfig": ("quant", "QuantConfig"),
+         "random_model": ("random_init", "random_model"), "QuantConfig": ("quant.config", "QuantConfig"),
          **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save")}}
 
 __version__ = "0.1.0"

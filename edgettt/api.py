@@ -3,11 +3,11 @@
     model = edgettt.load("ttt-linear-tiny")                       # a directory or a shipped model
     fast = edgettt.convert(model, form="exact")
     cal = edgettt.calibrate(fast, "python-docs:train", seq_len=512, samples=4)
-    q = edgettt.quant(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
-    result = edgettt.evaluation(q, "python-docs", ctx=512, ref=fast)   # .ppl, .bits_per_byte, .drift
-    result = edgettt.reporting(model, "report/", weights=["int8", "int4-gptq"], ctx=512)
-    exported = edgettt.onnx(parallel_model, "onnx/")                # .path, .manifest, .runner()
-    q.save("q4/")                                                      # or edgettt.save(q, "q4/")
+    q = edgettt.quantize(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
+    result = edgettt.evaluate(q, "python-docs", ctx=512, ref=fast)     # .ppl, .bits_per_byte, .drift
+    result = edgettt.report(model, "report/", weights=["int8", "int4-gptq"], ctx=512)
+    exported = edgettt.export(parallel_model, "onnx/")                 # .path, .manifest, .runner()
+    edgettt.save(q, "q4/")
 
 Texts are given as the command line takes them: a path, "-", or a built-in name such as
 "python-docs:train"; or as an `edgettt.data.Text`. Outputs are written as the commands write them
@@ -24,7 +24,8 @@ import torch
 
 from .data import Text, read_text
 from .model import CausalLM
-from .quant import QuantConfig, quantize_model
+from .quant.apply import quantize_model
+from .quant.config import QuantConfig
 
 
 def _text(text) -> Text:
@@ -36,7 +37,7 @@ def calibrate(model: CausalLM, text="python-docs:train", seq_len: int = 2048, sa
     """Statistics quantization needs from a converted model on sample text: the inputs of every linear
     layer (GPTQ Hessians) and the accumulated state's magnitudes, with int8 state scales. Returns a
     `Calibration` (`.save(path)`, `Calibration.load(path)`)."""
-    from .calibration import calibrate as run
+    from .quant.calibration import calibrate as run
 
     return run(model, _text(text), seq_len, samples, seed, percentile)
 
@@ -138,7 +139,7 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
     """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure
     each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`."""
     from .outputs import Output
-    from .quant import skip_patterns
+    from .quant.apply import skip_patterns
     from .reporting import build_report, variants, write
 
     planned = Output.plan(out, "report", force, api=True)

@@ -90,7 +90,6 @@ def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
     src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
     dst = torch.empty_like(src)
     ms = time_ms(lambda: dst.copy_(src))
-    del src, dst
     return 2 * n_bytes / (ms * 1e-3)
 
 
@@ -269,13 +268,13 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
 def weight_variants(N, K, dtype, group=64) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
-    from .quant import quantize_int4_rtn, quantize_int8
+    from .quant.weight_formats import weight_format
 
     w = torch.randn(N, K, device="cuda") * 0.02
     dt_name = dtype_name(dtype)
-    t = quantize_int4_rtn(w, group)
+    t = weight_format("int4").quantize(w, group)
     packed = (t["qweight"], t["scales"], t["zero_points"])
-    t8 = quantize_int8(w)
+    t8 = weight_format("int8").quantize(w, group)
     per_channel = (t8["qweight"], t8["scales"])
     variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True),
                 "int8 per-channel (edgettt kernel)": (lambda: tuple(p.clone() for p in per_channel),

@@ -56,7 +56,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     with torch.device("meta"):
         model = CausalLM(config)
     if config.quantization:
-        from .quant import prepare_quantized
+        from .quant.apply import prepare_quantized
 
         prepare_quantized(model, weights, str(path))
     check_weights(model, weights, path)

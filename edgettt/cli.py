@@ -45,6 +45,28 @@ class FiniteFloat(click.FloatRange):
         return rv
 
 
+class RegistryChoice(click.Choice):
+    """A click.Choice over names read from one of edgettt's registries when first needed: the
+    registries import torch, and `edgettt run` (the ONNX runner) must start without it."""
+
+    def __init__(self, names):
+        self._names = names
+        self.case_sensitive = True
+
+    @property
+    def choices(self):
+        return tuple(self._names())
+
+
+def _names(module: str, registry: str, extra: tuple[str, ...] = ()):
+    """The names of `edgettt.quant.<module>.<registry>` (a dict or a tuple) and `extra`, when asked."""
+    def names():
+        import importlib
+
+        return [str(name) for name in getattr(importlib.import_module(f"edgettt.quant.{module}"), registry)] + list(extra)
+    return names
+
+
 POSITIVE = click.IntRange(min=1)
 COUNT = click.IntRange(min=0)
 SEED = click.IntRange(min=0, max=2**32 - 1)
@@ -273,7 +295,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes along the
     positions, with the chosen int8 state scales."""
     from . import load
-    from .calibration import calibrate as run_calibration
+    from .quant.calibration import calibrate as run_calibration
     from .data import read_text
     from .outputs import Output
 
@@ -295,39 +317,40 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("out", type=click.Path())
-@click.option("--weights", type=click.Choice(["int8", "int4", "nf4", "fp4", "bnb-int8", "none"]), default="int8",
+@click.option("--weights", type=RegistryChoice(_names("weight_formats", "WEIGHT_FORMATS", ("none",))), default="int8",
               show_default=True, help="bnb-int8: bitsandbytes' LLM.int8 (outlier columns in fp16).")
-@click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True,
+@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), default="64", show_default=True,
               help="int4: group along the input dim; nf4/fp4: bitsandbytes block size.")
-@click.option("--method", type=click.Choice(["rtn", "gptq"]), default="rtn", show_default=True,
+@click.option("--method", type=RegistryChoice(_names("weight_formats", "METHODS")), default="rtn", show_default=True,
               help="int4, int8: round to nearest, or GPTQ error feedback (needs --calib).")
-@click.option("--state", type=click.Choice(["fp32", "fp16", "int8", "int8-tensor"]), default="fp32", show_default=True,
+@click.option("--state", type=RegistryChoice(_names("state_formats", "STATE_FORMATS")), default="fp32", show_default=True,
               help="int8: calibrated per-row scales (needs --calib); int8-tensor: one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
               help="Also leave layers whose name matches PATTERN in float (repeatable; added to lm_head, which "
                    "stays float unless --quantize-lm-head).")
 @click.option("--quantize-lm-head", is_flag=True, help="Quantize lm_head too (it is skipped by default).")
-@click.option("--fallback", type=click.Choice(["int8", "float", "refuse"]), default="int8", show_default=True,
+@click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
                    "--group-size); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def quantize(model_path, out, weights, group_size, method, state, calib, skip, quantize_lm_head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
-    from .calibration import Calibration
     from .checkpoint import save_model
     from .outputs import Output
-    from .quant import QuantConfig, layer_formats, quantize_model, skip_patterns, weight_bits
+    from .quant.apply import layer_formats, quantize_model, skip_patterns, weight_bits
+    from .quant.calibration import Calibration
+    from .quant.config import QuantConfig
 
     out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
     config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state,
                          skip=skip_patterns(skip, quantize_lm_head), fallback=fallback)
-    if (method == "gptq" or state == "int8") and not calib:
+    if config.needs_calibration() and not calib:
         raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
     model = load(model_path)
     cal = Calibration.load(calib) if calib else None
-    misfits = {n: f for n, f in layer_formats(model, config).items() if f != weights} if weights != "none" else {}
+    misfits = {n: f for n, f in layer_formats(model, config).items() if f != weights}
     if misfits:
         click.echo(f"{len(misfits)} layers cannot be {weights} in groups of {group_size} (input size not a multiple): "
                    f"kept in {fallback} (--fallback)", err=True)
@@ -354,7 +377,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
               help="Comma-separated weight variants: int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
 @click.option("--state", "state_list", default="int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
-@click.option("--group-size", type=click.Choice(["32", "64", "128"]), default="64", show_default=True)
+@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), default="64", show_default=True)
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="Form to convert a TTT checkpoint to.")
 @click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
@@ -363,7 +386,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
               help="Evaluate on at most this many tokens of --data.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
               help="Also leave layers matching PATTERN in float in every variant (added to lm_head; repeatable).")
-@click.option("--fallback", type=click.Choice(["int8", "float", "refuse"]), default="int8", show_default=True,
+@click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer a variant's format cannot take; refuse: stop before any work.")
 @click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
                                            "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
@@ -378,24 +401,22 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
     from . import load
     from .data import read_text
     from .outputs import Output
-    from .reporting import build_report, table, variants, write
+    from .reporting import build_report, parse_weight_variant, table, variants, write
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
-        if w not in ("int8", "int8-gptq", "int4-rtn", "int4-gptq", "nf4", "fp4", "bnb-int8"):
-            raise EdgetttError(f"--weights: unknown variant {w!r}; use int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, "
-                               "bnb-int8")
+        parse_weight_variant(w)
     states = [s.strip() for s in state_list.split(",") if s.strip()]
     for s in states:
-        if s not in ("fp32", "fp16", "int8", "int8-tensor"):
-            raise EdgetttError(f"--state: unknown variant {s!r}; use fp16, int8, int8-tensor")
+        if s not in (known := _names("state_formats", "STATE_FORMATS")()):
+            raise EdgetttError(f"--state: unknown variant {s!r}; use {', '.join(known)}")
     out = Output.plan(output, "report", force, option="--output",
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
     text, calib_text = read_text(data), read_text(calib_data)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
-        from .quant import skip_patterns
+        from .quant.apply import skip_patterns
 
         result = build_report(model, str(model_path), text, calib_text,
                               variants(names, states, int(group_size), skip_patterns(skip), fallback), ctx,
@@ -616,7 +637,7 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repet
     json_out = Output.plan(json_path, "json", force, inputs=[export_dir], option="--json") if json_path else None
     runner = Runner(export_dir, threads)
     warn_beyond_distillation(export_dir, runner.manifest["source"].get("distilled_ctx"),
-                             len(runner.codec.encode(prompt)) + max_new_tokens)
+                             len(runner.tokenizer.encode(prompt)) + max_new_tokens)
     stats: dict = {}
     click.echo(prompt, nl=False)
     sampling = Sampling(temperature, top_k, top_p, repetition_penalty, repeat_last_n, max_run)

@@ -49,7 +49,7 @@ class ModelConfig:
     eos_token_id: int | None = 2
     # edgettt's own: which computation the weights are laid out for
     form: str = "ttt"
-    # a quantized model: its QuantConfig as a dict (see quant.py)
+    # a quantized model: its QuantConfig as a dict (see quant/config.py)
     quantization: dict | None = None
     # keys we do not use, kept so that a round trip loses nothing
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -8,12 +8,11 @@ Parameters, beside the shared projections of `MixerBase`:
     mask_eta [b]                               eta_tok: the chunk mask coefficients
 Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails.
 
-A quantized state (`set_state_format`) is rounded at every mini-batch commit; A keeps full
-precision inside the mini-batch. int8: S - S0 is stored, with one calibrated scale per head and
-row for each position bucket (buffers state_scale_1, state_scale_2 [buckets, H, Dk], buckets of
-state_bucket_tokens tokens; the last bucket's scales hold beyond; [H, Dk]: one bucket): S - S0 grows
-along the text, and finer steps early keep the commits' rounding errors, which add up, small;
-int8-tensor: S itself with one uncalibrated scale (for contrast); fp16: S in half precision.
+A quantized state (`set_state_format`, formats in `quant/state_formats.py`) is rounded at every
+mini-batch commit; A keeps full precision inside the mini-batch. The int8 scales are buffers
+state_scale_1, state_scale_2 [buckets, H, Dk] (buckets of state_bucket_tokens tokens; the last
+bucket's scales hold beyond; [H, Dk]: one bucket): S - S0 grows along the text, and finer steps
+early keep the commits' rounding errors, which add up, small.
 
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
@@ -30,6 +29,7 @@ from .errors import EdgetttError
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
+from .quant.state_formats import state_format
 
 
 class LinearAttentionLayer(MixerBase):
@@ -66,7 +66,7 @@ class LinearAttentionLayer(MixerBase):
     def _check_scales(self, fmt: str, scales: list[torch.Tensor], bucket_tokens: int) -> None:
         """One table per level, [buckets, H, Dk] or [H, Dk] as the initial state's rows, positive."""
         rows = [tuple(s0.shape[:2]) for s0 in self.initial_states()]
-        if fmt in ("int8", "int8-tensor") and len(scales) != len(rows):
+        if state_format(fmt).int8 and len(scales) != len(rows):
             raise EdgetttError(f"state format {fmt}: {len(scales)} scale tables for {len(rows)} state levels; "
                                "calibrate and quantize the model again")
         for level, (scale, want) in enumerate(zip(scales, rows), start=1):
@@ -94,19 +94,8 @@ class LinearAttentionLayer(MixerBase):
 
     def requantizer(self, level: int):
         """None, or S, position -> S as stored after a commit at `position`."""
-        if self.state_format == "fp32":
-            return None
-        if self.state_format == "fp16":
-            return lambda S, position: S.half().to(S.dtype)
-        s0 = self.initial_states()[level - 1].detach()
-        offset = s0 if self.state_format == "int8" else 0
-
-        def requant(S, position):
-            # [H, Dk, Dv], no size-1 dims: they broadcast against any S, also inside an exported Scan
-            # (whose captured tensors get dynamic sizes, which a size-1 dim would not broadcast with)
-            scale = self.state_scale(level, position)[:, :, None].expand_as(s0)
-            return offset + torch.clamp(torch.round((S - offset) / scale), -127, 127) * scale
-        return requant
+        return state_format(self.state_format).requantizer(self.initial_states()[level - 1].detach(),
+                                                           lambda position: self.state_scale(level, position))
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]

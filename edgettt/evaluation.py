@@ -60,7 +60,7 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
 
 
 def model_facts(model: CausalLM, name: str) -> dict:
-    from .quant import weight_bits
+    from .quant.apply import weight_bits
 
     size = weight_bits(model)
     return {"name": name, "family": model.config.family, "form": model.form, "parameters": size["weights"],

@@ -23,6 +23,7 @@ from .config import ModelConfig
 from .converted import LinearAttentionLayer
 from .mixer import depthwise_conv
 from .ops import causal_conv, rms_norm
+from .quant.state_formats import state_format
 from .ttt import TTTLayer
 
 
@@ -145,12 +146,11 @@ class CausalLM(nn.Module):
     def decode_state_bytes(self) -> int:
         """Bytes of one sequence's decode state as stored: S in its state format (int8: 1 byte,
         fp16: 2), everything else (A, conv tails, the original layer's W and sums) as it is."""
-        per_element = {"int8": 1, "int8-tensor": 1, "fp16": 2}
         total = 0
         for layer, tensors in zip(self.model.layers, self.init_state(1).layers):
-            fmt = getattr(layer.seq_modeling_block, "state_format", "fp32")
+            fmt = state_format(getattr(layer.seq_modeling_block, "state_format", "fp32"))
             for name, t in tensors.items():
-                size = per_element.get(fmt, t.element_size()) if name.startswith("S") else t.element_size()
+                size = (fmt.bytes_per_element or t.element_size()) if name.startswith("S") else t.element_size()
                 total += t.numel() * size
         return total
 

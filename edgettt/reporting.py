@@ -14,49 +14,57 @@ import json
 from pathlib import Path
 
 from . import metrics
-from .calibration import calibrate
 from .conversion import convert
 from .data import Text, token_windows
 from .errors import EdgetttError
 from .evaluation import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
 from .progress import bar
-from .quant import QuantConfig, layer_formats, quantize_model
+from .quant.apply import layer_formats, quantize_model
+from .quant.calibration import calibrate
+from .quant.config import DEFAULT_SKIP, QuantConfig
+from .quant.weight_formats import METHODS, WEIGHT_FORMATS, weight_format
 
 
 @dataclasses.dataclass
 class Variant:
-    weights: str  # int8 | int4 | nf4 | fp4 | none
+    weights: str  # a weight format's name, or none
     method: str = "rtn"
     group_size: int = 64
     state: str = "fp32"
-    skip: tuple[str, ...] = ("lm_head",)
+    skip: tuple[str, ...] = DEFAULT_SKIP
     fallback: str = "int8"
 
     @property
     def name(self) -> str:
-        w = {"none": "w-float"}.get(self.weights, f"w-{self.weights}")
-        if self.weights == "int4":
-            w += f"-{self.method}-g{self.group_size}"
-        elif self.method != "rtn":
-            w += f"-{self.method}"
-        elif self.weights in ("nf4", "fp4"):
-            w += f"-b{self.group_size}"
-        return f"{w} s-{self.state}"
+        w = "float" if self.weights == "none" else weight_format(self.weights).label(self.method, self.group_size)
+        return f"w-{w} s-{self.state}"
 
     def config(self) -> QuantConfig:
         return QuantConfig(self.weights, self.group_size, self.method, self.state, skip=self.skip,
                            fallback=self.fallback)
 
 
-def variants(weights: list[str], states: list[str], group_size: int, skip: tuple[str, ...] = ("lm_head",),
+def weight_variant_names() -> list[str]:
+    """What `--weights` of `edgettt report` takes: a format's name, or NAME-METHOD."""
+    return [name + suffix for name, fmt in WEIGHT_FORMATS.items() for suffix in ("", *(f"-{m}" for m in fmt.methods))
+            if suffix != "-rtn" or len(fmt.methods) > 1]
+
+
+def parse_weight_variant(text: str) -> tuple[str, str]:
+    """"int4-gptq" -> ("int4", "gptq"); "int8" -> ("int8", "rtn")."""
+    if text not in weight_variant_names():
+        raise EdgetttError(f"--weights: unknown variant {text!r}; use {', '.join(weight_variant_names())}")
+    for method in METHODS:
+        if text.endswith(f"-{method}"):
+            return text[:-len(method) - 1], method
+    return text, "rtn"
+
+
+def variants(weights: list[str], states: list[str], group_size: int, skip: tuple[str, ...] = DEFAULT_SKIP,
              fallback: str = "int8") -> list[Variant]:
     """Every weight format with a float state, then every state format with float weights."""
-    out = []
-    for w in weights:
-        fmt, _, method = w.partition("-") if w.endswith(("-rtn", "-gptq")) else (w, "", "")
-        method = method or "rtn"
-        out.append(Variant(fmt, method, group_size, skip=skip, fallback=fallback))
+    out = [Variant(*parse_weight_variant(w), group_size, skip=skip, fallback=fallback) for w in weights]
     out += [Variant("none", state=s, skip=skip, fallback=fallback) for s in states if s != "fp32"]
     return out
 

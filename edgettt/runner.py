@@ -19,38 +19,7 @@ import numpy as np
 import onnxruntime as ort
 
 from .errors import EdgetttError  # plain Python: no torch behind it
-
-class ByteCodec:
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode_stream(self):
-        """Bytes in, text out as soon as it is valid UTF-8 (a character may span several tokens)."""
-        import codecs
-
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        return lambda ids, final=False: decoder.decode(bytes(ids), final=final)
-
-
-class JsonCodec:
-    def __init__(self, file: Path):
-        from tokenizers import Tokenizer  # only for exports that carry a tokenizer.json
-
-        self.tok = Tokenizer.from_file(str(file))
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def decode_stream(self):
-        seen: list[int] = []
-        shown = [""]
-
-        def push(ids, final=False):
-            seen.extend(ids)
-            text = self.tok.decode(seen)
-            new, shown[0] = text[len(shown[0]):], text
-            return new
-        return push
+from .tokenizer import ByteTokenizer, JsonTokenizer
 
 
 ROLES = ("input_ids", "logits", "position", "inner_position", "state")
@@ -181,7 +150,7 @@ class Runner:
             check_graph(sess, graph, m["vocab_size"], self.dir / graph["file"])
         self.block = m["mini_batch_size"]
         tok = m["tokenizer"]
-        self.codec = JsonCodec(self.dir / tok["file"]) if tok["type"] == "tokenizer.json" else ByteCodec()
+        self.tokenizer = JsonTokenizer(self.dir / tok["file"]) if tok["type"] == "tokenizer.json" else ByteTokenizer()
 
     @staticmethod
     def _role(io: list[dict], role: str) -> str:
@@ -226,12 +195,12 @@ class Runner:
         """Yield text pieces as they decode; greedy when temperature is 0 (`sampling` adds top-k, top-p and
         the repetition penalty). Ends early when the text produced so far ends with one of `stop`
         (the stop string is yielded). Fills `stats` (timings)."""
-        ids = self.codec.encode(prompt)
+        ids = self.tokenizer.encode(prompt)
         if not ids:
             raise EdgetttError("--prompt: the prompt is empty; give at least one character")
         sampling = sampling or Sampling(temperature=temperature)
         rng = np.random.default_rng(seed)
-        push = self.codec.decode_stream()
+        push = self.tokenizer.decode_stream()
         t0 = time.perf_counter()
         logits, states = self.run_prefill(np.array([ids]))
         logits = logits[:, -1]

@@ -1,10 +1,13 @@
 """Tokenizers that travel with a model: byte-level by default, `tokenizer.json` when the directory has one.
 
-Both offer `encode(str) -> list[int]`, `decode(list[int]) -> str` and `save(directory)`.
+Both offer `encode(str) -> list[int]`, `decode(list[int]) -> str`, `decode_stream()` (for text
+shown as it is generated) and `save(directory)`. Plain Python (the tokenizers library only for a
+tokenizer.json): the ONNX runner, which must import without torch, uses them too.
 """
 
 from __future__ import annotations
 
+import codecs
 import shutil
 from pathlib import Path
 
@@ -24,6 +27,12 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+    def decode_stream(self):
+        """push(ids, final=False) -> the new text, as soon as it is valid UTF-8 (a character may span
+        several tokens)."""
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return lambda ids, final=False: decoder.decode(bytes(i for i in ids if 0 <= i < 256), final=final)
 
     def save(self, directory: Path) -> None:
         pass  # the default needs no file
@@ -51,6 +60,19 @@ class JsonTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids)
+
+    def decode_stream(self):
+        """push(ids, final=False) -> the new text: the whole sequence decoded again, its new tail returned
+        (a token's text can depend on the tokens around it)."""
+        seen: list[int] = []
+        shown = [""]
+
+        def push(ids, final=False):
+            seen.extend(ids)
+            text = self._tok.decode(seen)
+            new, shown[0] = text[len(shown[0]):], text
+            return new
+        return push
 
     def save(self, directory: Path) -> None:
         shutil.copyfile(self.file, directory / "tokenizer.json")

@@ -28,7 +28,7 @@ def test_agrees_with_naive(T, start, fn):
 
 def test_mask_is_chunk_structured():
     """Token i of a mini-batch weighs its own mini-batch by eta[i], earlier ones by eta[b]."""
-    b, T = 4, 10
+    T = 10
     eta = torch.tensor([1.0, 0.5, 0.25, 0.125])
     ones = torch.ones(1, 1, T, 1)  # every score q.k is 1 and the value of token j is one-hot at j
     zero = torch.zeros(1, 1, 1, T)

@@ -6,11 +6,33 @@ import torch
 import edgettt
 from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
-from edgettt.calibration import Calibration, calibrate
 from edgettt.data import read_text
-from edgettt.quant import (QuantConfig, dequantize_bnb4, dequantize_int4, dequantize_int8,
-                              pack_nibbles, quantize_, quantize_bnb4, quantize_int4_gptq, quantize_int4_rtn,
-                              quantize_int8, quantize_int8_gptq, unpack_nibbles)
+from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, weight_format
+from edgettt.quant.calibration import Calibration, calibrate
+from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
+
+INT4, INT8 = weight_format("int4"), weight_format("int8")
+
+
+@pytest.mark.parametrize("name", sorted(WEIGHT_FORMATS))
+def test_every_registered_format_stores_what_it_declares_and_dequantizes_within_its_grid(name):
+    """The checks every weight format passes (a new one gets them by being registered): the stored
+    tensors are the declared shapes and dtypes (a quantized model is shaped by them before loading),
+    the layer computes with the dequantized weight, the error is a fraction of the weights' scale,
+    and the export reads tensors it was given."""
+    fmt, group = WEIGHT_FORMATS[name], 64
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(11)) / 10
+    t = fmt.quantize(w, group)
+    declared = fmt.storage(48, 128, group)
+    assert {k: (tuple(v.shape), v.dtype) for k, v in t.items()} == {k: (tuple(s), d) for k, (s, d) in declared.items()}
+    d = fmt.dequantize(t, 48, 128, group)
+    assert d.shape == w.shape and ((d - w).pow(2).mean() / w.pow(2).mean()).item() < 0.02
+    layer = QuantLinear(128, 48, name, group, t)
+    x = torch.randn(3, 128, generator=torch.Generator().manual_seed(12))
+    assert ((layer(x) - x @ d.T).norm() / (x @ d.T).norm()).item() < (0.02 if name == "bnb-int8" else 1e-5)
+    exported = fmt.export_tensors(t)
+    assert torch.allclose(fmt.export_matmul(x, exported, 128, 48, group), x @ d.T, rtol=1e-4, atol=1e-5)
+    assert fmt.fits(128, group) and (fmt.fits(96, group) != fmt.grouped)
 
 
 def test_nibble_packing_round_trips_and_matches_the_matmulnbits_order():
@@ -24,16 +46,16 @@ def test_nibble_packing_round_trips_and_matches_the_matmulnbits_order():
 def test_int4_layout_and_exact_round_trip_of_representable_weights():
     g = torch.Generator().manual_seed(1)
     w = torch.randn(48, 192, generator=g)
-    t = quantize_int4_rtn(w, 64)
+    t = INT4.quantize(w, 64)
     assert t["qweight"].shape == (48, 3, 32) and t["scales"].shape == (48, 3) and t["zero_points"].shape == (48, 2)
     once = dequantize_int4(t)
-    assert torch.allclose(dequantize_int4(quantize_int4_rtn(once, 64)), once, atol=1e-5)
+    assert torch.allclose(dequantize_int4(INT4.quantize(once, 64)), once, atol=1e-5)
 
 
 @pytest.mark.parametrize("group", [32, 64, 128])
 def test_int4_rtn_error_is_within_the_uniform_rounding_bound(group):
     w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
-    t = quantize_int4_rtn(w, group)
+    t = INT4.quantize(w, group)
     err = (dequantize_int4(t) - w).reshape(64, -1, group)
     step = t["scales"][..., None]
     assert (err.abs() <= step / 2 + 1e-6).all()  # every weight within half a step
@@ -43,7 +65,7 @@ def test_int4_rtn_error_is_within_the_uniform_rounding_bound(group):
 
 def test_int8_error_bound():
     w = torch.randn(32, 100, generator=torch.Generator().manual_seed(3))
-    t = quantize_int8(w)
+    t = INT8.quantize(w, 64)
     assert t["qweight"].dtype == torch.int8
     assert ((dequantize_int8(t) - w).abs() <= t["scales"][:, None] / 2 + 1e-7).all()
 
@@ -51,8 +73,8 @@ def test_int8_error_bound():
 @pytest.mark.parametrize("quant_type", ["nf4", "fp4"])
 def test_bitsandbytes_4bit_error_bound(quant_type):
     w = torch.randn(32, 128, generator=torch.Generator().manual_seed(4))
-    t = quantize_bnb4(w, quant_type, 64)
-    d = dequantize_bnb4(t, (32, 128), quant_type, 64)
+    t = weight_format(quant_type).quantize(w, 64)
+    d = weight_format(quant_type).dequantize(t, 32, 128, 64)
     absmax = w.reshape(-1, 64).abs().amax(-1, keepdim=True)
     rel = ((d - w).reshape(-1, 64).abs() / absmax).max().item()
     assert rel < 0.25  # the widest gap of either 4-bit code book is under half of 0.5 absmax
@@ -65,8 +87,8 @@ def test_gptq_beats_rounding_on_correlated_inputs():
     w = torch.randn(64, 128, generator=g)
     H = X.T @ X / X.shape[0]
     out_err = lambda d: (X @ (d - w).T).pow(2).mean().item()  # noqa: E731
-    assert out_err(dequantize_int4(quantize_int4_gptq(w, 64, H))) < 0.75 * out_err(dequantize_int4(quantize_int4_rtn(w, 64)))
-    assert out_err(dequantize_int8(quantize_int8_gptq(w, H))) < 0.75 * out_err(dequantize_int8(quantize_int8(w)))
+    assert out_err(dequantize_int4(INT4.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int4(INT4.quantize(w, 64)))
+    assert out_err(dequantize_int8(INT8.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int8(INT8.quantize(w, 64)))
 
 
 @pytest.fixture(scope="module")
@@ -157,7 +179,7 @@ def test_requantized_chunk_equals_requantized_recurrence(start):
 
 
 def test_bad_configs():
-    with pytest.raises(EdgetttError, match="gptq applies to --weights int4 and int8"):
+    with pytest.raises(EdgetttError, match="gptq applies to --weights int8 and int4 only"):
         QuantConfig("nf4", method="gptq")
     model = convert(edgettt.load("ttt-linear-tiny"), "exact")
     before = {k: v.clone() for k, v in model.state_dict().items()}
@@ -200,19 +222,17 @@ def test_missing_bitsandbytes_is_a_clear_error(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_bnb)
     with pytest.raises(EdgetttError, match="bitsandbytes is not installed .*pip install bitsandbytes"):
-        quantize_bnb4(torch.randn(4, 64), "nf4", 64)
+        weight_format("nf4").quantize(torch.randn(4, 64), 64)
 
 
 def test_llm_int8_through_bitsandbytes_keeps_outlier_columns_accurate():
-    from edgettt.quant import llm_int8_matmul, quantize_llm_int8
-
     g = torch.Generator().manual_seed(7)
     w = torch.randn(48, 128, generator=g) / 10
     x = torch.randn(2, 5, 128, generator=g)
     x[..., 7] = 40.0  # an outlier feature: above the threshold, it goes through fp16
-    t = quantize_llm_int8(w)
+    t = weight_format("bnb-int8").quantize(w, 64)
     assert t["qweight"].dtype == torch.int8 and t["scb"].shape == (48,)
-    y = llm_int8_matmul(x, t)
+    y = QuantLinear(128, 48, "bnb-int8", 64, t)(x)
     exact = x @ w.T
     assert y.shape == (2, 5, 48)
     assert ((y - exact).norm() / exact.norm()).item() < 0.02
@@ -250,6 +270,6 @@ def test_bitsandbytes_imports_without_remarks_on_stderr():
     import subprocess
     import sys
 
-    code = "import edgettt.quant as q; q.bitsandbytes()"
+    code = "from edgettt.quant.weight_formats import bitsandbytes; bitsandbytes()"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "kernels" not in result.stderr and result.stderr.strip() == ""

@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 import edgettt
-from edgettt.calibration import BUCKETS
+from edgettt.quant.calibration import BUCKETS
 from edgettt.cli import cli
 from edgettt.quant import QuantLinear
 
@@ -79,7 +79,7 @@ def test_quantize_bad_inputs(setup, tmp_path):
 
 
 def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
-    from edgettt.calibration import Calibration
+    from edgettt.quant.calibration import Calibration
     from edgettt.checkpoint import model_fingerprint
 
     args = ("calibrate", setup / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3")

@@ -71,13 +71,13 @@ def test_report_on_the_default_created_model_falls_back_per_layer_or_refuses_up_
 
 
 def test_report_keeps_the_variants_that_finished_when_one_fails(report_dir, tmp_path, monkeypatch):
-    import edgettt.quant
+    import edgettt.quant.weight_formats
     from edgettt.errors import EdgetttError
 
     def broken():
         raise EdgetttError("bitsandbytes cannot load a backend (test); reinstall it for this machine")
 
-    monkeypatch.setattr(edgettt.quant, "bitsandbytes", broken)
+    monkeypatch.setattr(edgettt.quant.weight_formats, "bitsandbytes", broken)
     par = report_dir.parent / "par"
     result = CliRunner().invoke(cli, ["report", str(par), "--weights", "nf4,int8", "--state", "fp16", "--ctx", "64",
                                       "--max-tokens", "300", "--data", "python-docs-sample", "--calib-data",

@@ -3,8 +3,9 @@
 Kernels are used on CUDA by default; `EDGETTT_KERNELS=0` forces the references. On a CPU, tests
 run the kernels under `TRITON_INTERPRET=1` (fp32/fp16 only), set before this package is imported.
 `EDGETTT_AUTOTUNE=0` (set by the tests) launches every kernel with the first of its configurations
-instead of timing them all on each new shape: compiling and timing every configuration for every
-test shape took the GPU test run past ten minutes. One GPU test runs every configuration.
+instead of timing them all on each new shape (which makes a test run far longer); one GPU test runs
+every configuration. The measurements behind the kernels' design are in `benchmarks/results/`
+(prefill_design.md for the prefill kernels).
 """
 
 import os
@@ -21,9 +22,8 @@ def fresh(t: torch.Tensor) -> torch.Tensor:
 
 
 def cdiv(a: int, b: int) -> int:
-    """ceil(a / b) for the launch arithmetic on the host. (triton.cdiv and triton.next_power_of_2 are
-    constexpr functions, about 2 us a call in Python: 9 of the parallel operator's 53 us of Python a
-    call, kernels mocked, which its time counts while the GPU waits for the first launch.)"""
+    """ceil(a / b) for the launch arithmetic on the host: triton.cdiv and triton.next_power_of_2 are
+    constexpr functions, slow to call from Python, and the operators' Python runs while the GPU waits."""
     return -(-a // b)
 
 

@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..quant.state_formats import int8_state_codes, int8_state_values
 from . import cdiv, fresh, next_power_of_2
 
 
@@ -75,16 +76,17 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
 
 # ---- int8 state -------------------------------------------------------------------------------
 # The state at rest is S = S0 + Sq * scale (Sq int8 [B, H, Dk, Dv], one scale per head and row
-# [H, Dk], S0 the model's initial state [H, Dk, Dv], or zeros for a state quantized as itself).
-# A stays float. At a commit S is updated in float and rounded back (half to even, like torch.round).
+# [H, Dk], S0 the model's initial state [H, Dk, Dv], or zeros for a state quantized as itself): the
+# formula of `quant/state_formats.py`. A stays float. At a commit S is updated in float and rounded
+# back (half to even, like torch.round; the kernel writes the same formula in Triton).
 
 def decode_step_int8_ref(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None):
-    S = S0[None] + Sq.float() * scale[None, :, :, None]
+    S = int8_state_values(Sq, S0, scale)
     A += ka[..., :, None] * vh[..., None, :]
     zbar = (qa[..., None, :].float() @ (S + eta_tok[inner] * A))[..., 0, :]
     if inner == eta_tok.shape[0] - 1:
         S = S + eta_tok[-1] * A
-        Sq.copy_(torch.clamp(torch.round((S - S0[None]) / scale[None, :, :, None]), -127, 127).to(torch.int8))
+        Sq.copy_(int8_state_codes(S, S0, scale).to(torch.int8))
         A.zero_()
     if out is not None:
         out.copy_(zbar)

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..formats import dequantize_int4
+from ..quant.layouts import dequantize_int4
 from . import autotune_configs, cdiv, fresh, next_power_of_2
 
 GEMV_MAX_ROWS = 8

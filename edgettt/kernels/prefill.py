@@ -21,17 +21,21 @@ to the first mini-batch boundary (when `start` is not one) through the reference
 `parallel` is two passes over the sequence, split into segments for parallelism: pass 1 computes
 the values, stores them, and sums each segment's `Ka^T Vh` (state increments, [d+1, d] per
 segment); pass 2 starts each segment from S plus the sums of the segments before it and writes the
-outputs tile by tile. Both take the column sums of the values (the bias row of a state increment)
-from a product with a block of ones on the tensor cores. (Pass 2 recomputing
-the values instead moves fewer bytes but was slower: `benchmarks/bench_parallel_variants.py`.)
-Where T is a whole number of tiles and of segments, every mini-batch is complete and d fills the
-tile, no tile needs a mask and both passes run without (`EVEN`; 0.70 -> 0.57 ms at B=4, H=16, d=64,
-T=32768 on an H200); other lengths run the masked kernels.
+outputs tile by tile, reading the stored values. Both take the column sums of the values (the bias
+row of a state increment) from a product with a block of ones on the tensor cores: summing the rows
+of a tile in the accumulator layout costs shuffles and a trip through shared memory. Where T is a
+whole number of tiles and of segments, every mini-batch is complete and d fills the tile, no tile
+needs a mask and both passes run without (`EVEN`); other lengths run the masked kernels.
 `exact` has one program per (sequence, head) walking the mini-batches in order.
+
+Why these choices and not others (pass 2 recomputing the values, other tiles, column sums by
+tl.sum or stored by pass 1, masks everywhere, other launch configurations): each was measured
+slower on an H200 and removed; the measurements are in `benchmarks/results/prefill_design.md`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import torch
@@ -86,9 +90,7 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 
 # ---- shared pieces of the kernels --------------------------------------------------------------------
 
-# 4 warps, the first (3 stages) is the measured best at T = 8192 and 32768 on an H200; 8 warps and
-# register caps (maxnreg 128/168: 12-16 warps a multiprocessor instead of 8, but spills) took 1.4-2.3x
-# as long (benchmarks/results/configs_h200.json). The autotuner once picked a capped one at T = 8192.
+# 4 warps; the first (3 stages) is the measured best on an H200 (benchmarks/results/prefill_design.md)
 PARALLEL_CONFIGS = [triton.Config({}, num_warps=4, num_stages=s) for s in (3, 1, 2)]
 EXACT_CONFIGS = [triton.Config({}, num_warps=w, num_stages=s) for w in (2, 4, 8) for s in (1, 2)]
 
@@ -112,9 +114,10 @@ def _ln_l2_values(z, k, v, lr, gamma, beta, d_ok, D: tl.constexpr):
     ops.LN_EPS).
     z, k, v: [BT, BD], zero in the padding columns >= D; lr: [BT]; gamma, beta: [BD], gamma zero in
     the padding (so e is too). vh comes out zero in the padding.
-    Written as multiply-adds with the per-row and per-column factors taken out first:
+    Written as multiply-adds with the per-row and per-column factors taken out first (fewer
+    instructions in the tile loop):
     e = gamma^2 xh + gamma (k - v) + gamma beta, vh = e rs - xh (mean(e xh) rs) - mean(e) rs with
-    rs = -lr rstd (pass 1's loop 792 -> 729 SASS instructions at d = 64, triton 3.6)."""
+    rs = -lr rstd."""
     mu = tl.sum(z, axis=1) / D
     zc = _zero_pad(z - mu[:, None], d_ok, D)
     rstd = 1.0 / tl.sqrt(tl.sum(zc * zc, axis=1) / D + 1e-6)
@@ -167,9 +170,8 @@ def _load_lr(lr_ptr, rows, stride_lr, limit):
 def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta,
                           D: tl.constexpr, PREC: tl.constexpr, EVEN: tl.constexpr = False):
     """Load one tile's keys and compute its values at S0 = [w0; b0] (lr: the tile's learning rates,
-    loaded by the caller; pass 1 loads them a tile ahead, since the pipeliner leaves such small loads
-    in place and their latency showed as stalls: measured no faster, nor slower). Returns k (input
-    dtype), vh (fp32)."""
+    loaded by the caller a tile ahead: the pipeliner leaves such small loads in place). Returns k
+    (input dtype), vh (fp32)."""
     ok = row_ok[:, None] & d_ok[None, :]
     k = _load_tile(k_ptr, rows, stride_t, cols, ok, EVEN)  # [BT, BD]
     v = _load_tile(v_ptr, rows, stride_t, cols, ok, EVEN).to(tl.float32)
@@ -179,20 +181,16 @@ def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, 
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
 @triton.jit
-def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr, colsum_ptr,
+def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr,
                           T, T_DONE, H, TILES_PER_SEG, NSEG,
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                           D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                          STORE_VH: tl.constexpr, SUB: tl.constexpr = 1, COLSUMS: tl.constexpr = True,
-                          STORE_COLSUMS: tl.constexpr = True, EVEN: tl.constexpr = False):
-    """Pass 1: U[bh, seg] = sum over the segment's committed tokens of [k, 1]^T vh. [D+1, D] fp32.
-    With STORE_VH the values are written too ([B*H, T, D]), for pass 2 to read instead of recompute.
-    With COLSUMS the column sums of the committed values come from one product with a block of ones
-    on the tensor cores instead of summing the tile's rows, which in the accumulator layout is 48
-    shuffles a thread and a trip through shared memory (ncu: 70% of pass 1's shuffles when it summed
-    them so); with STORE_COLSUMS too, those of every pass-2 tile (SUB of them in a tile here) are
-    written to colsum [B*H, tiles, D] for pass 2 to read. EVEN: T is a whole number of segments and
-    mini-batches and D fills the tile, so no tile needs a mask (see _parallel_aligned)."""
+                          EVEN: tl.constexpr = False):
+    """Pass 1: the values vh of every token (written to vh [B*H, T, D] for pass 2) and U[bh, seg] =
+    sum over the segment's committed tokens of [k, 1]^T vh ([D+1, D] fp32); the bias row (the
+    values' column sums) from one product with a block of ones whose row 0 is all ones. EVEN: T is
+    a whole number of segments and mini-batches and D fills the tile, so no tile needs a mask (see
+    _parallel_plan)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -206,41 +204,27 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     w0 = w0.to(k_ptr.dtype.element_ty)
     uw = tl.zeros([BD, BD], dtype=tl.float32)
-    ub = tl.zeros([BD], dtype=tl.float32)
     dt = k_ptr.dtype.element_ty
-    sub_rows = tl.arange(0, 16)  # row r of the ones block picks pass-2 tile r of this tile
-    picks = ((tl.arange(0, BT)[None, :] // (BT // SUB)) == sub_rows[:, None]).to(dt)  # [16, BT]
+    row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
-    limit = T if STORE_VH else T_DONE
-    lr_next = _load_lr(lr_ptr + lbase, seg * TILES_PER_SEG * BT + tl.arange(0, BT), stride_lt, limit)
+    lr_next = _load_lr(lr_ptr + lbase, seg * TILES_PER_SEG * BT + tl.arange(0, BT), stride_lt, T)
     for i in range(TILES_PER_SEG):
         rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
-        row_ok = rows < limit
+        row_ok = rows < T
         lr = lr_next
-        lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, limit)  # (the segment's end: read, unused)
+        lr_next = _load_lr(lr_ptr + lbase, rows + BT, stride_lt, T)  # (the segment's end: read, unused)
         k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, lr, rows, cols, stride_t,
                                       row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
-        if STORE_VH:
-            vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
-            if EVEN:
-                tl.store(vh_out, vh.to(dt))
-            else:
-                tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
-                vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)
+        vh_out = vh_ptr + bh.to(tl.int64) * T * D + rows[:, None] * D + cols[None, :]
+        if EVEN:
+            tl.store(vh_out, vh.to(dt))
+        else:
+            tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
+            vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)  # an unfinished mini-batch is not committed
         vh_dt = vh.to(dt)
         uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
-        if COLSUMS:
-            sums = tl.dot(picks, vh_dt, input_precision=PREC)  # [16, BD]: rows < SUB hold the column sums
-            ub16 += sums
-            if STORE_COLSUMS:
-                first = (seg * TILES_PER_SEG + i) * SUB
-                sub_ok = (sub_rows < SUB) & ((first + sub_rows) * (BT // SUB) < T)
-                tl.store(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT // SUB) + first + sub_rows[:, None]) * D
-                         + cols[None, :], sums, mask=sub_ok[:, None] & d_ok[None, :])
-        else:
-            ub += tl.sum(vh, axis=0)
-    if COLSUMS:
-        ub = tl.sum(ub16, axis=0)  # once a segment
+        ub16 += tl.dot(row0, vh_dt, input_precision=PREC)  # [16, BD]: row 0 holds the column sums
+    ub = tl.sum(ub16, axis=0)  # once a segment (rows 1..15 are zero: exact)
     out = u_ptr + (bh * NSEG + seg).to(tl.int64) * (D + 1) * D
     tl.store(out + cols[:, None] * D + cols[None, :], uw, mask=w_ok)
     tl.store(out + D * D + cols, ub, mask=d_ok)
@@ -248,21 +232,16 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT", "MB"])
 @triton.jit
-def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr,
-                         colsum_ptr, s_in_ptr, o_ptr, s_out_ptr, a_out_ptr,
-                         T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
-                         stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
-                         stride_ob, stride_oh, stride_ot,
+def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr, s_in_ptr, o_ptr, s_out_ptr,
+                         a_out_ptr, T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
+                         stride_b, stride_h, stride_t, stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
-                         PREC: tl.constexpr, LOAD_VH: tl.constexpr, COLSUMS: tl.constexpr = 1,
-                         EVEN: tl.constexpr = False):
-    """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it).
-    Each tile's bias increment (its committed values' column sums), by COLSUMS: 1 read from pass 1's,
-    2 from a product with a block of ones here, 0 summed with tl.sum. The chunk mask is built once:
-    every tile starts at a mini-batch boundary, so all have the same one; it is applied with one
-    multiply-add (the loop 852 -> 671 SASS instructions at the issue's shape, triton 3.6; on an H200
-    the same time within run-to-run noise at T = 32768, 1% faster at 8192: results/tiles2_h200.json).
-    EVEN: no tile needs a mask (see _parallel_aligned)."""
+                         PREC: tl.constexpr, EVEN: tl.constexpr = False):
+    """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it),
+    with the values pass 1 stored. Each tile's bias increment (its committed values' column sums)
+    from a product with a block of ones. The chunk mask is built once: every tile starts at a
+    mini-batch boundary, so all have the same one; it is applied with one multiply-add. EVEN: no
+    tile needs a mask (see _parallel_plan)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -270,8 +249,6 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
     w_ok = d_ok[:, None] & d_ok[None, :]
     dt = q_ptr.dtype.element_ty
     sq = cols[:, None] * D + cols[None, :]  # [BD, BD] offsets of W inside a [D+1, D] state
-    w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(dt)
-    b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     gamma = tl.load(gamma_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     beta = tl.load(beta_ptr + h * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
@@ -284,7 +261,6 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         rw += eta_last * tl.load(u + sq, mask=w_ok, other=0.0)
         rb += eta_last * tl.load(u + D * D + cols, mask=d_ok, other=0.0)
     base = b.to(tl.int64) * stride_b + h * stride_h
-    lbase = b.to(tl.int64) * stride_lb + h * stride_lh
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
@@ -294,12 +270,9 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
         rows = tile * BT + tl.arange(0, BT)
         row_ok = rows < T
         ok = row_ok[:, None] & d_ok[None, :]
-        if LOAD_VH:  # (kept in the input dtype: EVEN uses them as loaded, with no copy through registers)
-            k = _load_tile(k_ptr + base, rows, stride_t, cols, ok, EVEN)
-            vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
-        else:
-            k, vh = _parallel_tile_values(k_ptr + base, v_ptr + base, _load_lr(lr_ptr + lbase, rows, stride_lt, T),
-                                          rows, cols, stride_t, row_ok, d_ok, w0, b0, gamma, beta, D, PREC, EVEN)
+        # (kept in the input dtype: EVEN uses them as loaded, with no copy through registers)
+        k = _load_tile(k_ptr + base, rows, stride_t, cols, ok, EVEN)
+        vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
         q = _load_tile(q_ptr + base, rows, stride_t, cols, ok, EVEN)
         p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT] = (qa . ka) * M
         zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
@@ -314,14 +287,8 @@ def _parallel_out_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_pt
             vh_done = tl.where((rows < T_DONE)[:, None], vh.to(tl.float32), 0.0)
         vh_done_dt = vh_done.to(dt)
         rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
-        if COLSUMS == 1:  # ncu: a quarter of pass 2's stall samples wait on this load; loading it a
-            in_t = cols * 0 + tile * BT < T  # tile ahead by hand did not help (bench_h200.md) ("dot"
-            rb += eta_last * tl.load(colsum_ptr + (bh.to(tl.int64) * tl.cdiv(T, BT) + tile) * D + cols,
-                                     mask=d_ok & in_t, other=0.0)  # needs none; a last segment may run past T)
-        elif COLSUMS == 2:  # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
-            rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
-        else:
-            rb += eta_last * tl.sum(vh_done.to(tl.float32), axis=0)
+        # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
+        rb += eta_last * tl.sum(tl.dot(row0, vh_done_dt, input_precision=PREC), axis=0)
         if not EVEN:  # (EVEN: no unfinished mini-batch, A is zero)
             if (tile * BT < T) & ((tile + 1) * BT >= T):  # the last tile: its unfinished mini-batch is A
                 vh_open = tl.where((row_ok & (rows >= T_DONE))[:, None], vh.to(tl.float32), 0.0)  # (written
@@ -376,15 +343,13 @@ def _with_head(kernel, fn_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, 
 
 
 @functools.lru_cache  # (on the operator's path: a scan of the divisors each call would cost tens of us)
-def _tiles_per_segment(tiles, segments, step, prefer_whole=False):
-    """Tiles a segment for about `segments` segments, a multiple of `step` (pass 1's tile in pass 2's).
-    prefer_whole: the count nearest to that which divides `tiles` (the fewest segments away; on a tie
-    the more), if one is within half (the unmasked kernels need whole segments: at T = 32768, the 7
-    segments that 4 programs a multiprocessor give on a GPU of 114 would take them back to the
-    masked ones, 0.70 ms against 0.57 on an H200)."""
-    per = cdiv(cdiv(tiles, segments), step) * step
+def _tiles_per_segment(tiles, segments, prefer_whole=False):
+    """Tiles a segment for about `segments` segments. prefer_whole: the count nearest to that which
+    divides `tiles` (the fewest segments away; on a tie the more), if one is within half: the
+    unmasked kernels need whole segments, and the segment count that fills a GPU rarely divides."""
+    per = cdiv(tiles, segments)
     if prefer_whole:
-        whole = [n for n in range(step, tiles + 1, step) if tiles % n == 0]
+        whole = [n for n in range(1, tiles + 1) if tiles % n == 0]
         nearest = min(whole, key=lambda n: (abs(tiles // n - segments), -(tiles // n)), default=per)
         if abs(tiles // nearest - segments) * 2 <= segments:
             return nearest
@@ -396,62 +361,73 @@ def _multiprocessors(index):
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-COLSUM_MODES = {"sum": 0, "pass1": 1, "dot": 2}  # pass 2's COLSUMS for each `colsums` of _parallel_aligned
+@dataclasses.dataclass(frozen=True)
+class ParallelPlan:
+    """How the parallel kernels cut a sequence: tiles of BT tokens (BD columns), `per_seg` tiles a
+    segment, `segments` segments; t_done tokens in whole mini-batches; `even`: no tile needs a mask."""
+
+    BT: int
+    BD: int
+    per_seg: int
+    segments: int
+    t_done: int
+    even: bool
 
 
-def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, store_values=True,
-                      first_pass_only=False, values_tile=None, colsums="dot", even_tiles=True):
-    """Both passes from a mini-batch boundary. The keyword arguments after S are design choices that
-    benchmarks/bench_parallel_variants.py measures: `values_tile` is pass 1's tile (a multiple of
-    `tile`, pass 2's), `store_values=False` makes pass 2 recompute the values, `colsums` how pass 2
-    gets each tile's column sums of the values: "dot" a product with ones (the fastest: 0.701 ms at
-    the issue's shape on an H200, masked tiles), "pass1" stored by pass 1 from such a product
-    (0.709-0.717 in three runs: pass 2 then waits on a small load each tile), "sum" tl.sum in both
-    passes (0.827; benchmarks/results/colsums3_h200.json). `even_tiles=False` keeps the masks where no
-    tile needs them (a whole number of segments and mini-batches, d a power of two >= 16): 0.70 ms
-    against 0.565-0.59 without (results/tiles2_h200.json)."""
+def _parallel_plan(q, eta_tok, tile=64, segments=None) -> ParallelPlan:
+    """`tile`: tokens a tile (at least the mini-batch); `segments`: None for enough programs to fill
+    the GPU (about 4 per multiprocessor, measured best), preferring a count that divides the tiles."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     BT = max(tile, MB)
     assert BT % MB == 0 and MB & (MB - 1) == 0, "the mini-batch size must be a power of two dividing the tile"
-    BT1 = values_tile or BT
-    assert BT1 % BT == 0 and BT1 // BT <= 16, "pass 1's tile must be 1 to 16 of pass 2's"
     BD = max(16, next_power_of_2(D))
     tiles = cdiv(T, BT)
-    if segments is None:  # enough programs to fill the GPU: about 4 per multiprocessor (measured best)
+    if segments is None:
         sms = _multiprocessors(q.device.index) if q.is_cuda else 4
-        segments = max(1, min(tiles, 4 * sms // (B * H)))
-        per_seg = _tiles_per_segment(tiles, segments, BT1 // BT, prefer_whole=True)
+        per_seg = _tiles_per_segment(tiles, max(1, min(tiles, 4 * sms // (B * H))), prefer_whole=True)
     else:
-        per_seg = _tiles_per_segment(tiles, segments, BT1 // BT)
-    segments = cdiv(tiles, per_seg)
+        per_seg = _tiles_per_segment(tiles, segments)
     t_done = T - T % MB
     # no tile of either pass needs a mask: whole segments, mini-batches and head dims
-    even = even_tiles and T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
-    # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
-    f32 = dict(device=q.device, dtype=torch.float32)
-    U = fresh(torch.empty(B * H, segments, D + 1, D, **f32))
-    S0, gamma, beta = S0.float().contiguous(), gamma.float().contiguous(), beta.float().contiguous()
+    even = T % BT == 0 and tiles % per_seg == 0 and t_done == T and BD == D
+    return ParallelPlan(BT, BD, per_seg, cdiv(tiles, per_seg), t_done, even)
+
+
+def _parallel_pass1(q, k, v, lr, S0, gamma, beta, plan: ParallelPlan):
+    """The values of every token ([B*H, T, D], q's dtype) and each segment's committed sums U
+    ([B*H, segments, D+1, D] fp32). (Benchmarks time it alone.)"""
+    B, H, T, D = q.shape
+    U = fresh(torch.empty(B * H, plan.segments, D + 1, D, device=q.device, dtype=torch.float32))
+    vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype))
     sb, sh, st, _ = q.stride()
-    lb, lh, lt = lr.stride()
-    prec = _precision(q.dtype)
-    vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype)) if store_values else U
-    colsum = fresh(torch.empty(B * H, tiles, D, **f32)) if colsums == "pass1" else U  # [B*H, tiles, D]
-    _parallel_sums_kernel[(B * H, segments)](k, v, lr, S0, gamma, beta, U, vh, colsum, T, t_done, H,
-                                             per_seg // (BT1 // BT), segments, sb, sh, st, lb, lh, lt, D=D, BD=BD,
-                                             BT=BT1, PREC=prec, STORE_VH=store_values, SUB=BT1 // BT,
-                                             COLSUMS=colsums != "sum", STORE_COLSUMS=colsums == "pass1", EVEN=even)
-    if first_pass_only:  # for timing the passes apart (benchmarks/bench_parallel_variants.py)
-        return U
+    _parallel_sums_kernel[(B * H, plan.segments)](k, v, lr, S0, gamma, beta, U, vh, T, plan.t_done, H, plan.per_seg,
+                                                  plan.segments, sb, sh, st, *lr.stride(), D=D, BD=plan.BD,
+                                                  BT=plan.BT, PREC=_precision(q.dtype), EVEN=plan.even)
+    return U, vh
+
+
+def _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan: ParallelPlan):
+    B, H, T, D = q.shape
+    f32 = dict(device=q.device, dtype=torch.float32)
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
     o = fresh(torch.empty_like(q))
-    eta = eta_tok.float().contiguous()
-    _parallel_out_kernel[(B * H, segments)](q, k, v, lr, S0, gamma, beta, eta, U, vh, colsum, S, o, S_out, A_out,
-                                            T, t_done, H, per_seg, segments, segments - 1, S.stride(0),
-                                            sb, sh, st, lb, lh, lt, *o.stride()[:3],
-                                            D=D, BD=BD, BT=BT, MB=MB, PREC=prec, LOAD_VH=store_values,
-                                            COLSUMS=COLSUM_MODES[colsums], EVEN=even)
+    _parallel_out_kernel[(B * H, plan.segments)](q, k, gamma, beta, eta_tok.float().contiguous(), U, vh, S, o, S_out,
+                                                 A_out, T, plan.t_done, H, plan.per_seg, plan.segments,
+                                                 plan.segments - 1, S.stride(0), *q.stride()[:3], *o.stride()[:3],
+                                                 D=D, BD=plan.BD, BT=plan.BT, MB=eta_tok.shape[0],
+                                                 PREC=_precision(q.dtype), EVEN=plan.even)
     return o, S_out, A_out
+
+
+def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None):
+    """Both passes from a mini-batch boundary (`tile`, `segments`: see _parallel_plan; the tests
+    choose them to run several segments on small inputs)."""
+    plan = _parallel_plan(q, eta_tok, tile, segments)
+    # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
+    gamma, beta = gamma.float().contiguous(), beta.float().contiguous()
+    U, vh = _parallel_pass1(q, k, v, lr, S0.float().contiguous(), gamma, beta, plan)
+    return _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan)
 
 
 def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):

@@ -6,8 +6,9 @@ writes `prefill.onnx` (input ids [batch, tokens] -> logits and every state tenso
 `decode.onnx` (one token, the position inside the mini-batch and the states -> logits and the new
 states; a mini-batch commit is a Where, not a branch) and `manifest.json`, everything the
 numpy + onnxruntime runner (`edgettt.runner`) needs. Quantized weights go out as the ONNX Runtime
-operators that read their bytes unchanged (see `onnx_ops`); an int8 state crosses the graph
-boundary as int8 (S - S0 over the calibrated per-row scales).
+operators that read their bytes unchanged (each weight format names its operator: see
+`quant/weight_formats.py`); an int8 state crosses the graph boundary as int8 (S - S0 over the
+calibrated per-row scales, `onnx_ops`).
 """
 
 from __future__ import annotations
@@ -27,40 +28,27 @@ from torch import nn
 from ..errors import EdgetttError
 from ..model import CausalLM, State
 from ..progress import bar
-from ..quant import QuantLinear
+from ..quant.linear import QuantLinear
+from ..quant.state_formats import state_format
 from . import onnx_ops
 
 EXPORT_FORMAT = 1
 DEFAULT_OPSET = 21  # QuantizeLinear / DequantizeLinear per axis, as ONNX Runtime >= 1.17 reads them
-INT8_STATES = ("int8", "int8-tensor")
 SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
 
 
 class ExportLinear(nn.Module):
-    """A QuantLinear as the custom op its ONNX node is made from; holds the quantized bytes as they are."""
+    """A QuantLinear as the custom op its ONNX node is made from (its weight format's `export_matmul`);
+    holds the quantized bytes as that operator reads them."""
 
     def __init__(self, q: QuantLinear):
         super().__init__()
-        self.fmt, self.K, self.N, self.group = q.fmt, q.in_features, q.out_features, q.group_size
-        t = q.tensors()
-        if self.fmt == "int4":
-            self.register_buffer("qweight", t["qweight"])  # [N, K/g, g/2]: MatMulNBits' B as it is
-            self.register_buffer("scales", t["scales"].reshape(-1))
-            self.register_buffer("zero_points", t["zero_points"].reshape(-1))
-        elif self.fmt in ("int8", "bnb-int8"):
-            self.register_buffer("qweight_t", t["qweight"].T.contiguous())  # [K, N] for MatMul
-            self.register_buffer("scales", t["scales"] if self.fmt == "int8" else t["scb"] / 127)
-        else:  # nf4 / fp4: bitsandbytes' packed bytes and per-block absmax
-            self.register_buffer("qweight", t["qweight"].reshape(-1))
-            self.register_buffer("absmax", t["absmax"])
+        self.format, self.K, self.N, self.group = q.format, q.in_features, q.out_features, q.group_size
+        for name, t in q.format.export_tensors(q.tensors()).items():
+            self.register_buffer(name, t)
 
     def forward(self, x):
-        if self.fmt == "int4":
-            return onnx_ops.matmul_nbits(x, self.qweight, self.scales, self.zero_points, self.K, self.N, self.group)
-        if self.fmt in ("int8", "bnb-int8"):
-            return onnx_ops.matmul_int8(x, self.qweight_t, self.scales)
-        return onnx_ops.matmul_bnb4(x, self.qweight, self.absmax, self.K, self.N, self.group,
-                                    onnx_ops.BNB4_QUANT_TYPE[self.fmt])
+        return self.format.export_matmul(x, dict(self.named_buffers(recurse=False)), self.K, self.N, self.group)
 
 
 def exportable_copy(model: CausalLM) -> CausalLM:
@@ -82,15 +70,12 @@ def state_specs(model: CausalLM) -> list[dict]:
     specs = []
     for i, (layer, tensors) in enumerate(zip(model.model.layers, model.init_state(1).layers)):
         mixer = layer.seq_modeling_block
-        fmt = getattr(mixer, "state_format", "fp32")
+        fmt = state_format(getattr(mixer, "state_format", "fp32"))
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
-            if name.startswith("S") and fmt in INT8_STATES:  # the scales (and S0) are inside the graphs
+            if name.startswith("S") and fmt.int8:  # the scales (and S0) are inside the graphs
                 spec["dtype"] = "int8"
-                spec["quantization"] = {
-                    "format": fmt,
-                    "scales": "one per head and row (calibrated for int8: per position bucket of the last commit)",
-                    "dequantize": "S0 + q * scale[bucket, head, row]" if fmt == "int8" else "q * scale[head, row]"}
+                spec["quantization"] = fmt.describe()
             specs.append(spec)
     return specs
 
@@ -106,7 +91,7 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
         level = int(spec["tensor"][1:])
         S0 = mixer.initial_states()[level - 1].detach().float()
         scale_of = functools.partial(mixer.state_scale, level)
-        params[spec["name"]] = (torch.zeros_like(S0) if mixer.state_format == "int8-tensor" else S0, scale_of, S0.shape[0] * S0.shape[1])
+        params[spec["name"]] = (state_format(mixer.state_format).offset(S0), scale_of, S0.shape[0] * S0.shape[1])
     return params
 
 
@@ -233,7 +218,7 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
 
 def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
     from ..checkpoint import model_fingerprint
-    from ..quant import weight_bits
+    from ..quant.apply import weight_bits
 
     tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
         {"type": "tokenizer.json", "file": "tokenizer.json"}

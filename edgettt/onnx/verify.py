@@ -70,7 +70,8 @@ def float64_copy(model: CausalLM) -> CausalLM:
     """The model in float64, quantized layers as plain linears holding their dequantized weights."""
     from torch import nn
 
-    from ..quant import QuantLinear, set_module
+    from ..quant.apply import set_module
+    from ..quant.linear import QuantLinear
 
     model = copy.deepcopy(model).float()
     for name, module in list(model.named_modules()):

@@ -5,7 +5,7 @@ import torch
 
 from conftest import rel_err
 from edgettt.kernels.int4 import GEMV_MAX_ROWS, int4_matmul, int4_matmul_ref
-from edgettt.quant import quantize_int4_rtn
+from edgettt.quant.weight_formats import weight_format
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -13,7 +13,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 def packed(N, K, group, device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    t = quantize_int4_rtn(torch.randn(N, K, generator=g), group)
+    t = weight_format("int4").quantize(torch.randn(N, K, generator=g), group)
     return [t[name].to(device) for name in ("qweight", "scales", "zero_points")]
 
 

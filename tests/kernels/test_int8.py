@@ -5,7 +5,7 @@ import torch
 
 from conftest import rel_err
 from edgettt.kernels.int8 import GEMV_MAX_ROWS, int8_matmul, int8_matmul_ref
-from edgettt.quant import quantize_int8
+from edgettt.quant.weight_formats import weight_format
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
@@ -13,7 +13,7 @@ TOL = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 1e-2}
 
 def check_int8(M, N, K, dtype, device, seed=0):
     g = torch.Generator().manual_seed(seed)
-    t = quantize_int8(torch.randn(N, K, generator=g))
+    t = weight_format("int8").quantize(torch.randn(N, K, generator=g), 64)
     weight = (t["qweight"].to(device), t["scales"].to(device))
     x = torch.randn(2, M, K, generator=g).to(device=device, dtype=dtype)
     y = int8_matmul(x, *weight)

@@ -11,7 +11,7 @@ from edgettt.quant import QuantConfig, quantize_
 
 
 def use_kernels(monkeypatch, on: bool):
-    for module in ("edgettt.converted", "edgettt.quant"):
+    for module in ("edgettt.converted", "edgettt.quant.weight_formats"):
         monkeypatch.setattr(f"{module}.kernels_enabled", lambda x, on=on: on and (x.is_cuda or not torch.cuda.is_available()))
 
 

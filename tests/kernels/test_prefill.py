@@ -72,8 +72,8 @@ def test_parallel_segments_agree(device):
     S = S0.expand(1, -1, -1, -1).contiguous()
     one = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=1)
     four = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=4)
-    wide = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=3, tile=16, values_tile=64)
-    for a, b, c in zip(one, four, wide):
+    small = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=3, tile=16)
+    for a, b, c in zip(one, four, small):
         assert rel_err(a, b) < 1e-6 and rel_err(a, c) < 1e-6
 
 
@@ -105,45 +105,18 @@ def test_kernel_bf16_benchmark_shape_on_gpu(form):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_parallel_stored_values_agree(device):
-    """Pass 2 reading the values pass 1 stored equals pass 2 recomputing them."""
-    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(1, 2, 150, 16, 16, torch.float32, device)
-    S = S0.expand(1, -1, -1, -1).contiguous()
-    recomputed = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, store_values=False)
-    stored = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, store_values=True)
-    for a, b in zip(recomputed, stored):
-        assert rel_err(a, b) < 1e-6
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("values_tile", [None, 32])
-def test_parallel_column_sums_agree(device, values_tile):
-    """Pass 2 reading each tile's column sums from pass 1 (a product with ones there), or taking them
-    from such a product itself, equals summing them with tl.sum."""
-    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(1, 2, 150, 16, 16, torch.float32, device)
-    S = S0.expand(1, -1, -1, -1).contiguous()
-    run = lambda colsums: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, tile=16,  # noqa: E731
-                                                    values_tile=values_tile, colsums=colsums)
-    summed = run("sum")
-    for mode in ("pass1", "dot"):
-        for a, b in zip(run(mode), summed):
-            assert rel_err(a, b) < 1e-6, mode
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("options", [{}, {"store_values": False}, {"values_tile": 32}])
-@pytest.mark.parametrize("T", [128, 120])  # no masks needed; whole mini-batches but the last tile ragged
-def test_parallel_tile_options_agree(device, options, T):
-    """Where no tile needs a mask (whole segments and mini-batches, d = 16), the unmasked kernels
-    equal the masked ones and the reference (A then zero); where one does, the masks stay; values
-    stored or recomputed, pass 1 on wider tiles."""
+@pytest.mark.parametrize("T,even", [(128, True), (120, False), (112, False)])
+def test_parallel_plan_drops_the_masks_only_where_no_tile_needs_them(device, T, even):
+    """128 tokens in tiles of 16, 2 segments: whole tiles, segments and mini-batches, d = 16 fills its
+    tile, so the unmasked kernels run; 120 (a ragged last tile) and 112 (7 tiles: no whole segments)
+    keep the masks. Either way the result is the reference's (A zero where every mini-batch is whole)."""
     q, k, v, lr, S0, gamma, beta, eta = layer_inputs(2, 2, T, 16, 8, torch.float32, device)
     S = S0.expand(2, -1, -1, -1).contiguous()
-    run = lambda **kw: prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S,  # noqa: E731
-                                                 segments=2, tile=16, **kw)
+    assert prefill._parallel_plan(q, eta, tile=16, segments=2).even == even
+    got = prefill._parallel_aligned(q, k, v, lr, S0, gamma, beta, eta, S, segments=2, tile=16)
     expected = prefill.parallel_ref(q, k, v, lr, S0, gamma, beta, eta, 0, S)
-    for a, b, c in zip(run(**options), run(even_tiles=False), expected):
-        assert not a.isnan().any() and rel_err(a, b) < 1e-6 and rel_err(a, c) < 1e-4
+    for a, c in zip(got, expected):
+        assert not a.isnan().any() and rel_err(a, c) < 1e-4
 
 
 def test_host_launch_arithmetic_matches_triton():
@@ -162,9 +135,8 @@ def test_segments_split_the_tiles_evenly_where_they_can():
     """The automatic segment count rounds to the nearest one that divides the tiles (the unmasked
     kernels need whole segments), unless that is more than half away; an explicit count is kept."""
     per = prefill._tiles_per_segment
-    assert per(512, 7, 1, prefer_whole=True) == 64  # 74 tiles would leave 512 % 74 != 0: 8 segments of 64
-    assert per(512, 8, 1, prefer_whole=True) == 64 and per(128, 8, 1, prefer_whole=True) == 16  # the H200 bench
-    assert per(512, 6, 1, prefer_whole=True) == 64  # 4 and 8 segments both 2 away: the more
-    assert per(512, 7, 1) == 74
-    assert per(509, 8, 1, prefer_whole=True) == 64  # a prime: only 1 segment would divide, keep 8
-    assert per(96, 5, 2, prefer_whole=True) == 16  # multiples of 2 (pass 1 tiles of 2 of pass 2's): 6 segments
+    assert per(512, 7, prefer_whole=True) == 64  # 74 tiles would leave 512 % 74 != 0: 8 segments of 64
+    assert per(512, 8, prefer_whole=True) == 64 and per(128, 8, prefer_whole=True) == 16  # the H200 bench
+    assert per(512, 6, prefer_whole=True) == 64  # 4 and 8 segments both 2 away: the more
+    assert per(512, 7) == 74
+    assert per(509, 8, prefer_whole=True) == 64  # a prime: only 1 segment would divide, keep 8

@@ -5,8 +5,8 @@
   (its distance from the learned initial state) and |A| (the running sum inside a mini-batch) at
   every position up to the sequence length; kept as row maxima per position bucket (`BUCKETS`), and
   as int8 scales per bucket: `HEADROOM x` the bucket's row maximum of |S - S0| (running maximum over
-  the buckets), at most `percentile(|S - S0| row max)`, over 127. The int8 state stores S - S0, not
-  S: S0 is a model constant, and the part that moves is several times smaller than S, so the
+  the buckets), at most `percentile(|S - S0| row max)`, over 127 (`STATE_CLIP`). The int8 state
+  stores S - S0, not S: S0 is a model constant, and the part that moves is several times smaller than S, so the
   rounding step is too. S - S0 grows along the text (about as the square root of the position in
   the exact form of the shipped models, far faster in a parallel form) and the rounding errors of
   all commits add up: per-bucket scales make the early steps finer.
@@ -31,11 +31,10 @@ from ..evaluation import encode
 from ..model import CausalLM
 from ..outputs import as_output
 from ..progress import bar
+from .state_formats import STATE_CLIP
 
-# 16 buckets: on the shipped models (6 test windows of 2048, 4 calibration windows) the int8 state's KLD
-# was, for 8 / 16 / 32 buckets, ttt-linear-tiny exact 0.00080 / 0.00073 / 0.00087 (32: each bucket's
-# maxima from too few positions), its parallel form 0.067 / 0.029 / 0.021 (its state grows 240x over
-# 2048 tokens), ttt-mlp-tiny exact 0.00007 / 0.00008, parallel 0.00055 / 0.00045.
+# position buckets of the int8 state's scales: the count measured best on the shipped models
+# (benchmarks/results/state_buckets.md)
 BUCKETS = 16
 HEADROOM = 1.25  # over the calibration's maxima: a few windows do not see every text's largest state
 TENSOR_GROUPS = ("hessian/", "state_scale/", "state_rowmax/")
@@ -252,5 +251,5 @@ def _summarise(model, text, seq_len, samples, seed, percentile, hessians, rowmax
             clip = series.float().kthvalue(k, dim=-1).values  # the percentile of each row's max: [H, Dk]
             by_bucket = cal.state_rowmax[key].float().cummax(dim=-1).values * HEADROOM  # [H, Dk, buckets]
             table = torch.minimum(by_bucket, clip[..., None]).permute(2, 0, 1)  # [buckets, H, Dk]
-            cal.state_scales[key[:-3]] = (table.clamp_min(1e-8) / 127).float().contiguous()
+            cal.state_scales[key[:-3]] = (table.clamp_min(1e-8) / STATE_CLIP).float().contiguous()
     return cal

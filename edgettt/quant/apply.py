@@ -1,0 +1,172 @@
+"""Quantizing a model: `quantize_model(model, QuantConfig, calibration)` does it completely, in place
+(weights, the decode state's format, the record of both in `model.config.quantization`);
+`prepare_quantized` shapes a freshly built model like a saved quantized one before loading it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+
+import torch
+from torch import nn
+
+from ..errors import EdgetttError
+from .config import DEFAULT_SKIP, QuantConfig
+from .linear import QuantLinear
+from .state_formats import state_format
+from .weight_formats import stored_tensor_names, weight_format
+
+
+def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str, nn.Linear]]:
+    out = []
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and module.bias is None:
+            if not any(fnmatch.fnmatch(name, pat) or fnmatch.fnmatch(name, f"*{pat}*") for pat in config.skip):
+                out.append((name, module))
+    return out
+
+
+def layer_formats(model: nn.Module, config: QuantConfig) -> dict[str, str]:
+    """The format each quantizable layer gets: `config.weights` where it fits, else `config.fallback`
+    ("float": left as it is). With fallback "refuse", a one-line error listing every layer that does
+    not fit. Decided before any layer is quantized; empty for weights "none"."""
+    if config.weights == "none":
+        return {}
+    formats, misfits = {}, []
+    for name, linear in quantizable_linears(model, config):
+        if config.fits(linear.in_features):
+            formats[name] = config.weights
+        else:
+            misfits.append(f"{name} (K={linear.in_features})")
+            formats[name] = config.fallback
+    if misfits and config.fallback == "refuse":
+        raise EdgetttError(f"{config.weights} in groups of {config.group_size} cannot take {len(misfits)} layers, whose "
+                           f"input size is not a multiple of {config.group_size}: {', '.join(misfits[:4])}"
+                           f"{' and more' if len(misfits) > 4 else ''}; choose another group size, skip them, or "
+                           "let them fall back to int8 or float")
+    return formats
+
+
+def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
+    parent, _, leaf = name.rpartition(".")
+    setattr(model.get_submodule(parent) if parent else model, leaf, module)
+
+
+def _quantize_layer(name: str, linear: nn.Linear, fmt: str, config: QuantConfig, hessian) -> QuantLinear:
+    method = config.method if config.method in weight_format(fmt).methods else "rtn"  # a fallback's own grid
+    if method == "gptq" and hessian is None:
+        raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
+    w = linear.weight.detach().float().cpu()
+    tensors = weight_format(fmt).quantize(w, config.group_size, method, hessian)
+    return QuantLinear(w.shape[1], w.shape[0], fmt, config.group_size, tensors)
+
+
+@torch.no_grad()
+def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.Tensor] | None = None,
+              report=None) -> list[dict]:
+    """The weights-only step: replace the model's linear layers by QuantLinear in place. `report(row)`
+    sees one dict per layer (name, shape, format, fallback, bytes before and after). Returns those rows."""
+    formats = layer_formats(model, config)
+    config.overrides = {name: fmt for name, fmt in formats.items() if fmt != config.weights}
+    rows = []
+    for name, linear in quantizable_linears(model, config) if formats else []:
+        before = linear.weight.numel() * linear.weight.element_size()
+        after = before
+        if formats[name] != "float":
+            q = _quantize_layer(name, linear, formats[name], config, (hessians or {}).get(name))
+            set_module(model, name, q.to(linear.weight.device))
+            after = q.nbytes()
+        row = {"name": name, "shape": list(linear.weight.shape), "format": formats[name],
+               "fallback": formats[name] != config.weights, "bytes_before": before, "bytes_after": after}
+        rows.append(row)
+        if report:
+            report(row)
+    return rows
+
+
+def apply_state_format(model: nn.Module, name: str, calibration=None) -> None:
+    """Set every converted layer's state format, with the scales the format takes (the calibration's
+    for int8)."""
+    fmt = state_format(name)
+    for i, layer in enumerate(model.model.layers):
+        mixer = layer.seq_modeling_block
+        scales, bucket_tokens = fmt.initial_scales(mixer.initial_states(), calibration, i)
+        mixer.set_state_format(name, scales, bucket_tokens)
+
+
+def skip_patterns(extra=(), quantize_lm_head: bool = False) -> tuple[str, ...]:
+    """The layers left in float: lm_head by default, plus `extra` patterns (added, never replacing it)."""
+    return (() if quantize_lm_head else DEFAULT_SKIP) + tuple(p for p in extra if p not in DEFAULT_SKIP)
+
+
+def check_calibration_covers(cal, model: nn.Module, config: QuantConfig, source: str = "calibration") -> None:
+    """What `config` will read from the calibration is there and fits `model`, before any work."""
+    if cal is None:
+        if config.needs_calibration():
+            raise EdgetttError(f"method {config.method!r} / state {config.state!r} needs a calibration "
+                               "(edgettt.calibrate or `edgettt calibrate`)")
+        return
+    cal.check_model(model, source)
+    cal.check_shapes(model, source)
+    if state_format(config.state).needs_calibration and not cal.state_scales:
+        raise EdgetttError(f"{source}: has no state scales for the {config.state} state; make it with `edgettt calibrate`")
+    if config.method == "gptq":
+        missing = [name for name, _ in quantizable_linears(model, config) if name not in cal.hessians]
+        if missing:
+            raise EdgetttError(f"{source}: no input statistics for {', '.join(missing[:3])}; GPTQ needs them, make the "
+                               "file with `edgettt calibrate` on this model")
+
+
+def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, report=None,
+                   source: str = "calibration", name: str = "model") -> list[dict]:
+    """Quantize a converted model completely, in place: weights (`quantize_`), the decode state's format,
+    and the record of both in `model.config.quantization` (saved with the model). Everything is checked
+    before any layer changes: the model's form, that it is not quantized yet, that `calibration` holds
+    what GPTQ and the int8 state read, and (in `quantize_`, first) that each layer has a format that fits.
+    Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
+    if model.form == "ttt":
+        raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
+                           "`edgettt convert`)")
+    if model.config.quantization:
+        raise EdgetttError(f"{name}: already quantized; quantize the unquantized converted model")
+    check_calibration_covers(calibration, model, config, source)
+    rows = quantize_(model, config, calibration.hessians if calibration is not None else None, report=report)
+    apply_state_format(model, config.state, calibration)
+    model.config.quantization = config.to_dict()
+    return rows
+
+
+def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source: str = "model") -> None:
+    """Shape a freshly built model like the quantized one whose `weights` (read from the directory
+    `source`) will be loaded into it."""
+    config = QuantConfig.from_dict(model.config.quantization, f"{source}/config.json")
+    for name, module in list(model.named_modules()):
+        if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
+            fmt = config.overrides.get(name, config.weights)
+            if fmt in ("float", "none") or (fmt == config.weights and not config.fits(module.in_features)):
+                raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {config.group_size}; "
+                                   "quantize the model again")
+            storage = weight_format(fmt).storage(module.out_features, module.in_features, config.group_size)
+            # on the meta device: load_state_dict(assign=True) puts the file's tensors in their place
+            tensors = {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in storage.items()}
+            set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
+                                                config.group_size, tensors))
+    for i, layer in enumerate(model.model.layers):
+        prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
+        scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
+        bucket_tokens = weights.get(f"model.layers.{i}.seq_modeling_block.state_bucket_tokens", torch.tensor(0))
+        try:
+            layer.seq_modeling_block.set_state_format(
+                config.state, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
+        except EdgetttError as exc:
+            raise EdgetttError(f"{source}: layer {i}: {exc}") from None
+
+
+def weight_bits(model: nn.Module) -> dict:
+    """Size on disk of the weights and bits per weight (a quantized layer counts its N*K weights)."""
+    stored = tuple(f".{name}" for name in stored_tensor_names())
+    n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
+    n_weights = sum(t.numel() for name, t in model.weights().items()
+                    if not name.endswith(stored) and ".state_" not in name)
+    n_weights += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
+    return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / n_weights, "weights": n_weights}

@@ -1,0 +1,65 @@
+"""`QuantConfig`: what a quantized model was made with; saved in its config.json (`quantization`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..errors import EdgetttError
+from .state_formats import STATE_FORMATS
+from .weight_formats import METHODS, WEIGHT_FORMATS, weight_format
+
+DEFAULT_SKIP = ("lm_head",)  # always kept in float unless asked otherwise; --skip adds to it
+GROUP_SIZES = (32, 64, 128)
+FALLBACKS = ("int8", "float", "refuse")  # for a layer the asked format cannot take (llama.cpp's fallback types)
+
+
+@dataclasses.dataclass
+class QuantConfig:
+    weights: str = "int8"  # a name in WEIGHT_FORMATS, or none
+    group_size: int = 64
+    method: str = "rtn"
+    state: str = "fp32"  # a name in STATE_FORMATS
+    skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
+    fallback: str = "int8"  # the format of a layer `weights` cannot take (int4/nf4/fp4: K not a multiple of the group)
+    overrides: dict = dataclasses.field(default_factory=dict)  # layer -> format it got instead (filled by quantize_)
+
+    def __post_init__(self):
+        if self.fallback not in FALLBACKS:
+            raise EdgetttError(f"--fallback {self.fallback!r}: expected one of {', '.join(FALLBACKS)}")
+        if not isinstance(self.overrides, dict) or not all(
+                isinstance(k, str) and v in (*WEIGHT_FORMATS, "float") for k, v in self.overrides.items()):
+            raise EdgetttError(f"overrides {self.overrides!r}: expected layer names with their formats")
+        if isinstance(self.skip, str) or not all(isinstance(p, str) for p in self.skip):
+            raise EdgetttError(f"--skip {self.skip!r}: expected name patterns")
+        self.skip = tuple(self.skip)
+        if self.group_size not in GROUP_SIZES or isinstance(self.group_size, bool):
+            raise EdgetttError(f"--group-size {self.group_size!r}: expected one of {', '.join(map(str, GROUP_SIZES))}")
+        if self.weights not in (*WEIGHT_FORMATS, "none"):
+            raise EdgetttError(f"--weights {self.weights!r}: expected one of {', '.join(WEIGHT_FORMATS)}, none")
+        if self.method not in METHODS:
+            raise EdgetttError(f"--method {self.method!r}: expected one of {', '.join(METHODS)}")
+        if self.state not in STATE_FORMATS:
+            raise EdgetttError(f"--state {self.state!r}: expected one of {', '.join(STATE_FORMATS)}")
+        if self.method not in (weight_format(self.weights).methods if self.weights != "none" else ("rtn",)):
+            takers = [name for name, f in WEIGHT_FORMATS.items() if self.method in f.methods]
+            raise EdgetttError(f"--method {self.method} applies to --weights {' and '.join(takers)} only")
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "skip": list(self.skip), "overrides": dict(self.overrides)}
+
+    def fits(self, in_features: int) -> bool:
+        """Whether `weights` can take a layer of this input size (groups and blocks along the input)."""
+        return self.weights == "none" or weight_format(self.weights).fits(in_features, self.group_size)
+
+    def needs_calibration(self) -> bool:
+        """GPTQ reads the layers' input statistics, a calibrated state format its scales."""
+        return self.method == "gptq" or STATE_FORMATS[self.state].needs_calibration
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json") -> "QuantConfig":
+        """From a config.json's `quantization`: the same checks as the command line, named by file."""
+        try:
+            return cls(**{f.name: raw[f.name] for f in dataclasses.fields(cls) if f.name in raw})
+        except (EdgetttError, TypeError) as exc:
+            raise EdgetttError(f"{source}: quantization is malformed ({str(exc).split(':')[0]}: "
+                               f"{raw}); quantize the model again") from None

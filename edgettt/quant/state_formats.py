@@ -1,0 +1,120 @@
+"""How a converted layer keeps its accumulated state S between mini-batch commits (DESIGN section 5).
+
+A leaf (plain torch, nothing of edgettt): the model, the decode kernel's reference and the ONNX
+graph's state operators all round the state with the formula written here, once.
+
+    fp32         S as it is
+    fp16         S rounded to half precision at every commit
+    int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
+                 (S0: the learned initial state, a model constant; the part that moves is smaller)
+    int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127
+                 (the plain-rounding baseline the calibrated format is measured against)
+
+The int8 formula, with `scale` [H, Dk] (one per head and state row) and S0 [H, Dk, Dv]:
+
+    codes = clamp(round((S - S0) / scale), -127, 127)     (round half to even, as torch.round)
+    S     = S0 + codes * scale
+
+A state format is an object in `STATE_FORMATS`; `state_format(name)` finds it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+STATE_CLIP = 127  # the int8 state uses [-127, 127]: symmetric, so -S is as exact as S
+
+
+def _row_steps(scale: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
+    """[H, Dk] scales as [H, Dk, Dv] steps. No size-1 dims: they broadcast against any S, also inside
+    an exported ONNX Scan (whose captured tensors get dynamic sizes, which a size-1 dim would not
+    broadcast with)."""
+    return scale[..., None].expand(S0.shape)
+
+
+def int8_state_codes(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """The int8 codes of S [..., H, Dk, Dv] (as float values in [-127, 127]; `.to(torch.int8)` stores them)."""
+    return torch.clamp(torch.round((S - S0) / _row_steps(scale, S0)), -STATE_CLIP, STATE_CLIP)
+
+
+def int8_state_values(codes: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """S from its int8 codes: S0 + codes * scale."""
+    return S0 + codes.to(S0.dtype) * _row_steps(scale, S0)
+
+
+def requantize_int8_state(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """S as the int8 state stores it (rounded to its grid), in float."""
+    return int8_state_values(int8_state_codes(S, S0, scale), S0, scale)
+
+
+class StateFormat:
+    """One way to keep S. `requantizer` gives the function applied at every mini-batch commit."""
+
+    name = "fp32"
+    bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
+    int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
+    needs_calibration = False
+
+    def requantizer(self, S0: torch.Tensor, scale_of):
+        """None, or (S, position) -> S as stored after a commit at `position`. `scale_of(position)`
+        gives the [H, Dk] scales of a state committed there."""
+        return None
+
+    def offset(self, S0: torch.Tensor) -> torch.Tensor:
+        """What the int8 codes are taken relative to."""
+        return S0
+
+    def initial_scales(self, initial_states: list[torch.Tensor], calibration, layer: int):
+        """(scales per level, bucket width in tokens) a layer gets when the format is applied."""
+        return None, 0
+
+    def describe(self) -> dict:
+        """The manifest's words on an exported state tensor of this format."""
+        return {"format": self.name}
+
+
+class Float16State(StateFormat):
+    name, bytes_per_element = "fp16", 2
+
+    def requantizer(self, S0, scale_of):
+        return lambda S, position: S.half().to(S.dtype)
+
+
+class Int8State(StateFormat):
+    """S - S0 with calibrated per-row scales for each position bucket (the commit's position picks it)."""
+
+    name, bytes_per_element, int8, needs_calibration = "int8", 1, True, True
+
+    def requantizer(self, S0, scale_of):
+        offset = self.offset(S0.detach())
+        return lambda S, position: requantize_int8_state(S, offset, scale_of(position))
+
+    def initial_scales(self, initial_states, calibration, layer):
+        return calibration.layer_scales(layer), calibration.bucket_tokens
+
+    def describe(self):
+        return {"format": self.name,
+                "scales": "one per head and row (calibrated for int8: per position bucket of the last commit)",
+                "dequantize": "S0 + q * scale[bucket, head, row]"}
+
+
+class Int8TensorState(Int8State):
+    """S itself, one uncalibrated scale per layer and level (max |S0| / 127): the plain-rounding baseline."""
+
+    name, needs_calibration = "int8-tensor", False
+
+    def offset(self, S0):
+        return torch.zeros_like(S0)
+
+    def initial_scales(self, initial_states, calibration, layer):
+        return [torch.full(s0.shape[:2], s0.detach().abs().max().item() / STATE_CLIP) for s0 in initial_states], 0
+
+    def describe(self):
+        return {**super().describe(), "dequantize": "q * scale[head, row]"}
+
+
+STATE_FORMATS = {f.name: f for f in (StateFormat(), Float16State(), Int8State(), Int8TensorState())}
+
+
+def state_format(name: str) -> StateFormat:
+    return STATE_FORMATS[name]
