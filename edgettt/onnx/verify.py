@@ -48,8 +48,7 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
     prefill_vs_torch = compare(ref.numpy(), ort_logits)
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
     quantization = model.config.quantization or {}
-    discontinuous = quantization.get("state") in ("int8", "int8-tensor") or quantization.get("weights") == "bnb-int8"
-    if discontinuous:
+    if discontinuous(quantization):
         floor = None
         passed = prefill_vs_torch["kld_mean"] <= KLD_MAX and decode_vs_prefill["kld_mean"] <= KLD_MAX
         rule = f"KLD mean <= {KLD_MAX:g} (a rounding step in the model: {quantization})"
@@ -64,6 +63,17 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
     return {"text": text.fingerprint(), "windows": windows, "tokens": length, "decoded_from": split,
             "prefill_vs_torch": prefill_vs_torch, "decode_vs_prefill": decode_vs_prefill,
             "fp32_rounding_floor": floor, "rule": rule, "passed": passed, "summary": summary}
+
+
+def discontinuous(quantization: dict) -> bool:
+    """Whether the quantized model rounds at run time (an int8 state at every commit, LLM.int8's
+    activations), so that one ulp of difference can flip a rounding: then a KLD rule, not fp32's."""
+    from ..quant.state_formats import state_format
+    from ..quant.weight_formats import WEIGHT_FORMATS
+
+    weights = WEIGHT_FORMATS.get(quantization.get("weights"))
+    return state_format(quantization.get("state", "fp32")).rounds_at_run_time or (
+        weights is not None and weights.rounds_at_run_time)
 
 
 def float64_copy(model: CausalLM) -> CausalLM:

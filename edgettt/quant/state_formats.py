@@ -54,6 +54,7 @@ class StateFormat:
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
+    rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
 
     def requantizer(self, S0: torch.Tensor, scale_of):
         """None, or (S, position) -> S as stored after a commit at `position`. `scale_of(position)`
@@ -83,7 +84,7 @@ class Float16State(StateFormat):
 class Int8State(StateFormat):
     """S - S0 with calibrated per-row scales for each position bucket (the commit's position picks it)."""
 
-    name, bytes_per_element, int8, needs_calibration = "int8", 1, True, True
+    name, bytes_per_element, int8, needs_calibration, rounds_at_run_time = "int8", 1, True, True, True
 
     def requantizer(self, S0, scale_of):
         offset = self.offset(S0.detach())

@@ -43,6 +43,7 @@ class WeightFormat:
     name: str
     methods: tuple[str, ...] = ("rtn",)
     grouped = False  # groups (or blocks) of `group_size` along the input dim K: K must be a multiple
+    rounds_at_run_time = False  # quantizes activations as it computes (then one ulp can flip a rounding)
 
     def fits(self, in_features: int, group: int) -> bool:
         return not self.grouped or in_features % group == 0
@@ -287,7 +288,7 @@ class LlmInt8(WeightFormat):
     """LLM.int8: int8 rows with absmax SCB; bitsandbytes' matmul sends outlier columns through fp16.
     Exported as plain int8 (ONNX Runtime has no outlier split)."""
 
-    name = "bnb-int8"
+    name, rounds_at_run_time = "bnb-int8", True
 
     def quantize(self, w, group, method="rtn", hessian=None):
         cb, scb, _ = bitsandbytes().int8_vectorwise_quant(w.half().contiguous())
