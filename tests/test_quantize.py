@@ -7,7 +7,7 @@ import edgettt
 from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
 from edgettt.data import read_text
-from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, weight_format
+from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
 from edgettt.quant.calibration import Calibration, calibrate
 from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
 
@@ -197,12 +197,12 @@ def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path
     loads with the same formats."""
     model = convert(edgettt.load("ttt-linear-tiny"), "exact")
     config = QuantConfig("int4", 128, fallback=fallback)
-    rows = {r["name"]: r for r in quantize_(model, config)}
+    rows = {r["name"]: r for r in quantize_model(model, config)}  # weights, state, the recorded config
     up, down = "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"
     assert rows[up]["format"] == fallback and rows[up]["fallback"]
     assert rows[down]["format"] == "int4" and not rows[down]["fallback"]
     assert config.overrides[up] == fallback and down not in config.overrides
-    model.config.quantization = config.to_dict()
+    assert model.config.quantization["overrides"] == config.overrides
     edgettt.save(model, tmp_path / "q")
     again = edgettt.load(tmp_path / "q")
     assert getattr(again.get_submodule(up), "fmt", "float") == fallback and again.get_submodule(down).fmt == "int4"

@@ -7,7 +7,7 @@ import torch
 
 from conftest import rel_err
 from edgettt import convert
-from edgettt.quant import QuantConfig, quantize_
+from edgettt.quant import QuantConfig, quantize_model
 
 
 def use_kernels(monkeypatch, on: bool):
@@ -44,7 +44,7 @@ def test_converted_model_with_kernels_matches_torch_path(tiny_model, monkeypatch
 @pytest.mark.parametrize("weights", ["int4", "int8"])
 def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch, weights):
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
-    quantize_(model, QuantConfig(weights=weights, group_size=32))
+    quantize_model(model, QuantConfig(weights=weights, group_size=32))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     ids = torch.randint(0, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(1)).to(device)
@@ -74,7 +74,7 @@ def count_calls(monkeypatch, functions):
 def test_models_take_the_kernels_on_cuda_by_default(tiny_model, monkeypatch):
     calls = count_calls(monkeypatch, [("edgettt.kernels.prefill", "parallel"), ("edgettt.kernels.int4", "int4_matmul")])
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
-    quantize_(model, QuantConfig(weights="int4", group_size=32))
+    quantize_model(model, QuantConfig(weights="int4", group_size=32))
     model.cuda()(torch.zeros(1, 20, dtype=torch.long, device="cuda"))
     assert "parallel" in calls and "int4_matmul" in calls
     monkeypatch.setenv("EDGETTT_KERNELS", "0")
