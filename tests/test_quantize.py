@@ -10,6 +10,7 @@ from edgettt.data import read_text
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
 from edgettt.quant.calibration import Calibration, calibrate
 from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
+from edgettt.quant.weight_formats import Int8, WeightFormat
 
 INT4, INT8 = weight_format("int4"), weight_format("int8")
 
@@ -273,3 +274,51 @@ def test_bitsandbytes_imports_without_remarks_on_stderr():
     code = "from edgettt.quant.weight_formats import bitsandbytes; bitsandbytes()"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "kernels" not in result.stderr and result.stderr.strip() == ""
+
+
+class _Int8PerTensor(WeightFormat):
+    """A format written only here: one int8 scale for the whole matrix (what adding a format takes)."""
+
+    name = "int8-tensor-test"
+
+    def quantize(self, w, group, method="rtn", hessian=None):
+        scale = w.abs().max().clamp_min(1e-12) / 127
+        return {"qweight": torch.round(w / scale).clamp(-127, 127).to(torch.int8), "scale": scale.reshape(1).float()}
+
+    def storage(self, N, K, group):
+        return {"qweight": ((N, K), torch.int8), "scale": ((1,), torch.float32)}
+
+    def dequantize(self, t, N, K, group):
+        return t["qweight"].float() * t["scale"]
+
+    def export_tensors(self, t):
+        N = t["qweight"].shape[0]
+        return {"qweight_t": t["qweight"].T.contiguous(), "scales": t["scale"].expand(N).contiguous()}
+
+    export_matmul = Int8.export_matmul
+
+
+def test_a_format_added_to_the_registry_alone_goes_through_every_command(tmp_path, monkeypatch):
+    """The design notes' promise: a new weight format is one class in the registry. Registered here
+    and nowhere else, it is quantized by the CLI, saved, loaded with its tensors, counted, and named
+    in the report's variants."""
+    from click.testing import CliRunner
+
+    from edgettt.cli import cli
+    from edgettt.quant.apply import weight_bits
+    from edgettt.reporting import variants
+
+    fmt = _Int8PerTensor()
+    monkeypatch.setitem(WEIGHT_FORMATS, fmt.name, fmt)
+    edgettt.save(convert(edgettt.load("ttt-linear-tiny"), "exact"), tmp_path / "la")
+    result = CliRunner().invoke(cli, ["quantize", str(tmp_path / "la"), str(tmp_path / "q"), "--weights", fmt.name])
+    assert result.exit_code == 0, result.output
+    model, again = edgettt.load(tmp_path / "la"), edgettt.load(tmp_path / "q")
+    layer = again.get_submodule("model.layers.0.mlp.up_proj")
+    assert isinstance(layer, QuantLinear) and layer.fmt == fmt.name and layer.scale.shape == (1,)
+    assert 7 < weight_bits(again)["bits_per_weight"] < weight_bits(model)["bits_per_weight"]
+    ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        ref, got = model(ids), again(ids)
+    assert 0 < ((got - ref).norm() / ref.norm()).item() < 0.05
+    assert [v.name for v in variants([fmt.name], [], 64)] == [f"w-{fmt.name} s-fp32"]
