@@ -140,6 +140,10 @@ def cli(no_progress):
 @click.argument("out", type=click.Path())
 @click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
               help="TTT-Linear or TTT-MLP.")
+@click.option("--preset", type=click.Choice(["125m", "350m", "760m", "1b"]), default=None,
+              help="A published ttt-lm-pytorch size (hidden, layers, heads, intermediate; vocabulary 32000, the "
+                   "Llama tokenizer's size): 125m 768/12/12/2048, 350m 1024/24/16/2736, 760m 1536/24/16/4096, "
+                   "1b 2048/24/32/5504. Random weights: for speed and size, not for text.")
 @click.option("--hidden-size", default=64, show_default=True, type=POSITIVE)
 @click.option("--layers", default=2, show_default=True, type=POSITIVE)
 @click.option("--heads", default=4, show_default=True, type=POSITIVE)
@@ -154,25 +158,33 @@ def cli(no_progress):
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def create(out, family, hidden_size, layers, heads, intermediate_size, vocab_size, mini_batch_size,
+def create(out, family, preset, hidden_size, layers, heads, intermediate_size, vocab_size, mini_batch_size,
            share_qk, pre_conv, use_gate, untied, seed, weights_format, force):
     """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT."""
     from .checkpoint import save_model
-    from .config import ModelConfig
+    from .config import PRESET_VOCAB, PRESETS, ModelConfig
     from .outputs import Output
     from .random_init import random_model
 
+    sizes = {"hidden_size": hidden_size, "intermediate_size": intermediate_size or int(2.75 * hidden_size),
+             "num_hidden_layers": layers, "num_attention_heads": heads, "vocab_size": vocab_size}
+    if preset:
+        ctx = click.get_current_context()
+        given = [f"--{name.replace('_', '-')}" for name in ("hidden_size", "layers", "heads", "intermediate_size",
+                                                              "vocab_size")
+                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise EdgetttError(f"--preset {preset} sets {', '.join(given)}; leave them out, or drop --preset")
+        sizes = {**PRESETS[preset], "vocab_size": PRESET_VOCAB}
     out = Output.plan(out, "model", force)
-    config = ModelConfig(vocab_size=vocab_size, hidden_size=hidden_size,
-                         intermediate_size=intermediate_size or int(2.75 * hidden_size),
-                         num_hidden_layers=layers, num_attention_heads=heads, ttt_layer_type=family,
-                         mini_batch_size=mini_batch_size, share_qk=share_qk, pre_conv=pre_conv,
-                         use_gate=use_gate, tie_word_embeddings=not untied)
+    config = ModelConfig(**sizes, ttt_layer_type=family, mini_batch_size=mini_batch_size, share_qk=share_qk,
+                         pre_conv=pre_conv, use_gate=use_gate, tie_word_embeddings=not untied)
     config.validate("--options")
     config.check_memory("--options")
     model = random_model(config, seed)
     save_model(model, out, weights_format=weights_format)
-    click.echo(f"wrote {out.path}: random {config.family}, {model.num_parameters():,} parameters")
+    click.echo(f"wrote {out.path}: random {config.family}, {model.num_parameters():,} parameters"
+               + (f" (preset {preset}: random weights, for speed and size)" if preset else ""))
 
 
 @cli.command()

@@ -22,6 +22,17 @@ FORMAT_VERSION = 1
 FORMS = ("ttt", "exact", "parallel")  # "ttt" = the original mini-batch TTT computation
 # Upper bounds of the size keys: far above any published TTT model (the largest, 1.3B, has hidden 2048
 # and 24 layers), low enough that a typo is refused before it allocates anything.
+# The published ttt-lm-pytorch model sizes (its TTT_STANDARD_CONFIGS), with the Llama tokenizer's
+# vocabulary: `edgettt create --preset NAME` builds them with random weights (for speed and size,
+# which do not depend on the values).
+PRESETS = {
+    "125m": {"hidden_size": 768, "num_hidden_layers": 12, "num_attention_heads": 12, "intermediate_size": 2048},
+    "350m": {"hidden_size": 1024, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 2736},
+    "760m": {"hidden_size": 1536, "num_hidden_layers": 24, "num_attention_heads": 16, "intermediate_size": 4096},
+    "1b": {"hidden_size": 2048, "num_hidden_layers": 24, "num_attention_heads": 32, "intermediate_size": 5504},
+}
+PRESET_VOCAB = 32000
+
 SIZE_LIMITS = {"vocab_size": 2**22, "hidden_size": 2**16, "intermediate_size": 2**18, "num_hidden_layers": 1024,
                "num_attention_heads": 1024, "mini_batch_size": 2**16, "conv_kernel": 1024}
 

@@ -218,3 +218,20 @@ def test_info_shows_the_distilled_context():
     assert facts["distilled_ctx"] == 512
     assert "distilled at 512 tokens" in run("info", "ttt-linear-tiny-parallel").output
     assert json.loads(run("info", "ttt-linear-tiny", "--json").output)["distilled_ctx"] is None
+
+
+def test_create_preset_builds_the_published_size_with_any_backbone(tmp_path):
+    """125m: hidden 768, 12 layers, 12 heads, intermediate 2048, vocabulary 32000 (ttt-lm-pytorch's
+    TTT_STANDARD_CONFIGS with the Llama tokenizer's size); the backbone options still apply. The
+    other presets' sizes are checked without building them."""
+    from edgettt.config import PRESETS, ModelConfig
+
+    result = run("create", tmp_path / "m", "--preset", "125m", "--family", "mlp", "--share-qk", "--pre-conv")
+    assert result.exit_code == 0, result.output
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],
+            config["intermediate_size"], config["vocab_size"]) == (768, 12, 12, 2048, 32000)
+    assert config["share_qk"] and config["pre_conv"] and "random weights" in result.output
+    assert f"{load(tmp_path / 'm').num_parameters():,} parameters" in result.output
+    sizes = {name: ModelConfig(**p, vocab_size=32000).estimated_parameters() for name, p in PRESETS.items()}
+    assert 0.8e8 < sizes["125m"] < sizes["350m"] < sizes["760m"] < sizes["1b"] < 1.6e9
