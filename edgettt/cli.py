@@ -125,6 +125,7 @@ def cli(no_progress):
     edgettt run OUT --prompt P    generate with onnxruntime and numpy only (no torch)
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
     edgettt bench                 kernel speed against the references on a CUDA GPU
+    edgettt speed PATH...         model tokens/s (prefill, decode at depth): exports or models
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
     ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
@@ -665,14 +666,19 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repet
             tmp.write_text(json.dumps(stats, indent=2) + "\n")
 
 
-def int_list(ctx, param, value):
+def int_list(ctx, param, value, low: int = 1):
     try:
         values = [int(v) for v in value.split(",") if v]
     except ValueError:
         values = None
-    if values is None or any(v < 1 for v in values):
-        raise click.BadParameter(f"{value!r}: expected comma-separated positive integers, e.g. {param.default}")
+    if not values or any(v < low for v in values):
+        what = "positive integers" if low == 1 else f"integers >= {low}"
+        raise click.BadParameter(f"{value!r}: expected comma-separated {what}, e.g. {param.default}")
     return values
+
+
+def count_list(ctx, param, value):
+    return int_list(ctx, param, value, low=0)
 
 
 def shape_list(ctx, param, value):
@@ -749,6 +755,42 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     if md_out:
         with md_out.write() as tmp:
             tmp.write_text(header + "\n" + tables + "\n")
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, metavar="PATH...")
+@click.option("--pp", default="512", show_default=True, callback=int_list, help="Prefill lengths (comma-separated).")
+@click.option("--tg", default="128", show_default=True, callback=int_list, help="Decoded tokens (comma-separated).")
+@click.option("--depth", default="0", show_default=True, callback=count_list,
+              help="Tokens of context before the decode (comma-separated).")
+@click.option("-r", "--repetitions", default=5, show_default=True, type=POSITIVE)
+@click.option("--threads", default=None, type=POSITIVE,
+              help="onnxruntime / torch threads of each worker [default: their own].")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random token ids.")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
+@click.option("--force", is_flag=True, help="Overwrite the output files.")
+def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, force):
+    """Tokens a second a model prefills and decodes, batch 1, in the manner of llama-bench.
+
+    \b
+    PATH     an export directory (ONNX Runtime on the CPU: the edge path) or a model (torch)
+    ppN      prefill N tokens from a fresh state
+    tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
+
+    Each PATH runs in its own worker process (its peak resident memory is its own); the paths take
+    turns, repetition after repetition, after one untimed warm-up round. Printed and written: the
+    median tokens/s, min and max, the median ratio to the first PATH, peak memory and size on disk
+    (and the decode graph's nodes for an export). Token ids are random: speed does not depend on them.
+    """
+    from .outputs import plan_outputs
+    from .speed import check_paths, run, table, tests, write
+
+    check_paths(list(paths))
+    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
+    result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed)
+    click.echo(table(result))
+    write(result, json_out, md_out)
 
 
 def main():

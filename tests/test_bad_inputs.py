@@ -443,6 +443,10 @@ CASES = [
     c("create-preset-unknown", lambda w: ["create", w / "m", "--preset", "7b"], USAGE, "--preset"),
     c("create-heads-not-dividing", lambda w: ["create", w / "m", "--hidden-size", 30, "--heads", 4], ONE,
       "num_attention_heads"),
+    c("speed-not-a-model", lambda w: ["speed", w / "notes.txt"], ONE, "neither an export"),
+    c("speed-nothing", lambda w: ["speed"], ONE, "no PATH given"),
+    c("speed-negative-depth", lambda w: ["speed", w / "ttt", "--depth", -1], USAGE, "--depth"),
+    c("speed-zero-prefill", lambda w: ["speed", w / "ttt", "--pp", 0], USAGE, "--pp"),
     c("bench-without-gpu", lambda w: ["bench", "--json", w / "b.json"], ONE, "CUDA"),
     # ---- malformed command lines: numeric options out of range, unknown options (exit 2)
     c("convert-ctx-zero", lambda w: ["convert", w / "ttt", w / "o", "--ctx", 0], USAGE, "--ctx"),

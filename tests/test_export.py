@@ -220,3 +220,30 @@ def test_run_stops_at_a_stop_string(exported, tmp_path):
     assert stop and full.find(stop) == 3
     result = run("run", directory, "--prompt", "ab", "--max-new-tokens", 12, "--stop", stop)
     assert result.exit_code == 0 and result.stdout.rstrip("\n") == "ab" + full[:5]
+
+
+def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_path):
+    """`edgettt speed` on two exports (ONNX Runtime): every test of every export each repetition, the
+    exports in turns; sizes, decode nodes and peak memory per export; the first export's ratio to
+    itself is 1; the fp4 export's decode graph is smaller than the float one's."""
+    from edgettt.speed import count_nodes
+
+    float_dir, int4_dir = exported["linear-fp32"][1], exported["linear-fp4-int8-tensor-state"][1]
+    result = run("speed", float_dir, int4_dir, "--pp", "8", "--tg", "4", "--depth", "0,9", "-r", "2",
+                 "--threads", "1", "--json", tmp_path / "s.json", "--markdown", tmp_path / "s.md")
+    assert result.exit_code == 0, result.output
+    data = json.loads((tmp_path / "s.json").read_text())
+    rows = {(r["path"], r["test"]): r for r in data["rows"]}
+    assert set(rows) == {(str(d), t) for d in (float_dir, int4_dir) for t in ("pp8", "tg4@d0", "tg4@d9")}
+    assert [o[1] for o in data["order"][:2]] == [str(float_dir), str(int4_dir)]  # in turns
+    assert len(data["order"]) == 2 * 2 * 3
+    for (path, test), r in rows.items():
+        assert r["engine"] == "onnxruntime" and r["min"] <= r["tokens_per_s"] <= r["max"] and r["peak_rss_mb"] > 10
+        assert r["vs_first"] == 1.0 if path == str(float_dir) else r["vs_first"] > 0
+    graph = onnx.load(str(float_dir / "decode.onnx"))
+    functions = {(f.domain, f.name): f for f in graph.functions}
+    assert rows[(str(float_dir), "pp8")]["decode_nodes"] == count_nodes(graph.graph, functions) >= len(graph.graph.node)
+    scanned = onnx.load(str(int4_dir / "prefill.onnx")).graph  # the int8 state's commits: a Scan with a body
+    assert count_nodes(scanned) > len(scanned.node)
+    assert rows[(str(int4_dir), "pp8")]["decode_onnx_bytes"] < rows[(str(float_dir), "pp8")]["decode_onnx_bytes"]
+    assert "| tg4@d9 |" in (tmp_path / "s.md").read_text() and "tokens/s" in result.output

@@ -1,0 +1,277 @@
+"""`edgettt speed`: how many tokens a second a model prefills and decodes, in the manner of llama.cpp's
+llama-bench, batch 1.
+
+    edgettt speed exports/float exports/int4 --pp 512,4096 --tg 128 --depth 0,4096 -r 5
+
+Each path is an export directory (timed through ONNX Runtime: the edge path) or a model (a directory
+or a shipped name: timed through torch). Tests:
+
+    ppN        prefill N tokens from a fresh state
+    tgN@dD     decode N tokens one at a time, after a prefill of D tokens (not timed); D = 0 starts
+               after a one-token prompt (the graphs take a state, and a fresh one is a prefill's)
+
+Every path runs in its own worker process, so that its peak resident memory is its own and nothing
+one variant allocates stays in another's way. The variants take turns: repetition r runs every test
+of every variant before repetition r + 1, so a drift of a shared machine falls on all of them alike.
+Reported per variant and test: the median tokens/s over the repetitions, the minimum and maximum,
+the ratio to the first path (taken per repetition, then the median), the worker's peak resident
+memory, and the size on disk (and the decode graph's nodes, for an export). Token ids are random:
+speed does not depend on them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import multiprocessing
+import platform
+import statistics
+import time
+from pathlib import Path
+
+from .errors import EdgetttError
+
+
+@dataclasses.dataclass(frozen=True)
+class Test:
+    kind: str  # "pp" or "tg"
+    tokens: int
+    depth: int = 0
+
+    @property
+    def name(self) -> str:
+        return f"pp{self.tokens}" if self.kind == "pp" else f"tg{self.tokens}@d{self.depth}"
+
+
+def tests(pp: list[int], tg: list[int], depths: list[int]) -> list[Test]:
+    return [Test("pp", n) for n in pp] + [Test("tg", n, d) for d in depths for n in tg]
+
+
+# ---- the engines a worker times --------------------------------------------------------------------
+
+class OnnxEngine:
+    """An export through `edgettt.runner.Runner` (numpy and onnxruntime)."""
+
+    def __init__(self, path: Path, threads: int | None):
+        from .runner import Runner
+
+        self.runner = Runner(path, threads)
+        self.vocab = self.runner.manifest["vocab_size"]
+
+    def prefill(self, ids):
+        return self.runner.run_prefill(ids)[1]
+
+    def decode(self, ids, start, states):
+        self.runner.decode_tokens(ids, start, states)
+
+
+class TorchEngine:
+    """A model through torch (CausalLM.prefill and .step), on the CPU."""
+
+    def __init__(self, path: str, threads: int | None):
+        import torch
+
+        from . import load
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.torch = torch
+        self.model = load(path).eval()
+        self.vocab = self.model.config.vocab_size
+
+    def prefill(self, ids):
+        with self.torch.no_grad():
+            return self.model.prefill(self.torch.from_numpy(ids))[1]
+
+    def decode(self, ids, start, state):
+        with self.torch.no_grad():
+            for t in range(ids.shape[1]):
+                _, state = self.model.step(self.torch.from_numpy(ids[:, t]), state)
+
+
+def is_export(path: str) -> bool:
+    return (Path(path) / "manifest.json").is_file()
+
+
+def time_test(engine, test: Test, rng) -> float:
+    """Seconds the test's timed part takes."""
+    if test.kind == "pp":
+        ids = rng.integers(0, engine.vocab, (1, test.tokens))
+        t0 = time.perf_counter()
+        engine.prefill(ids)
+        return time.perf_counter() - t0
+    ids = rng.integers(0, engine.vocab, (1, max(test.depth, 1) + test.tokens))
+    start = max(test.depth, 1)
+    states = engine.prefill(ids[:, :start])
+    t0 = time.perf_counter()
+    engine.decode(ids[:, start:], start, states)
+    return time.perf_counter() - t0
+
+
+def peak_rss_mb() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+
+
+def _worker(conn, path: str, threads: int | None, seed: int) -> None:
+    import numpy as np
+
+    try:
+        engine = OnnxEngine(Path(path), threads) if is_export(path) else TorchEngine(path, threads)
+    except Exception as exc:  # reported to the parent as one line
+        conn.send(("error", f"{path}: {exc}"))
+        return
+    rng = np.random.default_rng(seed)
+    conn.send(("ready", None))
+    while (test := conn.recv()) is not None:
+        conn.send((time_test(engine, test, rng), peak_rss_mb()))
+
+
+# ---- the run ------------------------------------------------------------------------------------------
+
+def disk_facts(path: str) -> dict:
+    """Bytes on disk; for an export, decode.onnx's bytes and nodes (subgraphs included) too."""
+    from .checkpoint import resolve_model_path
+
+    p = resolve_model_path(path)
+    facts = {"bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
+    if is_export(path):
+        import onnx
+
+        model = onnx.load(str(p / "decode.onnx"), load_external_data=False)
+        facts["decode_onnx_bytes"] = (p / "decode.onnx").stat().st_size
+        facts["decode_nodes"] = count_nodes(model.graph, {(f.domain, f.name): f for f in model.functions})
+    return facts
+
+
+def count_nodes(graph, functions: dict | None = None) -> int:
+    """Nodes an ONNX graph runs: those inside Scan / If / Loop bodies counted too, and a call of a
+    model-local function as the nodes of its body."""
+    total = 0
+    for node in graph.node:
+        body = (functions or {}).get((node.domain, node.op_type))
+        total += count_nodes(body, functions) if body is not None else 1
+        for attr in node.attribute:
+            for sub in ([attr.g] if attr.HasField("g") else []) + list(attr.graphs):
+                total += count_nodes(sub, functions)
+    return total
+
+
+def check_paths(paths: list[str]) -> None:
+    """Every path an export, a model directory or a shipped name, before any worker starts."""
+    from .checkpoint import resolve_model_path
+
+    if not paths:
+        raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
+    for path in paths:
+        if not is_export(path) and not (resolve_model_path(path) / "config.json").is_file():
+            raise EdgetttError(f"{path}: neither an export (manifest.json) nor a model (config.json); give export "
+                               "directories from `edgettt export` or models")
+
+
+def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
+        seed: int = 0, log=lambda line: None) -> dict:
+    """Time every test of every path `repetitions` times, the paths taking turns. Returns the JSON."""
+    from .progress import bar
+
+    check_paths(paths)
+    ctx = multiprocessing.get_context("spawn")  # a clean process each: no state shared with the parent
+    workers = []
+    try:
+        for path in paths:
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_worker, args=(child, path, threads, seed), daemon=True)
+            proc.start()
+            workers.append((path, parent, proc))
+        for path, conn, _ in workers:
+            status, message = _receive(conn, path)
+            if status == "error":
+                raise EdgetttError(message)
+        times = {(p, t.name): [] for p in paths for t in test_list}
+        peaks = dict.fromkeys(paths, 0.0)
+        order = []
+        with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
+            for r in range(repetitions + 1):  # repetition 0 warms up, untimed
+                for test in test_list:
+                    for path, conn, _ in workers:
+                        conn.send(test)
+                        seconds, peak = _receive(conn, path)
+                        peaks[path] = max(peaks[path], peak)
+                        if r:
+                            times[(path, test.name)].append(seconds)
+                            order.append([r, path, test.name])
+                            progress.update()
+    finally:
+        for _, conn, proc in workers:
+            try:
+                conn.send(None)
+            except OSError:
+                pass
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+    return summarise(paths, test_list, times, peaks, order, repetitions, threads)
+
+
+def _receive(conn, path: str):
+    try:
+        return conn.recv()
+    except EOFError:
+        raise EdgetttError(f"{path}: its worker process ended without an answer (out of memory?); time it "
+                           "alone, or with fewer tokens") from None
+
+
+def summarise(paths, test_list, times, peaks, order, repetitions, threads) -> dict:
+    import onnxruntime
+
+    rows = []
+    for path in paths:
+        facts = disk_facts(path)
+        for test in test_list:
+            rates = [test.tokens / s for s in times[(path, test.name)]]
+            ref = [test.tokens / s for s in times[(paths[0], test.name)]]
+            rows.append({"path": path, "engine": "onnxruntime" if is_export(path) else "torch", "test": test.name,
+                         "tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                         "vs_first": statistics.median(a / b for a, b in zip(rates, ref)),
+                         "peak_rss_mb": peaks[path], **facts})
+    import torch
+
+    meta = {"cpu": cpu_name(), "cores": multiprocessing.cpu_count(),
+            "threads": threads, "repetitions": repetitions, "onnxruntime": onnxruntime.__version__,
+            "torch": torch.__version__, "python": platform.python_version(), "batch": 1}
+    return {"meta": meta, "rows": rows, "order": order}
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def table(result: dict) -> str:
+    """The rows as a Markdown table (also what the terminal shows)."""
+    lines = ["| path | engine | MB | test | tokens/s | min | max | x first | peak MB |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['path']} | {r['engine']} | {r['bytes'] / 1e6:.1f} | {r['test']} | "
+                     f"{r['tokens_per_s']:.1f} | {r['min']:.1f} | {r['max']:.1f} | {r['vs_first']:.2f} | "
+                     f"{r['peak_rss_mb']:.0f} |")
+    return "\n".join(lines)
+
+
+def write(result: dict, json_out=None, markdown_out=None) -> None:
+    if json_out is not None:
+        with json_out.write() as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+    if markdown_out is not None:
+        with markdown_out.write() as tmp:
+            meta = result["meta"]
+            tmp.write_text(f"{table(result)}\n\nCPU {meta['cpu']} ({meta['cores']} cores), threads "
+                           f"{meta['threads'] or 'default'}, onnxruntime {meta['onnxruntime']}, torch {meta['torch']}, "
+                           f"{meta['repetitions']} repetitions, batch 1.\n")
