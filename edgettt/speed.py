@@ -10,13 +10,15 @@ or a shipped name: timed through torch). Tests:
     tgN@dD     decode N tokens one at a time, after a prefill of D tokens (not timed); D = 0 starts
                after a one-token prompt (the graphs take a state, and a fresh one is a prefill's)
 
-Every path runs in its own worker process, so that its peak resident memory is its own and nothing
-one variant allocates stays in another's way. The variants take turns: repetition r runs every test
-of every variant before repetition r + 1, so a drift of a shared machine falls on all of them alike.
-Reported per variant and test: the median tokens/s over the repetitions, the minimum and maximum,
-the ratio to the first path (taken per repetition, then the median), the worker's peak resident
-memory, and the size on disk (and the decode graph's nodes, for an export). Token ids are random:
-speed does not depend on them.
+Every measurement runs in a fresh worker process, one at a time: it loads the model, warms up on a
+short run of the same kind (the first runs of a session allocate and plan), and times the test, so
+that its peak resident memory is its own and a machine holds one model's peak at a time (workers
+kept alive side by side held every variant's memory arena at once: five 125m exports ran out of
+24 GiB). The variants take turns: repetition r runs every test of every variant before repetition
+r + 1, so a drift of a shared machine falls on all of them alike. Reported per variant and test: the
+median tokens/s over the repetitions, the minimum and maximum, the ratio to the first path (taken
+per repetition, then the median), the peak resident memory, and the size on disk (and the decode
+graph's nodes, for an export). Token ids are random: speed does not depend on them.
 """
 
 from __future__ import annotations
@@ -114,7 +116,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
 
 
-def _worker(conn, path: str, threads: int | None, seed: int) -> None:
+def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> None:
+    """One worker process: load `path`, warm up on a short run of the same kind (the first runs of a
+    session allocate and plan), time `test`, send (seconds, peak resident MB)."""
     import numpy as np
 
     try:
@@ -123,9 +127,8 @@ def _worker(conn, path: str, threads: int | None, seed: int) -> None:
         conn.send(("error", f"{path}: {exc}"))
         return
     rng = np.random.default_rng(seed)
-    conn.send(("ready", None))
-    while (test := conn.recv()) is not None:
-        conn.send((time_test(engine, test, rng), peak_rss_mb()))
+    time_test(engine, Test(test.kind, min(test.tokens, 16), min(test.depth, 16)), rng)
+    conn.send((time_test(engine, test, rng), peak_rss_mb()))
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -171,47 +174,42 @@ def check_paths(paths: list[str]) -> None:
 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
-        seed: int = 0, log=lambda line: None) -> dict:
-    """Time every test of every path `repetitions` times, the paths taking turns. Returns the JSON."""
+        seed: int = 0) -> dict:
+    """Time every test of every path `repetitions` times, the paths taking turns: each measurement in
+    a fresh worker process (one at a time: a machine holds one model's peak, and each peak is its
+    own). Returns the JSON."""
     from .progress import bar
 
     check_paths(paths)
-    ctx = multiprocessing.get_context("spawn")  # a clean process each: no state shared with the parent
-    workers = []
-    try:
-        for path in paths:
-            parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_worker, args=(child, path, threads, seed), daemon=True)
-            proc.start()
-            workers.append((path, parent, proc))
-        for path, conn, _ in workers:
-            status, message = _receive(conn, path)
-            if status == "error":
-                raise EdgetttError(message)
-        times = {(p, t.name): [] for p in paths for t in test_list}
-        peaks = dict.fromkeys(paths, 0.0)
-        order = []
-        with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
-            for r in range(repetitions + 1):  # repetition 0 warms up, untimed
-                for test in test_list:
-                    for path, conn, _ in workers:
-                        conn.send(test)
-                        seconds, peak = _receive(conn, path)
-                        peaks[path] = max(peaks[path], peak)
-                        if r:
-                            times[(path, test.name)].append(seconds)
-                            order.append([r, path, test.name])
-                            progress.update()
-    finally:
-        for _, conn, proc in workers:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.kill()
+    ctx = multiprocessing.get_context("spawn")  # a clean process each: nothing shared with the parent
+    times = {(p, t.name): [] for p in paths for t in test_list}
+    peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
+    order = []
+    with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
+        for r in range(1, repetitions + 1):
+            for test in test_list:
+                for path in paths:
+                    seconds, peak = _one(ctx, path, threads, seed, test)
+                    times[(path, test.name)].append(seconds)
+                    peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
+                    order.append([r, path, test.name])
+                    progress.update()
     return summarise(paths, test_list, times, peaks, order, repetitions, threads)
+
+
+def _one(ctx, path, threads, seed, test) -> tuple[float, float]:
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test), daemon=True)
+    proc.start()
+    try:
+        answer = _receive(parent, path)
+    finally:
+        proc.join(timeout=30)
+        if proc.is_alive():
+            proc.kill()
+    if answer[0] == "error":
+        raise EdgetttError(answer[1])
+    return answer
 
 
 def _receive(conn, path: str):
@@ -234,7 +232,7 @@ def summarise(paths, test_list, times, peaks, order, repetitions, threads) -> di
             rows.append({"path": path, "engine": "onnxruntime" if is_export(path) else "torch", "test": test.name,
                          "tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
                          "vs_first": statistics.median(a / b for a, b in zip(rates, ref)),
-                         "peak_rss_mb": peaks[path], **facts})
+                         "peak_rss_mb": peaks[(path, test.name)], **facts})
     import torch
 
     meta = {"cpu": cpu_name(), "cores": multiprocessing.cpu_count(),
