@@ -74,8 +74,7 @@ SEED = click.IntRange(min=0, max=2**32 - 1)
 
 def default_torch_threads(cores: int, load: float, torch_default: int) -> int:
     """torch's default (one per physical core) less the cores other work keeps busy (the 1-minute load
-    average): on this 2-core CPU beside another job, report took 30.5 s with torch's default threads and
-    8.2 s with one (issue 18)."""
+    average): threads that wait for a busy core cost more than they give (the README measures it)."""
     return max(1, min(torch_default, round(cores - load)))
 
 
