@@ -777,10 +777,11 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, 
     ppN      prefill N tokens from a fresh state
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
 
-    Each PATH runs in its own worker process (its peak resident memory is its own); the paths take
-    turns, repetition after repetition, after one untimed warm-up round. Printed and written: the
-    median tokens/s, min and max, the median ratio to the first PATH, peak memory and size on disk
-    (and the decode graph's nodes for an export). Token ids are random: speed does not depend on them.
+    Every measurement runs in a fresh worker process, one at a time (its peak resident memory is its
+    own), after a short warm-up run of the same kind; the paths take turns, repetition after
+    repetition. Printed and written: the median tokens/s, min and max, the median ratio to the first
+    PATH, peak memory and size on disk (and the decode graph's nodes for an export). Token ids are
+    random: speed does not depend on them.
     """
     from .outputs import plan_outputs
     from .speed import check_paths, run, table, tests, write
