@@ -351,7 +351,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     from . import load
     from .checkpoint import save_model
     from .outputs import Output
-    from .quant.apply import layer_formats, quantize_model, skip_patterns, weight_bits
+    from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
     from .quant.config import QuantConfig
 
@@ -362,10 +362,6 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
         raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
     model = load(model_path)
     cal = Calibration.load(calib) if calib else None
-    misfits = {n: f for n, f in layer_formats(model, config).items() if f != weights}
-    if misfits:
-        click.echo(f"{len(misfits)} layers cannot be {weights} in groups of {group_size} (input size not a multiple): "
-                   f"kept in {fallback} (--fallback)", err=True)
     before = weight_bits(model)
 
     def line(row):
@@ -373,7 +369,11 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
                    f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB"
                    + ("  (fallback)" if row.get("fallback") else ""))
 
-    quantize_model(model, config, cal, report=line, source=str(calib), name=str(model_path))
+    rows = quantize_model(model, config, cal, report=line, source=str(calib), name=str(model_path))
+    misfits = sum(row["fallback"] for row in rows)
+    if misfits:
+        click.echo(f"{misfits} layers cannot be {weights} in groups of {group_size} (input size not a multiple): "
+                   f"kept in {fallback} (--fallback)", err=True)
     save_model(model, out)
     after = weight_bits(model)
     click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
@@ -670,7 +670,7 @@ def int_list(ctx, param, value, low: int = 1):
         values = [int(v) for v in value.split(",") if v]
     except ValueError:
         values = None
-    if not values or any(v < low for v in values):
+    if values is None or any(v < low for v in values):
         what = "positive integers" if low == 1 else f"integers >= {low}"
         raise click.BadParameter(f"{value!r}: expected comma-separated {what}, e.g. {param.default}")
     return values
@@ -784,10 +784,10 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, 
     random: speed does not depend on them.
     """
     from .outputs import plan_outputs
-    from .speed import check_paths, run, table, tests, write
+    from .speed import run, table, tests, write
 
-    check_paths(list(paths))
-    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
+    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
+                                    inputs=[model_input(p) for p in paths])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed)
     click.echo(table(result))
     write(result, json_out, md_out)

@@ -102,24 +102,20 @@ def time_test(engine, test: Test, rng) -> float:
         t0 = time.perf_counter()
         engine.prefill(ids)
         return time.perf_counter() - t0
-    ids = rng.integers(0, engine.vocab, (1, max(test.depth, 1) + test.tokens))
     start = max(test.depth, 1)
+    ids = rng.integers(0, engine.vocab, (1, start + test.tokens))
     states = engine.prefill(ids[:, :start])
     t0 = time.perf_counter()
     engine.decode(ids[:, start:], start, states)
     return time.perf_counter() - t0
 
 
-def peak_rss_mb() -> float:
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
-
-
 def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> None:
     """One worker process: load `path`, warm up on a short run of the same kind (the first runs of a
     session allocate and plan), time `test`, send (seconds, peak resident MB)."""
     import numpy as np
+
+    from .runner import peak_memory_mb
 
     try:
         engine = OnnxEngine(Path(path), threads) if is_export(path) else TorchEngine(path, threads)
@@ -128,7 +124,7 @@ def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> Non
         return
     rng = np.random.default_rng(seed)
     time_test(engine, Test(test.kind, min(test.tokens, 16), min(test.depth, 16)), rng)
-    conn.send((time_test(engine, test, rng), peak_rss_mb()))
+    conn.send((time_test(engine, test, rng), peak_memory_mb()))
 
 
 # ---- the run ------------------------------------------------------------------------------------------

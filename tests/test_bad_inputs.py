@@ -444,6 +444,8 @@ CASES = [
     c("create-heads-not-dividing", lambda w: ["create", w / "m", "--hidden-size", 30, "--heads", 4], ONE,
       "num_attention_heads"),
     c("speed-not-a-model", lambda w: ["speed", w / "notes.txt"], ONE, "neither an export"),
+    c("speed-json-inside-the-model", lambda w: ["speed", w / "ttt", "--json", w / "ttt" / "config.json", "--force"],
+      ONE, "inside the input"),
     c("speed-nothing", lambda w: ["speed"], ONE, "no PATH given"),
     c("speed-negative-depth", lambda w: ["speed", w / "ttt", "--depth", -1], USAGE, "--depth"),
     c("speed-zero-prefill", lambda w: ["speed", w / "ttt", "--pp", 0], USAGE, "--pp"),
