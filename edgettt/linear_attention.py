@@ -32,7 +32,7 @@ from .ops import gelu_tanh, gelu_tanh_grad, ln_l2_grad
 
 def augment(x: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [..., D+1] with a constant 1 feature (the bias row of the state)."""
-    return torch.cat((x, torch.ones_like(x[..., :1])), dim=-1)
+    return F.pad(x, (0, 1), value=1.0)  # one Pad node in an exported graph
 
 
 def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -131,15 +131,21 @@ def states_by_position(ka, vh, S, A, eta_tok, start):
 def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
     b = eta_tok.shape[0]
     outputs = []
-    for t in range(qa.shape[2]):
+    T = qa.shape[2]
+    for t in range(T):
         inner = (start + t) % b
-        A = A + ka[:, :, t, :, None] * vh[:, :, t, None, :]
-        outputs.append((qa[:, :, t, None] @ (S + eta_tok[inner] * A)))
+        q_t, k_t, v_t = (x if T == 1 else x[:, :, t:t + 1] for x in (qa, ka, vh))  # [B, H, 1, D]
+        A = A + k_t.transpose(-1, -2) @ v_t  # the outer product ka^T vh
+        # q (S + eta A) without the sum of two states: in a decode graph each state-sized op costs
+        # as much as a small matmul
+        outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
         if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
-            commit = inner == b - 1
-            S_next = S + eta_tok[-1] * A
-            S_next = S_next if requant is None else requant(S_next, start + t + 1)
-            S, A = torch.where(commit, S_next, S), torch.where(commit, torch.zeros_like(A), A)
+            commit = (inner == b - 1).to(A.dtype)  # 1 at the mini-batch's last token, else 0
+            if requant is None:  # S + 0 * A is S, A * 1 is A: the same as a select, in fewer, lighter nodes
+                S, A = S + (commit * eta_tok[-1]) * A, A * (1 - commit)
+            else:
+                S_next = requant(S + eta_tok[-1] * A, start + t + 1)
+                S, A = torch.where(commit > 0, S_next, S), A * (1 - commit)
         elif inner == b - 1:  # end of a mini-batch: commit
             S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
             if requant is not None:

@@ -53,8 +53,8 @@ class MixerBase(nn.Module):
         q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(self.v_proj(x))
         # `start` is an int, or a 0-d tensor in an exported decode graph
         positions = (torch.arange(x.shape[1], device=x.device) + start) % self.config.mini_batch_size
-        theta = self.config.rope_theta
-        return rotary(q, positions, theta), rotary(k, positions, theta), v
+        theta, period = self.config.rope_theta, self.config.mini_batch_size
+        return rotary(q, positions, theta, period), rotary(k, positions, theta, period), v
 
     def finish(self, x: torch.Tensor, heads_out: torch.Tensor) -> torch.Tensor:
         """[B, H, T, d] -> [B, T, C]: merge heads, post-norm, gate, output projection."""

@@ -2,6 +2,11 @@
 
 Everything here is pointwise or per-row; the sequence mixing lives in `ttt.py` (the original
 mini-batch computation) and `linear_attention.py` (the converted form).
+
+While `torch.onnx.export` traces a model (`torch.compiler.is_exporting()`), the norms and the rotary
+embedding are written as the ops ONNX Runtime fuses them into (`edgettt::rms_norm` and
+`edgettt::rotary`, custom ops whose ONNX nodes `onnx/onnx_ops.py` makes; `native_layer_norm`): one
+node where the plain formula takes ten (the rotary one in the decode graph only). They compute the same function, up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -14,6 +19,12 @@ LN_EPS = 1e-6
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`w * x / sqrt(mean(x^2) + eps)`, the normalisation computed in float32."""
+    if torch.compiler.is_exporting():
+        return torch.ops.edgettt.rms_norm(x, weight, eps)
+    return _rms_norm(x, weight, eps)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     dtype = x.dtype
     x = x.float()
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -22,6 +33,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = LN_EPS) -> torch.Tensor:
     """LayerNorm over the last dim with biased variance (the TTT inner LN)."""
+    if torch.compiler.is_exporting():
+        return gamma * torch.native_layer_norm(x, [x.shape[-1]], None, None, eps)[0] + beta
     mu = x.mean(-1, keepdim=True)
     var = x.var(-1, keepdim=True, unbiased=False)
     return gamma * (x - mu) / torch.sqrt(var + eps) + beta
@@ -33,6 +46,10 @@ def ln_l2_grad(z: torch.Tensor, target: torch.Tensor, gamma: torch.Tensor, beta:
 
     `e = (gamma*xh + beta - y) * gamma`, `g = (e - mean(e) - xh * mean(e * xh)) / s`.
     """
+    if torch.compiler.is_exporting():  # xh and 1 / s from one LayerNormalization node
+        xh, _, inv_s = torch.native_layer_norm(z, [z.shape[-1]], None, None, eps)
+        e = (gamma * xh + beta - target) * gamma
+        return (e - e.mean(-1, keepdim=True) - xh * (e * xh).mean(-1, keepdim=True)) * inv_s
     mu = z.mean(-1, keepdim=True)
     s = torch.sqrt(z.var(-1, keepdim=True, unbiased=False) + eps)
     xh = (z - mu) / s
@@ -74,11 +91,19 @@ def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
     return _GeluTanhGrad.apply(x) if torch.is_grad_enabled() and x.requires_grad else _gelu_tanh_grad(x)
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, period: int) -> torch.Tensor:
     """Rotate interleaved pairs (x[2j], x[2j+1]) by `position * theta^(-2j/d)`.
 
-    x: [B, H, T, d]; positions: [T] (already reduced mod the mini-batch size).
+    x: [B, H, T, d]; positions: [T], already reduced mod `period` (the mini-batch size).
     """
+    # ONNX Runtime's RotaryEmbedding refuses a sequence longer than its table: fused in the decode graph
+    # (one token: the length is a plain int), the formula in the prefill graph (any length)
+    if torch.compiler.is_exporting() and isinstance(x.shape[2], int) and x.shape[2] <= period:
+        return torch.ops.edgettt.rotary(x, positions, theta, period, x.shape[-1])
+    return _rotary(x, positions, theta)
+
+
+def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     d = x.shape[-1]
     inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.int64, device=x.device).float() / d))
     angles = positions.float()[:, None] * inv_freq[None, :]  # [T, d/2]
@@ -120,3 +145,25 @@ def mini_batch_etas(learnable_token_idx: torch.Tensor) -> torch.Tensor:
     b = learnable_token_idx.shape[0]
     base = 1.0 / torch.arange(1, b + 1, device=learnable_token_idx.device, dtype=learnable_token_idx.dtype)
     return torch.clamp_min(base + learnable_token_idx, 0.0)
+
+
+# ---- the fused forms an exported graph uses (eager bodies: the formulas above) ----------------------
+
+@torch.library.custom_op("edgettt::rms_norm", mutates_args=())
+def rms_norm_op(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _rms_norm(x, weight, eps)
+
+
+@rms_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x, dtype=torch.promote_types(x.dtype, weight.dtype))
+
+
+@torch.library.custom_op("edgettt::rotary", mutates_args=())
+def rotary_op(x: torch.Tensor, positions: torch.Tensor, theta: float, period: int, head_dim: int) -> torch.Tensor:
+    return _rotary(x, positions, theta)
+
+
+@rotary_op.register_fake
+def _(x, positions, theta, period, head_dim):
+    return torch.empty_like(x)

@@ -8,6 +8,9 @@ ONNX nodes that compute it:
         (an int8 state S - S0 with one calibrated scale per head and row: the formula of
         `quant/state_formats.py`, as ONNX's per-axis quantization writes it)
     aten::sigmoid, aten::silu -> 1 / (1 + exp(-x)) (see below)
+    edgettt::rms_norm -> SimplifiedLayerNormalization (ONNX Runtime's RMS norm, fp32 inside)
+    edgettt::rotary -> com.microsoft.RotaryEmbedding (interleaved pairs, a cos / sin table of the
+        mini-batch's positions)
     the weight formats' matmuls -> their ONNX Runtime operators (`quant/weight_formats.py`)
 
 The eager implementations compute the same thing in torch (used when the graphs run outside export).
@@ -19,6 +22,7 @@ import onnx
 import torch
 from onnxscript import opset18 as op
 
+from .. import ort_schemas
 from ..quant.state_formats import STATE_CLIP, int8_state_codes, int8_state_values
 from ..quant.weight_formats import onnx_translations
 
@@ -81,7 +85,27 @@ def silu_onnx(x):
     return op.Mul(x, sigmoid_onnx(x))
 
 
+# ---- fused norm and rotary embedding (`ops.py` calls these ops while exporting) ---------------------
+
+def rms_norm_onnx(x, weight, eps: float):
+    return ort_schemas.default_domain().SimplifiedLayerNormalization(x, weight, axis=-1, epsilon=eps, stash_type=1)
+
+
+def rotary_onnx(x, positions, theta: float, period: int, head_dim: int):
+    """x [B, H, T, d] viewed as [1, B * H, T, d], so that one row of positions serves every sequence."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    angles = torch.arange(period).float()[:, None] * inv_freq[None, :]  # as `ops._rotary` computes them
+    cos, sin = (op.Constant(value=onnx.numpy_helper.from_array(t.numpy(), name)) for t, name in
+                ((angles.cos(), "rotary_cos"), (angles.sin(), "rotary_sin")))
+    flat = op.Reshape(x, op.Constant(value_ints=[1, -1, 0, 0]))
+    rotated = ort_schemas.msft().RotaryEmbedding(flat, op.Unsqueeze(positions, op.Constant(value_ints=[0])), cos, sin,
+                                      interleaved=1)
+    return op.Reshape(rotated, op.Shape(x))
+
+
 TRANSLATIONS = {
+    torch.ops.edgettt.rms_norm.default: rms_norm_onnx,
+    torch.ops.edgettt.rotary.default: rotary_onnx,
     torch.ops.aten.sigmoid.default: sigmoid_onnx,
     torch.ops.aten.silu.default: silu_onnx,
     torch.ops.edgettt.quantize_state.default: quantize_state_onnx,

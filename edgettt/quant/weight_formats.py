@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from ..errors import EdgetttError
 from ..kernels import kernels_enabled
 from . import layouts
+from .. import ort_schemas
 from .gptq import gptq
 
 LLM_INT8_THRESHOLD = 6.0
@@ -206,7 +207,7 @@ def _(x, qweight, scales, zero_points, K, N, block_size):
 
 
 def matmul_nbits_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int):
-    return _msft().MatMulNBits(x, qweight, scales, zero_points, K=K, N=N, bits=4, block_size=block_size)
+    return ort_schemas.msft().MatMulNBits(x, qweight, scales, zero_points, K=K, N=N, bits=4, block_size=block_size)
 
 
 # ---- bitsandbytes: nf4 / fp4 and LLM.int8 ------------------------------------------------------------
@@ -281,7 +282,7 @@ def _(x, qweight, absmax, K, N, block_size, quant_type):
 
 
 def matmul_bnb4_onnx(x, qweight, absmax, K: int, N: int, block_size: int, quant_type: int):
-    return _msft().MatMulBnb4(x, qweight, absmax, K=K, N=N, block_size=block_size, quant_type=quant_type)
+    return ort_schemas.msft().MatMulBnb4(x, qweight, absmax, K=K, N=N, block_size=block_size, quant_type=quant_type)
 
 
 class LlmInt8(WeightFormat):
@@ -332,31 +333,6 @@ def stored_tensor_names() -> set[str]:
 
 
 # ---- ONNX: the custom ops' translations --------------------------------------------------------------------
-
-def _msft():
-    """onnxscript's com.microsoft opset, with the contrib operators the formats use registered (the
-    `onnx` package does not know them, and onnxscript needs their schemas to build the nodes)."""
-    import onnx
-    from onnx.defs import OpSchema
-    from onnxscript import values
-
-    def register(name, inputs, attrs):
-        try:
-            onnx.defs.get_schema(name, 1, "com.microsoft")
-            return
-        except onnx.defs.SchemaError:
-            pass
-        onnx.defs.register_schema(OpSchema(
-            name, "com.microsoft", 1, inputs=[OpSchema.FormalParameter(n, t) for n, t in inputs],
-            outputs=[OpSchema.FormalParameter("Y", "T1")],
-            type_constraints=[("T1", ["tensor(float)", "tensor(float16)"], ""), ("T2", ["tensor(uint8)"], "")],
-            attributes=[OpSchema.Attribute(a, OpSchema.AttrType.INT, "") for a in attrs]))
-
-    register("MatMulNBits", [("A", "T1"), ("B", "T2"), ("scales", "T1"), ("zero_points", "T2")],
-             ["K", "N", "bits", "block_size"])
-    register("MatMulBnb4", [("A", "T1"), ("B", "T2"), ("absmax", "T1")], ["K", "N", "block_size", "quant_type"])
-    return values.Opset("com.microsoft", 1)
-
 
 def onnx_translations() -> dict:
     """torch custom op -> the onnxscript function that builds its ONNX node."""
