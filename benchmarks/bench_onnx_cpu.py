@@ -25,6 +25,7 @@ import torch
 import edgettt
 from edgettt.data import read_text
 from edgettt.onnx import write_export
+from edgettt.onnx_files import graph_bytes
 from edgettt.onnx.speed import time_round
 from edgettt.quant import QuantConfig, calibrate, quantize_model
 from edgettt.runner import Runner
@@ -58,7 +59,7 @@ def main():
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         dirs = export_variants(args.model, Path(tmp))
-        sizes = {v: (d / "decode.onnx").stat().st_size / 1e6 for v, d in dirs.items()}
+        sizes = {v: graph_bytes(d / "decode.onnx") / 1e6 for v, d in dirs.items()}
         runners = {v: Runner(d, args.threads) for v, d in dirs.items()}
         ids = np.random.default_rng(0).integers(0, 256, (1, args.prompt + args.steps))
         for runner in runners.values():  # warm-up

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 
 from .data import Text, read_text
+from .errors import EdgetttError
 from .model import CausalLM
 from .quant.apply import quantize_model
 from .quant.config import QuantConfig
@@ -104,13 +105,16 @@ class Export:
 
 
 def export(model: CausalLM, out, name: str = "model", verify_text="python-docs-sample", opset: int = 21,
-           force: bool = False) -> Export:
-    """prefill.onnx, decode.onnx and manifest.json for ONNX Runtime in `out`, checked in onnxruntime
-    against torch on `verify_text` (None: not checked) before anything is written."""
-    from .onnx import export_model
+           force: bool = False, activations: str = "int8") -> Export:
+    """prefill.onnx, decode.onnx, weights.bin and manifest.json for ONNX Runtime in `out`, checked in
+    onnxruntime against torch on `verify_text` (None: not checked) before anything is written.
+    `activations`: "int8" (quantized layers multiply int8 activations) or "float"."""
+    from .onnx import ACTIVATIONS, export_model
 
+    if activations not in ACTIVATIONS:
+        raise EdgetttError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     text = None if verify_text is None else _text(verify_text)
-    manifest = export_model(model, out, name, opset=opset, force=force, verify_text=text)
+    manifest = export_model(model, out, name, opset=opset, force=force, verify_text=text, activations=activations)
     return Export(Path(out), manifest)
 
 

@@ -109,7 +109,7 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
             raise EdgetttError(f"{source}: intermediate_size {config.intermediate_size} disagrees with "
                                f"model.layers.0.mlp.gate_proj.{name} {list(shape)} in the weights file; the "
                                "checkpoint does not match its config")
-    if "model.embed_tokens.weight" not in header:
+    if "model.embed_tokens.weight" not in header and not (config.tie_word_embeddings and "lm_head.qweight" in header):
         raise EdgetttError(f"{source.parent}: the weights file has no model.embed_tokens.weight; not a TTT model's "
                            "weights")
     layers = {int(k.split(".")[2]) for k in header if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
@@ -122,7 +122,7 @@ def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path)
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     tied = model.config.tie_word_embeddings
     if tied:
-        expected.pop("lm_head.weight")
+        expected.pop("lm_head.weight", None)
         extra_head = weights.get("lm_head.weight")
         embed = weights.get("model.embed_tokens.weight")
         if extra_head is not None and embed is not None and not torch.equal(extra_head, embed):

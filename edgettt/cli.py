@@ -589,32 +589,42 @@ def info(model_path, as_json):
 @click.option("--verify-data", default="python-docs-sample", show_default=True,
               help="Text the graphs are checked on in onnxruntime against torch.")
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime check.")
+@click.option("--activations", type=click.Choice(["int8", "float"]), default="int8", show_default=True,
+              help="How int8 and int4 layers multiply: int8 lets MatMulNBits quantize the activations in blocks and "
+                   "multiply in integers (accuracy level 4: faster on CPUs with int8 dot products, a KLD cost the "
+                   "verification reports); float multiplies in fp32.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def export_cmd(model_path, out, opset, verify_data, no_verify, force):
+def export_cmd(model_path, out, opset, verify_data, no_verify, activations, force):
     """Export a parallel-form model (float or quantized) for ONNX Runtime: OUT/prefill.onnx (any batch
     and length, returns logits and the states), OUT/decode.onnx (one token, the states in and out)
     and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
     quantization, source fingerprint, verification).
 
-    int4 weights become com.microsoft.MatMulNBits and nf4/fp4 com.microsoft.MatMulBnb4 over the
-    model's own bytes; int8 weights DequantizeLinear + MatMul; an int8 state crosses the graphs as
-    int8 (QuantizeLinear/DequantizeLinear with the calibrated scales). By default both graphs run in
-    onnxruntime on --verify-data and must match torch (float: relative error < 1e-4; quantized:
-    KLD <= 1e-4; prefill-then-decode equal to prefill); otherwise nothing is written.
+    Both graphs share one OUT/weights.bin. int4 and int8 weights become com.microsoft.MatMulNBits
+    (4 and 8 bits) and nf4/fp4 com.microsoft.MatMulBnb4 over the model's own bytes; a tied embedding
+    whose lm_head is quantized (--quantize-lm-head) gathers its rows from the same bytes
+    (GatherBlockQuantized); an int8 state crosses the graphs as int8 (QuantizeLinear/DequantizeLinear
+    with the calibrated scales). By default both graphs run in onnxruntime on --verify-data and must
+    match torch (float weights: within 10x torch's own fp32 rounding; an int8 state: KLD <= 1e-4; int8
+    activations: KLD <= 5e-3; prefill-then-decode equal to prefill by the same rule); otherwise
+    nothing is written.
     """
     from . import load
     from .data import read_text
     from .onnx import export_model
+    from .onnx_files import WEIGHTS_FILE, graph_bytes
     from .outputs import Output
 
     out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
     text = None if no_verify else read_text(verify_data)
     model = load(model_path)
     click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out.path} ...", err=True)
-    data = export_model(model, out, str(model_path), opset=opset, verify_text=text,
+    data = export_model(model, out, str(model_path), opset=opset, verify_text=text, activations=activations,
                         log=lambda line: click.echo(line, err=True))
-    sizes = {g["file"]: (out.path / g["file"]).stat().st_size for g in data["graphs"].values()}
-    click.echo(f"wrote {out.path}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) + ", manifest.json")
+    sizes = {g["file"]: graph_bytes(out.path / g["file"]) for g in data["graphs"].values()}
+    click.echo(f"wrote {out.path}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) +
+               f" (each with the weights it reads; {WEIGHTS_FILE} {(out.path / WEIGHTS_FILE).stat().st_size / 1e6:.2f} "
+               "MB on disk, shared), manifest.json")
     if "verification" in data:
         click.echo(f"verified in onnxruntime ({data['verification']['rule']}): {data['verification']['summary']}")
 

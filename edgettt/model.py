@@ -22,7 +22,7 @@ from torch import nn
 from .config import ModelConfig
 from .converted import LinearAttentionLayer
 from .mixer import depthwise_conv
-from .ops import causal_conv, rms_norm
+from .ops import causal_conv, rms_norm, tokens_from
 from .quant.state_formats import state_format
 from .ttt import TTTLayer
 
@@ -123,15 +123,18 @@ class CausalLM(nn.Module):
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.init_state(batch_size) for layer in self.model.layers])
 
-    def prefill(self, input_ids: torch.Tensor, state: State | None = None,
-                decode: bool = False) -> tuple[torch.Tensor, State]:
-        """Logits [B, T, V] for input ids [B, T], continuing from `state` (a fresh one when None)."""
+    def prefill(self, input_ids: torch.Tensor, state: State | None = None, decode: bool = False,
+                logits_from=None) -> tuple[torch.Tensor, State]:
+        """Logits [B, T, V] for input ids [B, T], continuing from `state` (a fresh one when None);
+        with `logits_from` = t, only those of tokens t.. (generation needs the last token's alone)."""
         if state is None:
             state = self.init_state(input_ids.shape[0])
         h = self.model.embed_tokens(input_ids)
         for layer, layer_state in zip(self.model.layers, state.layers):
             h = layer(h, layer_state, state.pos, decode)
         state.pos = state.pos + input_ids.shape[1]  # not +=: a tensor position (exported graph) is the caller's
+        if logits_from is not None:
+            h = tokens_from(h, logits_from)
         logits = self.lm_head(self.model.norm(h))
         return (logits if logits.dtype == torch.float64 else logits.float()), state  # fp32 at least
 

@@ -126,6 +126,14 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return y, full[:, full.shape[1] - (kernel - 1):]
 
 
+def tokens_from(h: torch.Tensor, start) -> torch.Tensor:
+    """h[:, start:] for h [B, T, C]; `start` an int, or a 0-d tensor in an exported graph (a Slice
+    whose length the graph learns at run time)."""
+    if torch.compiler.is_exporting():
+        return torch.ops.edgettt.tokens_from(h, start)
+    return h[:, int(start):]
+
+
 def segments(start: int, length: int, block: int) -> list[tuple[int, int, int]]:
     """Cut positions start..start+length-1 at multiples of `block`.
 
@@ -167,3 +175,13 @@ def rotary_op(x: torch.Tensor, positions: torch.Tensor, theta: float, period: in
 @rotary_op.register_fake
 def _(x, positions, theta, period, head_dim):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("edgettt::tokens_from", mutates_args=())
+def tokens_from_op(h: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
+    return h[:, int(start):].clone()
+
+
+@tokens_from_op.register_fake
+def _(h, start):
+    return h.new_empty(h.shape[0], torch.library.get_ctx().new_dynamic_size(), h.shape[2])

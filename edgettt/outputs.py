@@ -47,7 +47,7 @@ PARKED = "previous"  # the old output, parked there between the two renames of t
 DIRECTORY_FILES = {
     "model": {"config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "convert_report.json",
               "MODEL_CARD.md", "eval.json", "train_log.json", "model.safetensors.index.json"},
-    "export": {"manifest.json", "prefill.onnx", "decode.onnx", "tokenizer.json"},
+    "export": {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin", "tokenizer.json"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
                "kld_by_position.png"},
 }

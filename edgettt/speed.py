@@ -3,8 +3,9 @@ llama-bench, batch 1.
 
     edgettt speed exports/float exports/int4 --pp 512,4096 --tg 128 --depth 0,4096 -r 5
 
-Each path is an export directory (timed through ONNX Runtime: the edge path) or a model (a directory
-or a shipped name: timed through torch). Tests:
+Each path is an export directory (timed through ONNX Runtime: the edge path), a model (a directory
+or a shipped name: timed through torch), or an onnxruntime-genai model folder (a transformer with its
+KV cache as users run one on the edge, timed through its Generator: the anchor). Tests:
 
     ppN        prefill N tokens from a fresh state
     tgN@dD     decode N tokens one at a time, after a prefill of D tokens (not timed); D = 0 starts
@@ -32,6 +33,7 @@ import time
 from pathlib import Path
 
 from .errors import EdgetttError
+from .onnx_files import graph_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +63,7 @@ class OnnxEngine:
         self.vocab = self.runner.manifest["vocab_size"]
 
     def prefill(self, ids):
-        return self.runner.run_prefill(ids)[1]
+        return self.runner.run_prefill(ids, last_only=True)[1]  # as llama-bench: the next token's logits
 
     def decode(self, ids, start, states):
         self.runner.decode_tokens(ids, start, states)
@@ -83,7 +85,7 @@ class TorchEngine:
 
     def prefill(self, ids):
         with self.torch.no_grad():
-            return self.model.prefill(self.torch.from_numpy(ids))[1]
+            return self.model.prefill(self.torch.from_numpy(ids), logits_from=ids.shape[1] - 1)[1]
 
     def decode(self, ids, start, state):
         with self.torch.no_grad():
@@ -91,8 +93,46 @@ class TorchEngine:
                 _, state = self.model.step(self.torch.from_numpy(ids[:, t]), state)
 
 
+class GenaiEngine:
+    """A model folder of onnxruntime-genai (its model builder's output: genai_config.json), through its
+    Generator: the transformer with a KV cache that a user would run instead (the anchor of
+    `benchmarks/anchor_llama.py`). Prefill appends the prompt's tokens; decode appends one token a
+    step (the given ids, as the other engines: no sampling is timed)."""
+
+    def __init__(self, path: Path, threads: int | None):
+        import onnxruntime_genai as og
+
+        config = og.Config(str(path))
+        if threads:
+            config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))
+        self.og, self.model = og, og.Model(config)
+        self.vocab = json.loads((Path(path) / GENAI_CONFIG).read_text())["model"]["vocab_size"]
+
+    def prefill(self, ids, room: int = 0):
+        params = self.og.GeneratorParams(self.model)
+        params.set_search_options(max_length=ids.shape[1] + room)  # the KV cache's length
+        generator = self.og.Generator(self.model, params)
+        generator.append_tokens(ids.astype("int32"))
+        return generator
+
+    def decode(self, ids, start, generator):
+        for t in range(ids.shape[1]):
+            generator.append_tokens(ids[:, t:t + 1].astype("int32"))
+
+
+GENAI_CONFIG = "genai_config.json"
+
+
 def is_export(path: str) -> bool:
     return (Path(path) / "manifest.json").is_file()
+
+
+def is_genai(path: str) -> bool:
+    return (Path(path) / GENAI_CONFIG).is_file()
+
+
+def engine_name(path: str) -> str:
+    return "onnxruntime" if is_export(path) else "onnxruntime-genai" if is_genai(path) else "torch"
 
 
 def time_test(engine, test: Test, rng) -> float:
@@ -104,7 +144,8 @@ def time_test(engine, test: Test, rng) -> float:
         return time.perf_counter() - t0
     start = max(test.depth, 1)
     ids = rng.integers(0, engine.vocab, (1, start + test.tokens))
-    states = engine.prefill(ids[:, :start])
+    states = engine.prefill(ids[:, :start], room=test.tokens) if isinstance(engine, GenaiEngine) else \
+        engine.prefill(ids[:, :start])
     t0 = time.perf_counter()
     engine.decode(ids[:, start:], start, states)
     return time.perf_counter() - t0
@@ -118,7 +159,8 @@ def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> Non
     from .runner import peak_memory_mb
 
     try:
-        engine = OnnxEngine(Path(path), threads) if is_export(path) else TorchEngine(path, threads)
+        engines = {"onnxruntime": OnnxEngine, "onnxruntime-genai": GenaiEngine, "torch": TorchEngine}
+        engine = engines[engine_name(path)](Path(path) if engine_name(path) != "torch" else path, threads)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return
@@ -135,13 +177,19 @@ def disk_facts(path: str) -> dict:
 
     p = resolve_model_path(path)
     facts = {"bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
-    if is_export(path):
+    decode_graph = p / "decode.onnx" if is_export(path) else p / _genai_file(p) if is_genai(path) else None
+    if decode_graph is not None:
         import onnx
 
-        model = onnx.load(str(p / "decode.onnx"), load_external_data=False)
-        facts["decode_onnx_bytes"] = (p / "decode.onnx").stat().st_size
+        model = onnx.load(str(decode_graph), load_external_data=False)
+        facts["decode_onnx_bytes"] = graph_bytes(decode_graph)  # with the weights it reads
         facts["decode_nodes"] = count_nodes(model.graph, {(f.domain, f.name): f for f in model.functions})
     return facts
+
+
+def _genai_file(folder: Path) -> str:
+    """The decoder graph of an onnxruntime-genai model folder (one graph serves prefill and decode)."""
+    return json.loads((folder / GENAI_CONFIG).read_text())["model"]["decoder"]["filename"]
 
 
 def count_nodes(graph, functions: dict | None = None) -> int:
@@ -164,9 +212,16 @@ def check_paths(paths: list[str]) -> None:
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     for path in paths:
-        if not is_export(path) and not (resolve_model_path(path) / "config.json").is_file():
-            raise EdgetttError(f"{path}: neither an export (manifest.json) nor a model (config.json); give export "
-                               "directories from `edgettt export` or models")
+        if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():
+            raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
+                               f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
+                               "`edgettt export` or models")
+        if is_genai(path):
+            try:
+                import onnxruntime_genai  # noqa: F401
+            except ImportError:
+                raise EdgetttError(f"{path}: an onnxruntime-genai model, and onnxruntime-genai is not installed; "
+                                   "pip install onnxruntime-genai") from None
 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
@@ -225,7 +280,7 @@ def summarise(paths, test_list, times, peaks, order, repetitions, threads) -> di
         for test in test_list:
             rates = [test.tokens / s for s in times[(path, test.name)]]
             ref = [test.tokens / s for s in times[(paths[0], test.name)]]
-            rows.append({"path": path, "engine": "onnxruntime" if is_export(path) else "torch", "test": test.name,
+            rows.append({"path": path, "engine": engine_name(path), "test": test.name,
                          "tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
                          "vs_first": statistics.median(a / b for a, b in zip(rates, ref)),
                          "peak_rss_mb": peaks[(path, test.name)], **facts})

@@ -38,16 +38,20 @@ def root(tmp_path_factory):
     return root
 
 
-VARIANTS = {  # name: (family, quantize arguments, ONNX ops the graphs must contain)
-    "linear-fp32": ("linear", None, {"MatMul"}),
-    "mlp-fp32": ("mlp", None, {"MatMul"}),
+VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops the graphs must contain)
+    "linear-fp32": ("linear", None, (), {"MatMul", "SimplifiedLayerNormalization", "RotaryEmbedding"}),
+    "mlp-fp32": ("mlp", None, (), {"MatMul"}),
     "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4", "--method", "gptq", "--group-size", "32",
-                                         "--state", "int8"), {"MatMulNBits", "QuantizeLinear", "Scan"}),
-    "mlp-int8": ("mlp", ("--weights", "int8",), {"DequantizeLinear"}),
-    "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), {"DequantizeLinear"}),
-    "mlp-nf4": ("mlp", ("--weights", "nf4", "--group-size", "32"), {"MatMulBnb4"}),
+                                         "--state", "int8"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
+    "mlp-int8": ("mlp", ("--weights", "int8",), ("--activations", "float"), {"MatMulNBits"}),
+    "linear-int4-head": ("linear", ("--weights", "int4", "--group-size", "32", "--quantize-lm-head"), (),
+                         {"MatMulNBits", "GatherBlockQuantized"}),
+    "linear-int8-head": ("linear", ("--weights", "int8", "--quantize-lm-head"), (),
+                         {"MatMulNBits", "GatherBlockQuantized"}),
+    "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), (), {"MatMulNBits"}),
+    "mlp-nf4": ("mlp", ("--weights", "nf4", "--group-size", "32"), (), {"MatMulBnb4"}),
     "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4", "--group-size", "32", "--state", "int8-tensor"),
-                                     {"MatMulBnb4", "DequantizeLinear"}),
+                                     (), {"MatMulBnb4", "DequantizeLinear"}),
 }
 
 
@@ -55,14 +59,14 @@ VARIANTS = {  # name: (family, quantize arguments, ONNX ops the graphs must cont
 def exported(root):
     """Export every variant once: {name: (model dir, export dir)}."""
     out = {}
-    for name, (family, qargs, _) in VARIANTS.items():
+    for name, (family, qargs, xargs, _) in VARIANTS.items():
         model_dir = root / family
         if qargs:
             model_dir = root / f"q-{name}"
             calib = ("--calib", root / "cal.st") if family == "mlp" else ()
             result = run("quantize", root / family, model_dir, *qargs, *calib)
             assert result.exit_code == 0, result.output
-        result = run("export", model_dir, root / f"x-{name}")
+        result = run("export", model_dir, root / f"x-{name}", *xargs)
         assert result.exit_code == 0, (name, result.output)
         assert "verified in onnxruntime" in result.output
         out[name] = (model_dir, root / f"x-{name}")
@@ -85,12 +89,38 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     manifest = json.loads((directory / "manifest.json").read_text())
     check = manifest["verification"]
     assert check["passed"], check["summary"]
+    # int8 activations: MatMulNBits' accuracy level 4, on by default for int4 / int8 / LLM.int8 layers
+    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int4-head",
+                                                          "linear-int8-head", "linear-bnb-int8") else "float")
+    levels = {a.i for n in onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph.node
+              if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
+    assert levels <= ({4} if manifest["activations"] == "int8" else {0})
+    kld_limit = 5e-3 if manifest["activations"] == "int8" else 1e-4
     if manifest["source"]["quantization"]:
-        assert check["prefill_vs_torch"]["kld_mean"] <= 1e-4 and check["decode_vs_prefill"]["kld_mean"] <= 1e-4
+        assert check["prefill_vs_torch"]["kld_mean"] <= kld_limit and check["decode_vs_prefill"]["kld_mean"] <= kld_limit
     else:
         assert check["prefill_vs_torch"]["rel_error"] < 1e-4 and check["decode_vs_prefill"]["rel_error"] < 1e-4
     ops = op_types(directory / "prefill.onnx") | op_types(directory / "decode.onnx")
-    assert VARIANTS[name][2] <= ops, ops
+    assert VARIANTS[name][3] <= ops, ops
+    assert {p.name for p in directory.iterdir()} == {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin"}
+
+
+def test_both_graphs_read_one_copy_of_the_weights(exported):
+    """weights.bin holds each weight once (the tied head's bytes serve MatMulNBits and
+    GatherBlockQuantized alike), and each graph reads the model's weights from it."""
+    for name in ("linear-fp32", "linear-int4-head"):
+        model_dir, directory = exported[name]
+        data = (directory / "weights.bin").read_bytes()
+        weights = edgettt.load(model_dir).weights().values()
+        big = sum(t.numel() * t.element_size() for t in weights if t.numel() * t.element_size() >= 1024)
+        ranges = {}
+        for graph in ("prefill.onnx", "decode.onnx"):
+            model = onnx.load(str(directory / graph), load_external_data=False)
+            entries = [{e.key: e.value for e in t.external_data} for t in model.graph.initializer]
+            ranges[graph] = {(int(e["offset"]), int(e["length"])) for e in entries if e}
+            assert sum(length for _, length in ranges[graph]) >= 0.95 * big, (name, graph)
+        every = ranges["prefill.onnx"] | ranges["decode.onnx"]
+        assert len({data[o:o + n] for o, n in every}) == len(every)  # no content twice
 
 
 def test_int4_weights_are_the_models_own_bytes(exported):

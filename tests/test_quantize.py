@@ -34,6 +34,39 @@ def test_every_registered_format_stores_what_it_declares_and_dequantizes_within_
     exported = fmt.export_tensors(t)
     assert torch.allclose(fmt.export_matmul(x, exported, 128, 48, group), x @ d.T, rtol=1e-4, atol=1e-5)
     assert fmt.fits(128, group) and (fmt.fits(96, group) != fmt.grouped)
+    ids = torch.tensor([[5, 0], [47, 5]])
+    assert torch.equal(layer.rows(ids), d[ids])  # a tied embedding reads exactly the dequantized rows
+    if fmt.exports_rows:
+        assert torch.allclose(fmt.export_rows(ids, exported, 128, 48, group), d[ids], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("K", [128, 40])  # 40: padded to two blocks of 32
+def test_int8_rows_in_the_8_bit_matmulnbits_layout_are_the_same_numbers(K):
+    from edgettt.quant.weight_formats import INT8_BLOCK, int8_rows_as_nbits, nbits_weight
+
+    w = torch.randn(24, K, generator=torch.Generator().manual_seed(3))
+    t = INT8.quantize(w, 64)
+    nbits = int8_rows_as_nbits(t["qweight"], t["scales"])
+    blocks = -(-K // INT8_BLOCK)
+    assert nbits["qweight"].shape == (24, blocks, INT8_BLOCK) and nbits["qweight"].dtype == torch.uint8
+    assert torch.equal(nbits_weight(nbits["qweight"], nbits["scales"], nbits["zero_points"], K, 8), dequantize_int8(t))
+
+
+@pytest.mark.parametrize("fmt", ["int4", "int8"])
+def test_a_quantized_tied_head_serves_the_embedding_from_its_own_bytes(trained, tmp_path, fmt):
+    from edgettt.quant.linear import TiedEmbedding
+
+    model = convert(trained[0], "parallel")
+    quantize_model(model, QuantConfig(weights=fmt, group_size=32, skip=()))
+    assert isinstance(model.model.embed_tokens, TiedEmbedding)
+    assert "model.embed_tokens.weight" not in model.weights() and "lm_head.qweight" in model.weights()
+    ids = torch.tensor([[3, 200, 7]])
+    assert torch.equal(model.model.embed_tokens(ids), model.lm_head.dequantized()[ids])
+    edgettt.save(model, tmp_path / "q")
+    again = edgettt.load(tmp_path / "q")
+    assert isinstance(again.model.embed_tokens, TiedEmbedding) and again.model.embed_tokens.head is again.lm_head
+    with torch.no_grad():
+        assert torch.equal(again(ids), model(ids))
 
 
 def test_nibble_packing_round_trips_and_matches_the_matmulnbits_order():

@@ -4,10 +4,11 @@
 
 writes `prefill.onnx` (input ids [batch, tokens] -> logits and every state tensor after the text),
 `decode.onnx` (one token, the position inside the mini-batch and the states -> logits and the new
-states; a mini-batch commit is a Where, not a branch) and `manifest.json`, everything the
-numpy + onnxruntime runner (`edgettt.runner`) needs. Quantized weights go out as the ONNX Runtime
-operators that read their bytes unchanged (each weight format names its operator: see
-`quant/weight_formats.py`); an int8 state crosses the graph boundary as int8 (S - S0 over the
+states; a mini-batch commit is arithmetic, not a branch), `weights.bin` (the weights both graphs
+share, `onnx_files.py`) and `manifest.json`, everything the numpy + onnxruntime runner
+(`edgettt.runner`) needs. Quantized weights go out as the ONNX Runtime operators that read their
+bytes (each weight format names its operator: see `quant/weight_formats.py`), by default on int8
+activations (`ACTIVATIONS`); an int8 state crosses the graph boundary as int8 (S - S0 over the
 calibrated per-row scales, `onnx_ops`).
 """
 
@@ -27,8 +28,10 @@ from torch import nn
 
 from ..errors import EdgetttError
 from ..model import CausalLM, State
+from ..onnx_files import WEIGHTS_FILE, share_weights
 from ..progress import bar
-from ..quant.linear import QuantLinear
+from ..quant.apply import set_module
+from ..quant.linear import QuantLinear, TiedEmbedding
 from ..quant.state_formats import state_format
 from . import onnx_ops
 
@@ -39,19 +42,53 @@ SESSION_CONFIG = {"session.disable_quant_qdq": "1"}
 
 class ExportLinear(nn.Module):
     """A QuantLinear as the custom op its ONNX node is made from (its weight format's `export_matmul`);
-    holds the quantized bytes as that operator reads them."""
+    holds the quantized bytes as that operator reads them. `activations`: see `ACTIVATIONS`."""
 
-    def __init__(self, q: QuantLinear):
+    def __init__(self, q: QuantLinear, activations: str = "float"):
         super().__init__()
         self.format, self.K, self.N, self.group = q.format, q.in_features, q.out_features, q.group_size
+        self.requested, self.graph = activations, "decode"  # the graph being traced (`trace_graph`)
         for name, t in q.format.export_tensors(q.tensors()).items():
             self.register_buffer(name, t)
+        self.float_rows = None  # the dequantized table, for a tied head whose format has no gather op
+
+    def _tensors(self) -> dict:
+        return dict(self.named_buffers(recurse=False))
+
+    @property
+    def activations(self) -> str:
+        return self.requested if self.graph in self.format.int8_activation_graphs else "float"
 
     def forward(self, x):
-        return self.format.export_matmul(x, dict(self.named_buffers(recurse=False)), self.K, self.N, self.group)
+        return self.format.export_matmul(x, self._tensors(), self.K, self.N, self.group, self.activations)
+
+    def rows(self, ids):
+        if self.float_rows is not None:
+            return nn.functional.embedding(ids, self.float_rows)
+        return self.format.export_rows(ids, self._tensors(), self.K, self.N, self.group)
 
 
-def exportable_copy(model: CausalLM) -> CausalLM:
+# how quantized layers multiply in ONNX Runtime: "int8" lets MatMulNBits quantize the activations to
+# int8 in blocks and multiply in integers (its accuracy level 4: 2-4x faster on CPUs with int8 dot
+# products, at a measured accuracy cost the verification reports); "float" multiplies in fp32
+ACTIVATIONS = ("int8", "float")
+DEFAULT_ACTIVATIONS = "int8"
+
+
+def int8_activations(model: CausalLM, activations: str) -> list[str]:
+    """The graphs in which an export with `activations` multiplies some of `model`'s layers in int8."""
+    graphs = {g for m in model.modules() if isinstance(m, QuantLinear) for g in m.format.int8_activation_graphs}
+    return sorted(graphs) if activations == "int8" else []
+
+
+def trace_graph(model: CausalLM, graph: str) -> None:
+    """Tell the exportable copy's quantized layers which graph is traced next (their activations)."""
+    for module in model.modules():
+        if isinstance(module, ExportLinear):
+            module.graph = graph
+
+
+def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops. Refuses what ONNX cannot express."""
     if model.form != "parallel":
         first = "model.layers.0.seq_modeling_block"
@@ -60,8 +97,12 @@ def exportable_copy(model: CausalLM) -> CausalLM:
     model = copy.deepcopy(model).float().eval()
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):
-            parent, _, child = name.rpartition(".")
-            setattr(model.get_submodule(parent) if parent else model, child, ExportLinear(module))
+            set_module(model, name, ExportLinear(module, activations))
+    embed = model.model.embed_tokens
+    if isinstance(embed, TiedEmbedding):
+        if not embed.head.format.exports_rows:
+            model.lm_head.float_rows = embed.head.dequantized()
+        embed.tie(model.lm_head)
     return model
 
 
@@ -101,15 +142,17 @@ def last_commit(position: torch.Tensor, block: int) -> torch.Tensor:
 
 
 class PrefillGraph(nn.Module):
-    """input_ids [B, T] -> (logits [B, T, V], *states after the text), from a fresh state. A quantized
-    state is rounded at every mini-batch commit, as in torch: one ONNX Scan over the mini-batches."""
+    """(input_ids [B, T], logits_from []) -> (logits [B, T - logits_from, V], *states after the text),
+    from a fresh state: logits of tokens logits_from.. only (a generation needs the last one's; the
+    lm_head over every token is the largest matmul of a prefill). A quantized state is rounded at
+    every mini-batch commit, as in torch: one ONNX Scan over the mini-batches."""
 
     def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
 
-    def forward(self, input_ids):
-        logits, state = self.model.prefill(input_ids)
+    def forward(self, input_ids, logits_from):
+        logits, state = self.model.prefill(input_ids, logits_from=logits_from)
         seen = input_ids.new_ones(input_ids.shape[1]).sum()  # T as a tensor: any length
         committed = last_commit(seen, self.model.config.mini_batch_size)
         return (logits, *flatten_state(self.specs, self.int8_params, state, committed))
@@ -159,8 +202,11 @@ def graph_io(model: CausalLM) -> dict:
     states_out = [dict(s, name="new_" + s["name"]) for s in states_in]
     return {
         "prefill": {"file": "prefill.onnx",
-                    "inputs": [_io("input_ids", "int64", ["batch", "tokens"], "input_ids")],
-                    "outputs": [_io("logits", "float32", ["batch", "tokens", V], "logits"), *states_out]},
+                    "inputs": [_io("input_ids", "int64", ["batch", "tokens"], "input_ids"),
+                               _io("logits_from", "int64", [], "logits_from",
+                                   doc="the first token whose logits are returned (0: all; tokens - 1: the last)")],
+                    "outputs": [_io("logits", "float32", ["batch", "tokens - logits_from", V], "logits"),
+                                *states_out]},
         "decode": {"file": "decode.onnx",
                    "inputs": [_io("input_ids", "int64", ["batch", 1], "input_ids"),
                               _io("position", "int64", [], "position",
@@ -180,7 +226,7 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
         program = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset, input_names=names_in,
                                     output_names=names_out, dynamic_shapes=tuple(dynamic), verbose=False,
                                     custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)
-    program.save(str(path), external_data=False)
+    program.save(str(path), external_data=True)  # any size; `share_weights` gathers the data afterwards
     import onnx
 
     written = {o.domain: o.version for o in onnx.load(str(path), load_external_data=False).opset_import}
@@ -189,9 +235,11 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
                            f"export with --opset {DEFAULT_OPSET}")
 
 
-def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None) -> dict:
-    """Write prefill.onnx and decode.onnx for `model` into `directory`; returns their I/O description."""
-    model = exportable_copy(model)
+def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None,
+                  activations: str = DEFAULT_ACTIVATIONS) -> dict:
+    """Write prefill.onnx, decode.onnx and their shared weights.bin for `model` into `directory`; returns
+    their I/O description."""
+    model = exportable_copy(model, activations)
     io = graph_io(model)
     specs = state_specs(model)
     int8_params = int8_state_params(model, specs)
@@ -201,22 +249,26 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
     # example shapes that fix nothing: batch 2, a length that is neither 1 nor a multiple of b
     ids = torch.randint(0, model.config.vocab_size, (2, 2 * b + 3))
     with torch.no_grad(), bar(total=2, desc="export graphs", unit="graph", leave=False) as progress:
+        trace_graph(model, "prefill")
         log("  tracing prefill.onnx (any batch, any length)")
         progress.set_postfix_str("prefill.onnx")
-        _export_graph(prefill, (ids,), io["prefill"], [{0: batch, 1: tokens}],
+        _export_graph(prefill, (ids, torch.tensor(0)), io["prefill"], [{0: batch, 1: tokens}, None],
                       directory / "prefill.onnx", opset)
         progress.update()
-        states = prefill(ids)[1:]
+        states = prefill(ids, 0)[1:]
         decode_args = (ids[:, :1], torch.tensor(3), *states)
+        trace_graph(model, "decode")
         log("  tracing decode.onnx (one token, states in and out)")
         progress.set_postfix_str("decode.onnx")
         dynamic = [{0: batch}, None, tuple({0: batch} for _ in states)]  # *states is one argument
         _export_graph(decode, decode_args, io["decode"], dynamic, directory / "decode.onnx", opset)
         progress.update()
+    log(f"  one {WEIGHTS_FILE} for both graphs")
+    share_weights(directory, ["prefill.onnx", "decode.onnx"])
     return io
 
 
-def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
+def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     from ..checkpoint import model_fingerprint
     from ..quant.apply import weight_bits
 
@@ -227,6 +279,10 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int) -> dict:
         "source": {"model": name, "fingerprint": model_fingerprint(model), "family": model.config.family,
                    "form": model.form, "quantization": model.config.quantization, **weight_bits(model),
                    "distilled_ctx": model.config.extra.get("distilled_ctx")},
+        # "int8": quantized layers multiply int8-quantized activations (MatMulNBits accuracy level 4)
+        # in the graphs `int8_activation_graphs` lists; "float": none does
+        "activations": "int8" if int8_activations(model, activations) else "float",
+        "int8_activation_graphs": int8_activations(model, activations),
         "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,
         "tokenizer": tokenizer, "state": state_specs(model), "graphs": io,
         # onnxruntime options the graphs need: without this, its QDQ fusions turn DequantizeLinear +
@@ -241,9 +297,10 @@ def write_manifest(directory: Path, data: dict) -> None:
 
 
 def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
-                 log=lambda line: None) -> dict:
-    """Both graphs, the tokenizer file (if any) and manifest.json into `directory`; returns the manifest."""
-    data = manifest(model, name, export_graphs(model, directory, opset, log), opset)
+                 log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
+    """Both graphs, their weights, the tokenizer file (if any) and manifest.json into `directory`;
+    returns the manifest."""
+    data = manifest(model, name, export_graphs(model, directory, opset, log, activations), opset, activations)
     if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
         model.tokenizer.save(directory)
     write_manifest(directory, data)
@@ -251,7 +308,7 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
 
 
 def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
-                 verify_text=None, log=lambda line: None) -> dict:
+                 verify_text=None, log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out` (a
     path or a planned `outputs.Output`) atomically: a failed export or verification leaves nothing
     behind. Returns the manifest."""
@@ -260,7 +317,7 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
 
     out = as_output(out, "export", force)
     with out.write() as tmp:
-        data = write_export(model, tmp, name, opset, log)
+        data = write_export(model, tmp, name, opset, log, activations)
         if verify_text is not None:
             log(f"  verifying in onnxruntime on {verify_text.name}")
             data["verification"] = verify(model, tmp, verify_text)

@@ -9,6 +9,7 @@ ONNX nodes that compute it:
         `quant/state_formats.py`, as ONNX's per-axis quantization writes it)
     aten::sigmoid, aten::silu -> 1 / (1 + exp(-x)) (see below)
     edgettt::rms_norm -> SimplifiedLayerNormalization (ONNX Runtime's RMS norm, fp32 inside)
+    edgettt::tokens_from -> Slice (the prefill graph's logits from a given token on)
     edgettt::rotary -> com.microsoft.RotaryEmbedding (interleaved pairs, a cos / sin table of the
         mini-batch's positions)
     the weight formats' matmuls -> their ONNX Runtime operators (`quant/weight_formats.py`)
@@ -103,7 +104,13 @@ def rotary_onnx(x, positions, theta: float, period: int, head_dim: int):
     return op.Reshape(rotated, op.Shape(x))
 
 
+def tokens_from_onnx(h, start):
+    begin = op.Reshape(start, op.Constant(value_ints=[1]))
+    return op.Slice(h, begin, op.Constant(value_ints=[2**62]), op.Constant(value_ints=[1]))
+
+
 TRANSLATIONS = {
+    torch.ops.edgettt.tokens_from.default: tokens_from_onnx,
     torch.ops.edgettt.rms_norm.default: rms_norm_onnx,
     torch.ops.edgettt.rotary.default: rotary_onnx,
     torch.ops.aten.sigmoid.default: sigmoid_onnx,

@@ -23,6 +23,9 @@ from ..model import CausalLM
 ROUNDING_FACTOR = 10  # two fp32 computations of one function differ by about sqrt(2) x floor; 10 leaves room
 FLOOR_MIN = 1e-7  # below this the floor itself is noise of the measurement
 KLD_MAX = 1e-4  # int8 state, LLM.int8
+# int8 activations in ONNX Runtime's MatMulNBits (accuracy level 4): measured 4e-4 to 6e-4 on the tiny
+# models' int4 g32 and int8 exports; a wrong graph lands near 1
+KLD_MAX_INT8_ACTIVATIONS = 5e-3
 
 
 def compare(ref: np.ndarray, got: np.ndarray) -> dict:
@@ -48,7 +51,12 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
     prefill_vs_torch = compare(ref.numpy(), ort_logits)
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
     quantization = model.config.quantization or {}
-    if discontinuous(quantization):
+    if runner.manifest.get("activations") == "int8":
+        floor = None
+        limit = KLD_MAX_INT8_ACTIVATIONS
+        passed = prefill_vs_torch["kld_mean"] <= limit and decode_vs_prefill["kld_mean"] <= limit
+        rule = f"KLD mean <= {limit:g} (int8 activations in the quantized layers)"
+    elif discontinuous(quantization):
         floor = None
         passed = prefill_vs_torch["kld_mean"] <= KLD_MAX and decode_vs_prefill["kld_mean"] <= KLD_MAX
         rule = f"KLD mean <= {KLD_MAX:g} (a rounding step in the model: {quantization})"

@@ -12,7 +12,7 @@ from torch import nn
 
 from ..errors import EdgetttError
 from .config import DEFAULT_SKIP, QuantConfig
-from .linear import QuantLinear
+from .linear import QuantLinear, TiedEmbedding
 from .state_formats import state_format
 from .weight_formats import stored_tensor_names, weight_format
 
@@ -81,7 +81,15 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
         rows.append(row)
         if report:
             report(row)
+    tie_quantized_embedding(model)
     return rows
+
+
+def tie_quantized_embedding(model: nn.Module) -> None:
+    """A tied model with a quantized lm_head reads its input embedding from the head's quantized rows
+    (`TiedEmbedding`): the float table is gone from memory, the saved model and the export."""
+    if getattr(model.config, "tie_word_embeddings", False) and isinstance(getattr(model, "lm_head", None), QuantLinear):
+        model.model.embed_tokens = TiedEmbedding(model.lm_head)
 
 
 def apply_state_format(model: nn.Module, name: str, calibration=None) -> None:
@@ -151,6 +159,7 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             tensors = {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in storage.items()}
             set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
                                                 config.group_size, tensors))
+    tie_quantized_embedding(model)
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
         scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]

@@ -38,8 +38,31 @@ class QuantLinear(nn.Module):
     def forward(self, x):
         return self.format.matmul(x, self)
 
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of the dequantized weight (the embedding of a tied model whose head this is)."""
+        return self.format.rows(self.tensors(), ids, self.out_features, self.in_features, self.group_size)
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def extra_repr(self):
         return f"{self.in_features} -> {self.out_features}, {self.fmt}, group {self.group_size}"
+
+
+class TiedEmbedding(nn.Module):
+    """The input embedding of a tied model whose lm_head is quantized: the head's rows, dequantized.
+    Holds no tensors (the head's are saved once, under lm_head); `head` is not a submodule."""
+
+    def __init__(self, head: nn.Module):
+        super().__init__()
+        self._head = [head]  # in a list: not registered, so not saved or counted twice
+
+    @property
+    def head(self) -> nn.Module:
+        return self._head[0]
+
+    def tie(self, head: nn.Module) -> None:
+        self._head = [head]
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head.rows(ids)

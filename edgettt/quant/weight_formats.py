@@ -3,12 +3,15 @@ and dequantizes it, and names the kernel and the ONNX Runtime operator that comp
 (DESIGN section 5). `WEIGHT_FORMATS` is the registry; `weight_format(name)` finds one.
 
     int8      symmetric per output channel (layout in `layouts.py`); Triton kernel `kernels/int8.py`;
-              ONNX: DequantizeLinear + MatMul
+              ONNX: com.microsoft.MatMulNBits with 8 bits (the row's scale repeated per block)
     int4      asymmetric groups of g along K in ONNX Runtime's MatMulNBits layout (`layouts.py`);
               Triton kernel `kernels/int4.py`; ONNX: com.microsoft.MatMulNBits
     nf4, fp4  bitsandbytes' blockwise 4-bit (absmax per block of g); ONNX: com.microsoft.MatMulBnb4
     bnb-int8  bitsandbytes' LLM.int8 (int8 rows, absmax SCB; at run time activation columns above the
               outlier threshold 6 go through fp16, the rest through an int8 matmul); ONNX: as int8
+
+A tied embedding whose lm_head is quantized reads the head's rows (`rows`; in ONNX the formats with
+`export_rows` gather them from the same bytes: com.microsoft.GatherBlockQuantized).
 
 Methods: `rtn` (round to nearest) everywhere; `gptq` (error feedback, `gptq.py`) for int8 and int4.
 
@@ -68,12 +71,30 @@ class WeightFormat:
         """The variant's name in reports (w-LABEL)."""
         return self.name
 
+    def rows(self, t: dict[str, torch.Tensor], ids: torch.Tensor, N: int, K: int, group: int) -> torch.Tensor:
+        """Rows `ids` of the dequantized weight, [*ids.shape, K]: a tied embedding read from a quantized
+        lm_head (`apply.tie_quantized_embedding`)."""
+        return self.dequantize(t, N, K, group)[ids]
+
     def export_tensors(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The stored tensors as the ONNX operator reads them (no copy where it reads them as they are)."""
         raise NotImplementedError
 
-    def export_matmul(self, x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, group: int) -> torch.Tensor:
-        """The custom op the export turns into this format's ONNX node."""
+    def export_matmul(self, x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, group: int,
+                      activations: str = "float") -> torch.Tensor:
+        """The custom op the export turns into this format's ONNX node. `activations` "int8": the
+        operator quantizes x to int8 in blocks and multiplies in integers (ONNX Runtime's accuracy
+        level 4), in the graphs `int8_activation_graphs` names."""
+        raise NotImplementedError
+
+    # the export graphs whose matmuls take int8 activations when asked: where ONNX Runtime's integer
+    # kernel is the faster one on CPUs (benchmarks/results/matmulnbits_cpu.md): MatMulNBits' int8
+    # path wins at one token (decode) for 4 and 8 bits; at 512 tokens (prefill) only for 8 bits
+    int8_activation_graphs: tuple[str, ...] = ()
+    exports_rows = False  # whether `export_rows` has an operator; if not, the export keeps a float table
+
+    def export_rows(self, ids: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, group: int):
+        """The custom op that gathers rows `ids` of the weight from the exported tensors."""
         raise NotImplementedError
 
 
@@ -98,14 +119,45 @@ class Int8(WeightFormat):
             return int8_matmul(x, layer.qweight, layer.scales)
         return super().matmul(x, layer)
 
+    def rows(self, t, ids, N, K, group):
+        return t["qweight"][ids].float() * t["scales"][ids][..., None]
+
     def label(self, method, group):
         return self.name if method == "rtn" else f"{self.name}-{method}"
 
-    def export_tensors(self, t):
-        return {"qweight_t": t["qweight"].T.contiguous(), "scales": t["scales"]}  # [K, N] for MatMul
+    int8_activation_graphs, exports_rows = ("prefill", "decode"), True
 
-    def export_matmul(self, x, t, K, N, group):
-        return torch.ops.edgettt.matmul_int8(x, t["qweight_t"], t["scales"])
+    def export_tensors(self, t):
+        return int8_rows_as_nbits(t["qweight"], t["scales"])
+
+    def export_matmul(self, x, t, K, N, group, activations="float"):
+        return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N,
+                                              t["qweight"].shape[2], 8, ACCURACY_LEVEL[activations])
+
+    def export_rows(self, ids, t, K, N, group):
+        return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N,
+                                              t["qweight"].shape[2], 8)
+
+
+ACCURACY_LEVEL = {"float": 0, "int8": 4}  # MatMulNBits' accuracy_level: 0 computes in float, 4 in int8
+
+
+# MatMulNBits' block for a per-row int8 weight (the row's scale repeated per block). With int8
+# activations ONNX Runtime quantizes x in blocks of the same size: 32 keeps that error where int4 g32
+# has it (ttt-linear-tiny-parallel int8: KLD 5e-4 against torch at 32, 1e-3 at 64)
+INT8_BLOCK = 32
+
+
+def int8_rows_as_nbits(codes: torch.Tensor, row_scales: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Symmetric int8 rows [N, K] with one scale a row, in MatMulNBits' 8-bit layout: uint8 codes + 128
+    in blocks [N, K/b, b] (K padded with codes 128, zeros), the row scale repeated for each block, zero
+    point 128. The same numbers: (q + 128 - 128) * scale."""
+    N, K = codes.shape
+    block = INT8_BLOCK
+    blocks = -(-K // block)
+    shifted = F.pad(codes.to(torch.int16) + 128, (0, blocks * block - K), value=128).to(torch.uint8)
+    return {"qweight": shifted.reshape(N, blocks, block), "scales": row_scales.float()[:, None].expand(N, blocks).contiguous(),
+            "zero_points": torch.full((N, blocks), 128, dtype=torch.uint8)}
 
 
 def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -120,23 +172,6 @@ def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor
 
     gptq(w, hessian, round_column)
     return {"qweight": codes, "scales": scale.float()}
-
-
-@torch.library.custom_op("edgettt::matmul_int8", mutates_args=())
-def matmul_int8(x: torch.Tensor, qweight_t: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [.., K] @ (qweight_t [K, N] int8 * scales [N])."""
-    return x @ (qweight_t.float() * scales).to(x.dtype)
-
-
-@matmul_int8.register_fake
-def _(x, qweight_t, scales):
-    return x.new_empty(*x.shape[:-1], qweight_t.shape[1])
-
-
-def matmul_int8_onnx(x, qweight_t, scales):
-    from onnxscript import opset18 as op
-
-    return op.MatMul(x, op.DequantizeLinear(qweight_t, scales, axis=1))
 
 
 # ---- int4, MatMulNBits layout -------------------------------------------------------------------------
@@ -166,14 +201,24 @@ class Int4(WeightFormat):
                 return int4_matmul(x, layer.qweight, layer.scales, layer.zero_points)
         return super().matmul(x, layer)
 
+    def rows(self, t, ids, N, K, group):
+        picked = layouts.dequantize_int4({name: tensor[ids.reshape(-1)] for name, tensor in t.items()})
+        return picked.reshape(*ids.shape, K)
+
     def label(self, method, group):
         return f"{self.name}-{method}-g{group}"
 
-    def export_tensors(self, t):  # qweight [N, K/g, g/2]: MatMulNBits' B as it is
-        return {"qweight": t["qweight"], "scales": t["scales"].reshape(-1), "zero_points": t["zero_points"].reshape(-1)}
+    int8_activation_graphs, exports_rows = ("decode",), True
 
-    def export_matmul(self, x, t, K, N, group):
-        return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N, group)
+    def export_tensors(self, t):  # MatMulNBits' B, scales and zero points as they are stored
+        return dict(t)
+
+    def export_matmul(self, x, t, K, N, group, activations="float"):
+        return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4,
+                                              ACCURACY_LEVEL[activations])
+
+    def export_rows(self, ids, t, K, N, group):
+        return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4)
 
 
 def _int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -192,22 +237,55 @@ def _int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> dict[str, 
     return layouts.pack_int4(codes, scale, zero)
 
 
+def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, K: int, bits: int):
+    """The dequantized [N, K] weight of MatMulNBits' layout (4 bits: `layouts`; 8 bits: one code a byte)."""
+    if bits == 4:
+        return layouts.dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points})[:, :K]
+    N, blocks, block = qweight.shape
+    values = (qweight.float() - zero_points.float()[..., None]) * scales[..., None]
+    return values.reshape(N, blocks * block)[:, :K]
+
+
 @torch.library.custom_op("edgettt::matmul_nbits", mutates_args=())
 def matmul_nbits(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
-                 K: int, N: int, block_size: int) -> torch.Tensor:
-    blocks = K // block_size
-    w = layouts.dequantize_int4({"qweight": qweight.reshape(N, blocks, -1), "scales": scales.reshape(N, blocks),
-                                 "zero_points": zero_points.reshape(N, -1)})
-    return x @ w.T.to(x.dtype)
+                 K: int, N: int, block_size: int, bits: int, accuracy_level: int) -> torch.Tensor:
+    return x @ nbits_weight(qweight, scales, zero_points, K, bits).T.to(x.dtype)
 
 
 @matmul_nbits.register_fake
-def _(x, qweight, scales, zero_points, K, N, block_size):
+def _(x, qweight, scales, zero_points, K, N, block_size, bits, accuracy_level):
     return x.new_empty(*x.shape[:-1], N)
 
 
-def matmul_nbits_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int):
-    return ort_schemas.msft().MatMulNBits(x, qweight, scales, zero_points, K=K, N=N, bits=4, block_size=block_size)
+def matmul_nbits_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int, bits: int,
+                      accuracy_level: int):
+    return ort_schemas.msft().MatMulNBits(x, qweight, scales, zero_points, K=K, N=N, bits=bits,
+                                          block_size=block_size, accuracy_level=accuracy_level)
+
+
+@torch.library.custom_op("edgettt::gather_nbits", mutates_args=())
+def gather_nbits(ids: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                 K: int, N: int, block_size: int, bits: int) -> torch.Tensor:
+    return nbits_weight(qweight, scales, zero_points, K, bits)[ids]
+
+
+@gather_nbits.register_fake
+def _(ids, qweight, scales, zero_points, K, N, block_size, bits):
+    return scales.new_empty(*ids.shape, K)
+
+
+def gather_nbits_onnx(ids, qweight, scales, zero_points, K: int, N: int, block_size: int, bits: int):
+    """GatherBlockQuantized reads MatMulNBits' bytes as rows [N, blocks * block * bits / 8] (the same
+    bytes: a Reshape of the one initializer both nodes share)."""
+    from onnxscript import opset18 as op
+
+    blocks = -(-K // block_size)
+    rows = op.Reshape(qweight, op.Constant(value_ints=[N, blocks * block_size * bits // 8]))
+    out = ort_schemas.msft().GatherBlockQuantized(rows, ids, scales, zero_points, gather_axis=0, quantize_axis=1,
+                                                   block_size=block_size, bits=bits)
+    if blocks * block_size != K:  # padded 8-bit rows
+        out = op.Slice(out, op.Constant(value_ints=[0]), op.Constant(value_ints=[K]), op.Constant(value_ints=[-1]))
+    return out
 
 
 # ---- bitsandbytes: nf4 / fp4 and LLM.int8 ------------------------------------------------------------
@@ -262,7 +340,7 @@ class Bnb4(WeightFormat):
     def export_tensors(self, t):
         return {"qweight": t["qweight"].reshape(-1), "absmax": t["absmax"]}
 
-    def export_matmul(self, x, t, K, N, group):
+    def export_matmul(self, x, t, K, N, group, activations="float"):
         return torch.ops.edgettt.matmul_bnb4(x, t["qweight"], t["absmax"], K, N, group, BNB4_QUANT_TYPE[self.name])
 
 
@@ -312,9 +390,10 @@ class LlmInt8(WeightFormat):
         return bnb.matmul(flat, layer.qweight, state=state).to(x.dtype).reshape(*x.shape[:-1], -1)
 
     def export_tensors(self, t):
-        return {"qweight_t": t["qweight"].T.contiguous(), "scales": t["scb"] / 127}
+        return int8_rows_as_nbits(t["qweight"], t["scb"] / 127)
 
-    export_matmul = Int8.export_matmul
+    export_matmul, export_rows = Int8.export_matmul, Int8.export_rows
+    int8_activation_graphs, exports_rows = Int8.int8_activation_graphs, True
 
 
 # ---- the registry ---------------------------------------------------------------------------------------
@@ -336,6 +415,6 @@ def stored_tensor_names() -> set[str]:
 
 def onnx_translations() -> dict:
     """torch custom op -> the onnxscript function that builds its ONNX node."""
-    return {torch.ops.edgettt.matmul_int8.default: matmul_int8_onnx,
-            torch.ops.edgettt.matmul_nbits.default: matmul_nbits_onnx,
+    return {torch.ops.edgettt.matmul_nbits.default: matmul_nbits_onnx,
+            torch.ops.edgettt.gather_nbits.default: gather_nbits_onnx,
             torch.ops.edgettt.matmul_bnb4.default: matmul_bnb4_onnx}

@@ -1,0 +1,110 @@
+"""One quantized matmul in ONNX Runtime on this CPU, per weight format and activation precision: the
+measurement behind the export's choice of int8 activations per graph
+(`WeightFormat.int8_activation_graphs`).
+
+    python benchmarks/bench_matmulnbits_cpu.py --json benchmarks/results/matmulnbits_cpu.json \\
+        --markdown benchmarks/results/matmulnbits_cpu.md
+
+Shapes: the 125m preset's linears (768x768 attention, 768x2048 / 2048x768 MLP, 768x32000 lm_head),
+at M = 1 (a decode step) and M = 512 (a prefill). Variants: fp32 MatMul (the float export),
+MatMulNBits 4 bits and 8 bits, block 32, with float activations (accuracy level 0) and int8
+activations (level 4). Weights random (speed does not depend on them). Each variant is its own
+session; the variants of a shape are timed in turns (`--rounds` rounds of `--calls` calls), the median
+per call reported, and the ratio to fp32 taken per round, then the median. At M = 1 a chain of
+`--layers` distinct weights is timed (so that the weights stream from memory as in a model, not
+from cache).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from edgettt.speed import cpu_name  # noqa: E402
+
+SHAPES = [(768, 768), (768, 2048), (2048, 768), (768, 32000)]
+VARIANTS = {"fp32": (None, 0), "nbits4-float": (4, 0), "nbits4-int8": (4, 4), "nbits8-float": (8, 0),
+            "nbits8-int8": (8, 4)}
+
+
+def graph(M: int, K: int, N: int, bits, level: int, copies: int) -> bytes:
+    """`copies` independent matmuls of x [M, K] (distinct weights), summed."""
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+    for c in range(copies):
+        if bits is None:
+            inits.append(numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), f"w{c}"))
+            nodes.append(helper.make_node("MatMul", ["x", f"w{c}"], [f"y{c}"]))
+        else:
+            blocks = K // 32
+            inits.append(numpy_helper.from_array(rng.integers(0, 255, (N, blocks, 32 * bits // 8), dtype=np.uint8), f"b{c}"))
+            inits.append(numpy_helper.from_array(rng.random((N, blocks)).astype(np.float32) / 100, f"s{c}"))
+            nodes.append(helper.make_node("MatMulNBits", ["x", f"b{c}", f"s{c}"], [f"y{c}"], domain="com.microsoft",
+                                          K=K, N=N, bits=bits, block_size=32, accuracy_level=level))
+    nodes.append(helper.make_node("Sum", [f"y{c}" for c in range(copies)], ["out"]))
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [M, K])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, None)], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 21),
+                                                helper.make_opsetid("com.microsoft", 1)]).SerializeToString()
+
+
+def measure(M, K, N, rounds, calls, layers) -> dict:
+    copies = 1 if M > 1 or N > 4096 else layers
+    sessions = {v: ort.InferenceSession(graph(M, K, N, bits, level, copies), providers=["CPUExecutionProvider"])
+                for v, (bits, level) in VARIANTS.items()}
+    x = np.random.default_rng(1).standard_normal((M, K)).astype(np.float32)
+    times = {v: [] for v in VARIANTS}
+    for s in sessions.values():
+        s.run(None, {"x": x})
+    for _ in range(rounds):
+        for v, s in sessions.items():
+            t0 = time.perf_counter()
+            for _ in range(calls):
+                s.run(None, {"x": x})
+            times[v].append((time.perf_counter() - t0) / calls / copies * 1e6)
+    return {v: {"us": statistics.median(t), "vs_fp32": statistics.median(f / m for f, m in zip(times["fp32"], t))}
+            for v, t in times.items()}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--calls", type=int, default=5)
+    ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--json", type=Path)
+    ap.add_argument("--markdown", type=Path)
+    args = ap.parse_args()
+    rows = []
+    for M in (1, 512):
+        for K, N in SHAPES:
+            result = measure(M, K, N, args.rounds, args.calls if M == 1 else 1, args.layers)
+            rows.append({"M": M, "K": K, "N": N, **result})
+            print(f"M={M:<4d} {K}x{N}: " + "  ".join(f"{v} {r['us']:.0f} us ({r['vs_fp32']:.2f}x)"
+                                                   for v, r in result.items()), flush=True)
+    meta = {"cpu": cpu_name(), "onnxruntime": ort.__version__, "python": platform.python_version(),
+            "command": " ".join(["python", *sys.argv])}
+    if args.json:
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
+    if args.markdown:
+        head = "| M | K x N | " + " | ".join(f"{v} us (x fp32)" for v in VARIANTS) + " |"
+        lines = [head, "|" + "---|" * (2 + len(VARIANTS))]
+        for r in rows:
+            lines.append(f"| {r['M']} | {r['K']}x{r['N']} | " +
+                         " | ".join(f"{r[v]['us']:.0f} ({r[v]['vs_fp32']:.2f})" for v in VARIANTS) + " |")
+        args.markdown.write_text(f"# MatMulNBits on the CPU: time per matmul, ratio to fp32 MatMul\n\n`{meta['command']}`\n\n"
+                                 + "\n".join(lines) + f"\n\nCPU {meta['cpu']}, onnxruntime {meta['onnxruntime']}, "
+                                 "default threads; block 32; weights random. x fp32 above 1 is faster.\n")
+
+
+if __name__ == "__main__":
+    main()
