@@ -783,8 +783,10 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, 
     """Tokens a second a model prefills and decodes, batch 1, in the manner of llama-bench.
 
     \b
-    PATH     an export directory (ONNX Runtime on the CPU: the edge path) or a model (torch)
-    ppN      prefill N tokens from a fresh state
+    PATH     an export directory (ONNX Runtime on the CPU: the edge path), a model (torch), or an
+             onnxruntime-genai model folder (a transformer with its KV cache: the anchor; needs
+             onnxruntime-genai; benchmarks/anchor_llama.py makes one)
+    ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
 
     Every measurement runs in a fresh worker process, one at a time (its peak resident memory is its

@@ -91,14 +91,15 @@ def gelu_tanh_grad(x: torch.Tensor) -> torch.Tensor:
     return _GeluTanhGrad.apply(x) if torch.is_grad_enabled() and x.requires_grad else _gelu_tanh_grad(x)
 
 
-def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, period: int) -> torch.Tensor:
+def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, period: int | None = None) -> torch.Tensor:
     """Rotate interleaved pairs (x[2j], x[2j+1]) by `position * theta^(-2j/d)`.
 
-    x: [B, H, T, d]; positions: [T], already reduced mod `period` (the mini-batch size).
+    x: [B, H, T, d]; positions: [T]; `period`: when the positions are reduced mod a period (the
+    mini-batch size), the exported decode graph uses a table of that many positions.
     """
     # ONNX Runtime's RotaryEmbedding refuses a sequence longer than its table: fused in the decode graph
     # (one token: the length is a plain int), the formula in the prefill graph (any length)
-    if torch.compiler.is_exporting() and isinstance(x.shape[2], int) and x.shape[2] <= period:
+    if period and torch.compiler.is_exporting() and isinstance(x.shape[2], int) and x.shape[2] <= period:
         return torch.ops.edgettt.rotary(x, positions, theta, period, x.shape[-1])
     return _rotary(x, positions, theta)
 

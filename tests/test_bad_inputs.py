@@ -555,8 +555,8 @@ def leaves(data, prefix=()):
 
 def replaced(data, path, value):
     data = json.loads(json.dumps(data))
-    if not path:
-        return value
+    if not path:  # the whole document: deleting it leaves null
+        return None if value is DELETE else value
     target = data
     for key in path[:-1]:
         target = target[key]
