@@ -21,33 +21,31 @@ MIN_EXTERNAL_BYTES = 1024
 ALIGN = 4096
 
 
-def _initializers(graph):
-    """Every initializer of `graph` and of the graphs inside its nodes (Scan / If / Loop bodies)."""
+def _graphs(graph):
+    """`graph` and every graph inside its nodes (Scan / If / Loop bodies), depth first."""
     import onnx
 
-    yield from graph.initializer
+    yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _initializers(attr.g)
+                yield from _graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _initializers(g)
+                    yield from _graphs(g)
+
+
+def _initializers(graph):
+    for g in _graphs(graph):
+        yield from g.initializer
 
 
 def _drop_node_metadata(graph) -> None:
     """The exporter's per-node stack traces and scopes: most of a graph file's bytes, no use to a runtime."""
-    import onnx
-
-    for node in graph.node:
-        del node.metadata_props[:]
-        node.ClearField("doc_string")
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                _drop_node_metadata(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    _drop_node_metadata(g)
+    for g in _graphs(graph):
+        for node in g.node:
+            del node.metadata_props[:]
+            node.ClearField("doc_string")
 
 
 def _refer(tensor, offset: int, length: int) -> None:
@@ -65,13 +63,15 @@ def share_weights(directory: Path, graphs: list[str]) -> None:
     """Rewrite the `graphs` in `directory` (each may have external data of its own, which is removed)
     to keep their large initializers in one `weights.bin`."""
     import onnx
+    import onnx.external_data_helper
     from onnx import numpy_helper
 
     directory = Path(directory)
-    own_data = {directory / e.value for name in graphs
-                for t in _initializers(onnx.load(str(directory / name), load_external_data=False).graph)
-                for e in t.external_data if e.key == "location"}
-    models = [onnx.load(str(directory / name)) for name in graphs]  # with their external data
+    models = [onnx.load(str(directory / name), load_external_data=False) for name in graphs]
+    own_data = {directory / e.value for m in models for t in _initializers(m.graph) for e in t.external_data
+                if e.key == "location"}
+    for model in models:
+        onnx.external_data_helper.load_external_data_for_model(model, str(directory))
     placed: dict[bytes, tuple[int, int]] = {}
     with open(directory / WEIGHTS_FILE, "wb") as out:
         for model in models:

@@ -174,18 +174,8 @@ class Runner:
 
     def run_decode(self, ids: np.ndarray, position: int, states: dict) -> tuple[np.ndarray, dict]:
         """ids [B] at absolute `position` -> (logits [B, V], new states)."""
-        feeds = {}
-        for x in self.decode_graph["inputs"]:
-            if x["role"] == "input_ids":
-                feeds[x["name"]] = ids.astype(np.int64).reshape(-1, 1)
-            elif x["role"] == "position":
-                feeds[x["name"]] = np.array(position, dtype=np.int64)
-            elif x["role"] == "inner_position":  # exports from before the position buckets of the int8 state
-                feeds[x["name"]] = np.array(position % self.block, dtype=np.int64)
-            else:
-                feeds[x["name"]] = states[x["state"]]
-        logits, states = self._split(self.decode_graph, self.decode.run(None, feeds))
-        return logits[:, -1], states
+        logits, states = self.decode_tokens(ids.reshape(-1, 1), position, states)
+        return logits[:, 0], states
 
     def decode_tokens(self, ids: np.ndarray, start: int, states: dict) -> tuple[np.ndarray, dict]:
         """Feed ids [B, n] one step at a time from absolute position `start` -> (logits [B, n, V], states).
@@ -199,8 +189,8 @@ class Runner:
             for x in graph["inputs"]:
                 if x["role"] == "input_ids":
                     binding.bind_cpu_input(x["name"], ids[:, t].astype(np.int64).reshape(-1, 1))
-                elif x["role"] in ("position", "inner_position"):
-                    position = start + t if x["role"] == "position" else (start + t) % self.block
+                elif x["role"] in ("position", "inner_position"):  # inner: exports from before the int8
+                    position = start + t if x["role"] == "position" else (start + t) % self.block  # state's buckets
                     binding.bind_cpu_input(x["name"], np.array(position, dtype=np.int64))
                 else:
                     binding.bind_ortvalue_input(x["name"], values[x["state"]])

@@ -56,13 +56,13 @@ def tests(pp: list[int], tg: list[int], depths: list[int]) -> list[Test]:
 class OnnxEngine:
     """An export through `edgettt.runner.Runner` (numpy and onnxruntime)."""
 
-    def __init__(self, path: Path, threads: int | None):
+    def __init__(self, path: str, threads: int | None):
         from .runner import Runner
 
         self.runner = Runner(path, threads)
         self.vocab = self.runner.manifest["vocab_size"]
 
-    def prefill(self, ids):
+    def prefill(self, ids, room: int = 0):
         return self.runner.run_prefill(ids, last_only=True)[1]  # as llama-bench: the next token's logits
 
     def decode(self, ids, start, states):
@@ -83,7 +83,7 @@ class TorchEngine:
         self.model = load(path).eval()
         self.vocab = self.model.config.vocab_size
 
-    def prefill(self, ids):
+    def prefill(self, ids, room: int = 0):
         with self.torch.no_grad():
             return self.model.prefill(self.torch.from_numpy(ids), logits_from=ids.shape[1] - 1)[1]
 
@@ -99,7 +99,7 @@ class GenaiEngine:
     `benchmarks/anchor_llama.py`). Prefill appends the prompt's tokens; decode appends one token a
     step (the given ids, as the other engines: no sampling is timed)."""
 
-    def __init__(self, path: Path, threads: int | None):
+    def __init__(self, path: str, threads: int | None):
         import onnxruntime_genai as og
 
         config = og.Config(str(path))
@@ -135,6 +135,9 @@ def engine_name(path: str) -> str:
     return "onnxruntime" if is_export(path) else "onnxruntime-genai" if is_genai(path) else "torch"
 
 
+ENGINES = {"onnxruntime": OnnxEngine, "onnxruntime-genai": GenaiEngine, "torch": TorchEngine}
+
+
 def time_test(engine, test: Test, rng) -> float:
     """Seconds the test's timed part takes."""
     if test.kind == "pp":
@@ -144,8 +147,7 @@ def time_test(engine, test: Test, rng) -> float:
         return time.perf_counter() - t0
     start = max(test.depth, 1)
     ids = rng.integers(0, engine.vocab, (1, start + test.tokens))
-    states = engine.prefill(ids[:, :start], room=test.tokens) if isinstance(engine, GenaiEngine) else \
-        engine.prefill(ids[:, :start])
+    states = engine.prefill(ids[:, :start], room=test.tokens)  # room: tokens the decode appends (a KV cache's)
     t0 = time.perf_counter()
     engine.decode(ids[:, start:], start, states)
     return time.perf_counter() - t0
@@ -159,8 +161,7 @@ def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> Non
     from .runner import peak_memory_mb
 
     try:
-        engines = {"onnxruntime": OnnxEngine, "onnxruntime-genai": GenaiEngine, "torch": TorchEngine}
-        engine = engines[engine_name(path)](Path(path) if engine_name(path) != "torch" else path, threads)
+        engine = ENGINES[engine_name(path)](path, threads)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return

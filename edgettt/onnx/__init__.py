@@ -274,6 +274,7 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
 
     tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
         {"type": "tokenizer.json", "file": "tokenizer.json"}
+    int8_graphs = int8_activations(model, activations)
     return {
         "edgettt_export": EXPORT_FORMAT, "opset": opset, "onnxruntime_domains": ["", "com.microsoft"],
         "source": {"model": name, "fingerprint": model_fingerprint(model), "family": model.config.family,
@@ -281,8 +282,7 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
                    "distilled_ctx": model.config.extra.get("distilled_ctx")},
         # "int8": quantized layers multiply int8-quantized activations (MatMulNBits accuracy level 4)
         # in the graphs `int8_activation_graphs` lists; "float": none does
-        "activations": "int8" if int8_activations(model, activations) else "float",
-        "int8_activation_graphs": int8_activations(model, activations),
+        "activations": "int8" if int8_graphs else "float", "int8_activation_graphs": int8_graphs,
         "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,
         "tokenizer": tokenizer, "state": state_specs(model), "graphs": io,
         # onnxruntime options the graphs need: without this, its QDQ fusions turn DequantizeLinear +

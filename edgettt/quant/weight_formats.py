@@ -71,10 +71,15 @@ class WeightFormat:
         """The variant's name in reports (w-LABEL)."""
         return self.name
 
+    rows_first = False  # every stored tensor has one row per output: rows can be picked before dequantizing
+
     def rows(self, t: dict[str, torch.Tensor], ids: torch.Tensor, N: int, K: int, group: int) -> torch.Tensor:
         """Rows `ids` of the dequantized weight, [*ids.shape, K]: a tied embedding read from a quantized
         lm_head (`apply.tie_quantized_embedding`)."""
-        return self.dequantize(t, N, K, group)[ids]
+        if not self.rows_first:
+            return self.dequantize(t, N, K, group)[ids]
+        picked = {name: tensor[ids.reshape(-1)] for name, tensor in t.items()}
+        return self.dequantize(picked, ids.numel(), K, group).reshape(*ids.shape, K)
 
     def export_tensors(self, t: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """The stored tensors as the ONNX operator reads them (no copy where it reads them as they are)."""
@@ -119,13 +124,10 @@ class Int8(WeightFormat):
             return int8_matmul(x, layer.qweight, layer.scales)
         return super().matmul(x, layer)
 
-    def rows(self, t, ids, N, K, group):
-        return t["qweight"][ids].float() * t["scales"][ids][..., None]
-
     def label(self, method, group):
         return self.name if method == "rtn" else f"{self.name}-{method}"
 
-    int8_activation_graphs, exports_rows = ("prefill", "decode"), True
+    int8_activation_graphs, exports_rows, rows_first = ("prefill", "decode"), True, True
 
     def export_tensors(self, t):
         return int8_rows_as_nbits(t["qweight"], t["scales"])
@@ -201,14 +203,10 @@ class Int4(WeightFormat):
                 return int4_matmul(x, layer.qweight, layer.scales, layer.zero_points)
         return super().matmul(x, layer)
 
-    def rows(self, t, ids, N, K, group):
-        picked = layouts.dequantize_int4({name: tensor[ids.reshape(-1)] for name, tensor in t.items()})
-        return picked.reshape(*ids.shape, K)
-
     def label(self, method, group):
         return f"{self.name}-{method}-g{group}"
 
-    int8_activation_graphs, exports_rows = ("decode",), True
+    int8_activation_graphs, exports_rows, rows_first = ("decode",), True, True
 
     def export_tensors(self, t):  # MatMulNBits' B, scales and zero points as they are stored
         return dict(t)
