@@ -5,14 +5,16 @@ measurement behind the export's choice of int8 activations per graph
     python benchmarks/bench_matmulnbits_cpu.py --json benchmarks/results/matmulnbits_cpu.json \\
         --markdown benchmarks/results/matmulnbits_cpu.md
 
-Shapes: the 125m preset's linears (768x768 attention, 768x2048 / 2048x768 MLP, 768x32000 lm_head),
-at M = 1 (a decode step) and M = 512 (a prefill). Variants: fp32 MatMul (the float export),
-MatMulNBits 4 bits and 8 bits, block 32, with float activations (accuracy level 0) and int8
-activations (level 4). Weights random (speed does not depend on them). Each variant is its own
-session; the variants of a shape are timed in turns (`--rounds` rounds of `--calls` calls), the median
-per call reported, and the ratio to fp32 taken per round, then the median. At M = 1 a chain of
-`--layers` distinct weights is timed (so that the weights stream from memory as in a model, not
-from cache).
+Shapes: the 125m preset's linears (768x768 attention, 768x2048 / 2048x768 MLP, 768x32000 lm_head)
+and the export's stacked q/k/v (768x2304) and gate/up (768x4096), at M = 1 (a decode step) and
+M = 512 (a prefill). Variants: fp32 MatMul (the float export), MatMulNBits 4 bits and 8 bits, block
+32, with float activations (accuracy level 0) and int8 activations (level 4), and
+DynamicQuantizeMatMul over int8 columns (x quantized per tensor: the export's prefill for the layers
+that read a normalized input, `weight_formats.matmul_int8_rows`). Weights random (speed does not
+depend on them). Each variant is its own session; the variants of a shape are timed in turns
+(`--rounds` rounds of `--calls` calls), the median per call reported, and the ratio to fp32 taken per
+round, then the median. At M = 1 a chain of `--layers` distinct weights is timed (so that the weights
+stream from memory as in a model, not from cache).
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgettt.speed import cpu_name  # noqa: E402
 
-SHAPES = [(768, 768), (768, 2048), (2048, 768), (768, 32000)]
+SHAPES = [(768, 768), (768, 2048), (2048, 768), (768, 32000), (768, 2304), (768, 4096)]  # + stacked q/k/v, gate/up
 VARIANTS = {"fp32": (None, 0), "nbits4-float": (4, 0), "nbits4-int8": (4, 4), "nbits8-float": (8, 0),
-            "nbits8-int8": (8, 4)}
+            "nbits8-int8": (8, 4), "dqmm-int8": ("rows", 0)}
 
 
 def graph(M: int, K: int, N: int, bits, level: int, copies: int) -> bytes:
@@ -45,6 +47,11 @@ def graph(M: int, K: int, N: int, bits, level: int, copies: int) -> bytes:
         if bits is None:
             inits.append(numpy_helper.from_array(rng.standard_normal((K, N)).astype(np.float32), f"w{c}"))
             nodes.append(helper.make_node("MatMul", ["x", f"w{c}"], [f"y{c}"]))
+        elif bits == "rows":  # the prefill's int8 rows (as the export derives them at load), x per tensor
+            inits.append(numpy_helper.from_array(rng.integers(-127, 128, (K, N), dtype=np.int8), f"w{c}"))
+            inits.append(numpy_helper.from_array(rng.random(N).astype(np.float32) / 100, f"s{c}"))
+            nodes.append(helper.make_node("DynamicQuantizeMatMul", ["x", f"w{c}", f"s{c}"], [f"y{c}"],
+                                          domain="com.microsoft"))
         else:
             blocks = K // 32
             inits.append(numpy_helper.from_array(rng.integers(0, 255, (N, blocks, 32 * bits // 8), dtype=np.uint8), f"b{c}"))
@@ -81,12 +88,15 @@ def main():
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--calls", type=int, default=5)
     ap.add_argument("--layers", type=int, default=24)
+    ap.add_argument("--shapes", default=",".join(f"{k}x{n}" for k, n in SHAPES),
+                    help="K x N list, e.g. 768x2304,768x4096 (fused q/k/v, gate/up)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--markdown", type=Path)
     args = ap.parse_args()
+    shapes = [tuple(int(d) for d in s.split("x")) for s in args.shapes.split(",")]
     rows = []
     for M in (1, 512):
-        for K, N in SHAPES:
+        for K, N in shapes:
             result = measure(M, K, N, args.rounds, args.calls if M == 1 else 1, args.layers)
             rows.append({"M": M, "K": K, "N": N, **result})
             print(f"M={M:<4d} {K}x{N}: " + "  ".join(f"{v} {r['us']:.0f} us ({r['vs_fp32']:.2f}x)"

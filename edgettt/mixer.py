@@ -19,7 +19,24 @@ def depthwise_conv(channels: int, kernel: int) -> nn.Conv1d:
     return nn.Conv1d(channels, channels, kernel, groups=channels, bias=True)
 
 
-class MixerBase(nn.Module):
+class FusableInputs:
+    """A module with several projections of the same input, a block's normalized hidden state (the
+    mixer's q/k/v, the MLP's gate/up). An export may replace them with one product of their
+    concatenated weights (`edgettt.onnx.fuse_input_projections` sets `fused_inputs`, a module returning
+    the same tuple): fewer, larger matmuls, int8 activations quantized once, and per tensor in a
+    prefill (the normalized input's narrow range allows it)."""
+
+    def input_projection_names(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def project_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        fused = getattr(self, "fused_inputs", None)
+        if fused is not None:
+            return fused(x)
+        return tuple(getattr(self, name)(x) for name in self.input_projection_names())
+
+
+class MixerBase(FusableInputs, nn.Module):
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config
@@ -41,16 +58,19 @@ class MixerBase(nn.Module):
         B, T, _ = x.shape  # [B, T, C] -> [B, H, T, d]
         return x.reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2)
 
+    def input_projection_names(self) -> tuple[str, ...]:
+        return ("q_proj", "v_proj") if self.config.share_qk else ("q_proj", "k_proj", "v_proj")
+
     def project(self, x: torch.Tensor, state: dict, start: int):
         """Queries, keys and values per head, rotated: three [B, H, T, d]. Updates state['conv_qk']."""
         if self.config.share_qk:
-            shared = self.q_proj(x)
+            shared, v = self.project_inputs(x)
             tail = state.get("conv_qk")
             q, _ = causal_conv(shared, self.conv_q.weight, self.conv_q.bias, tail)
             k, state["conv_qk"] = causal_conv(shared, self.conv_k.weight, self.conv_k.bias, tail)
         else:
-            q, k = self.q_proj(x), self.k_proj(x)
-        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(self.v_proj(x))
+            q, k, v = self.project_inputs(x)
+        q, k, v = self.split_heads(q), self.split_heads(k), self.split_heads(v)
         # `start` is an int, or a 0-d tensor in an exported decode graph
         positions = (torch.arange(x.shape[1], device=x.device) + start) % self.config.mini_batch_size
         theta, period = self.config.rope_theta, self.config.mini_batch_size

@@ -21,7 +21,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .converted import LinearAttentionLayer
-from .mixer import depthwise_conv
+from .mixer import FusableInputs, depthwise_conv
 from .ops import causal_conv, rms_norm, tokens_from
 from .quant.state_formats import state_format
 from .ttt import TTTLayer
@@ -37,15 +37,19 @@ class RMSNorm(nn.Module):
         return rms_norm(x, self.weight, self.eps)
 
 
-class SwiGLU(nn.Module):
+class SwiGLU(FusableInputs, nn.Module):
     def __init__(self, hidden: int, intermediate: int):
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
 
+    def input_projection_names(self) -> tuple[str, ...]:
+        return ("gate_proj", "up_proj")
+
     def forward(self, x):
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.project_inputs(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class PreConv(nn.Module):

@@ -13,6 +13,7 @@ from click.testing import CliRunner
 
 import edgettt
 from edgettt.cli import cli
+from edgettt.mixer import FusableInputs
 
 
 def run(*args):
@@ -95,6 +96,11 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     levels = {a.i for n in onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph.node
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
     assert levels <= ({4} if manifest["activations"] == "int8" else {0})
+    # int8 activations in a prefill: DynamicQuantizeMatMul for the stacked q/k/v and gate/up of int4 / int8 layers
+    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head")
+    assert ("DynamicQuantizeMatMul" in op_types(directory / "prefill.onnx")) == int8_rows
+    assert "DynamicQuantizeMatMul" not in op_types(directory / "decode.onnx")
+    assert ("prefill" in manifest["int8_activation_graphs"]) == (int8_rows or name == "linear-bnb-int8")
     kld_limit = 5e-3 if manifest["activations"] == "int8" else 1e-4
     if manifest["source"]["quantization"]:
         assert check["prefill_vs_torch"]["kld_mean"] <= kld_limit and check["decode_vs_prefill"]["kld_mean"] <= kld_limit
@@ -129,8 +135,14 @@ def test_int4_weights_are_the_models_own_bytes(exported):
     graph = onnx.load(str(directory / "decode.onnx")).graph
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
     mm = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    assert len(mm) == sum(1 for m in model.modules() if type(m).__name__ == "QuantLinear")
-    packed = {bytes(t.numpy().tobytes()) for n, t in model.state_dict().items() if n.endswith("qweight")}
+    # the projections of one input (q/k/v, gate/up) are one node over their stacked rows
+    stacked, alone = [], {n: m for n, m in model.named_modules() if type(m).__name__ == "QuantLinear"}
+    for name, module in model.named_modules():
+        if isinstance(module, FusableInputs):
+            names = [f"{name}.{p}" for p in module.input_projection_names()]
+            stacked.append(b"".join(alone.pop(n).qweight.numpy().tobytes() for n in names))
+    packed = stacked + [m.qweight.numpy().tobytes() for m in alone.values()]
+    assert len(mm) == len(packed) == len(set(packed))
     for node in mm:
         assert inits[node.input[1]].tobytes() in packed  # no re-quantization
 

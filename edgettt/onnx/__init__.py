@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetttError
+from ..mixer import FusableInputs
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
 from ..progress import bar
@@ -44,20 +45,33 @@ class ExportLinear(nn.Module):
     """A QuantLinear as the custom op its ONNX node is made from (its weight format's `export_matmul`);
     holds the quantized bytes as that operator reads them. `activations`: see `ACTIVATIONS`."""
 
-    def __init__(self, q: QuantLinear, activations: str = "float"):
+    def __init__(self, q: QuantLinear, activations: str = "float", stacked: list[QuantLinear] = (),
+                 normalized_input: bool = False):
         super().__init__()
-        self.format, self.K, self.N, self.group = q.format, q.in_features, q.out_features, q.group_size
+        parts = [q, *stacked]  # layers of one input, their output rows stacked (`fuse_input_projections`)
+        self.format, self.K, self.N, self.group = q.format, q.in_features, sum(p.out_features for p in parts), q.group_size
         self.requested, self.graph = activations, "decode"  # the graph being traced (`trace_graph`)
-        for name, t in q.format.export_tensors(q.tensors()).items():
-            self.register_buffer(name, t)
+        exported = [q.format.export_tensors(p.tensors()) for p in parts]
+        for name in exported[0]:
+            self.register_buffer(name, torch.cat([t[name] for t in exported]))
         self.float_rows = None  # the dequantized table, for a tied head whose format has no gather op
+        # whether the input is a block's RMS-normed hidden state (the stacked q/k/v and gate/up): a
+        # narrow range that one int8 scale per tensor covers (prefill "int8-tensor"). down_proj's input,
+        # silu(gate) * up, is heavy-tailed: per tensor it alone costs KLD 7e-3 on ttt-linear-tiny-parallel
+        # int4 (benchmarks/results/prefill_int8_cpu.md); o_proj and the head keep MatMulNBits as well
+        self.normalized_input = normalized_input
 
     def _tensors(self) -> dict:
         return dict(self.named_buffers(recurse=False))
 
     @property
     def activations(self) -> str:
-        return self.requested if self.graph in self.format.int8_activation_graphs else "float"
+        """How this layer multiplies in the graph being traced (the format's `export_matmul`)."""
+        if self.requested == "float":
+            return "float"
+        if self.graph == "prefill" and self.normalized_input and self.format.exports_int8_rows:
+            return "int8-tensor"
+        return "int8" if self.graph in self.format.int8_activation_graphs else "float"
 
     def forward(self, x):
         return self.format.export_matmul(x, self._tensors(), self.K, self.N, self.group, self.activations)
@@ -68,16 +82,20 @@ class ExportLinear(nn.Module):
         return self.format.export_rows(ids, self._tensors(), self.K, self.N, self.group)
 
 
-# how quantized layers multiply in ONNX Runtime: "int8" lets MatMulNBits quantize the activations to
-# int8 in blocks and multiply in integers (its accuracy level 4: 2-4x faster on CPUs with int8 dot
-# products, at a measured accuracy cost the verification reports); "float" multiplies in fp32
+# how quantized layers multiply in ONNX Runtime: "int8" quantizes the activations to int8 and
+# multiplies in integers where that is the faster kernel (`ExportLinear.activations`): in a decode
+# step MatMulNBits' accuracy level 4 (x in blocks along K; 2-4x fp32 on CPUs with int8 dot products),
+# in a prefill DynamicQuantizeMatMul for the layers that read a normalized input (x per tensor, int8
+# rows made at session load; AMX/VNNI int8 GEMM); at a measured accuracy cost the verification
+# reports. "float" multiplies in fp32
 ACTIVATIONS = ("int8", "float")
 DEFAULT_ACTIVATIONS = "int8"
 
 
 def int8_activations(model: CausalLM, activations: str) -> list[str]:
     """The graphs in which an export with `activations` multiplies some of `model`'s layers in int8."""
-    graphs = {g for m in model.modules() if isinstance(m, QuantLinear) for g in m.format.int8_activation_graphs}
+    formats = {m.format for m in model.modules() if isinstance(m, QuantLinear)}
+    graphs = {g for f in formats for g in f.int8_activation_graphs} | {"prefill" for f in formats if f.exports_int8_rows}
     return sorted(graphs) if activations == "int8" else []
 
 
@@ -88,13 +106,55 @@ def trace_graph(model: CausalLM, graph: str) -> None:
             module.graph = graph
 
 
+class SplitOutputs(nn.Module):
+    """One product of several layers' stacked rows, split back into each layer's output."""
+
+    def __init__(self, linear: nn.Module, sizes: list[int]):
+        super().__init__()
+        self.linear, self.sizes = linear, sizes
+
+    def forward(self, x):
+        return tuple(self.linear(x).split(self.sizes, dim=-1))
+
+
+def stacked_linear(layers: list[nn.Module], activations: str) -> nn.Module | None:
+    """One layer computing all of `layers` (same input) with their rows stacked, or None where they
+    differ in kind, format or group, or the format's exported tensors are not one row per output."""
+    first = layers[0]
+    if all(type(m) is nn.Linear and m.bias is None for m in layers):
+        stacked = nn.Linear(first.in_features, sum(m.out_features for m in layers), bias=False)
+        stacked.weight = nn.Parameter(torch.cat([m.weight for m in layers]), requires_grad=False)
+        return stacked
+    same = all(isinstance(m, QuantLinear) and (m.fmt, m.group_size) == (first.fmt, first.group_size) for m in layers)
+    if not same or not first.format.rows_first:
+        return None
+    return ExportLinear(first, activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
+
+
+def fuse_input_projections(model: CausalLM, activations: str) -> None:
+    """Replace each `FusableInputs` module's projections of one input with one stacked product
+    (q/k/v, gate/up): fewer MatMulNBits nodes, each activation quantized once, larger GEMMs."""
+    for module in list(model.modules()):
+        if not isinstance(module, FusableInputs):
+            continue
+        names = module.input_projection_names()
+        layers = [getattr(module, name) for name in names]
+        stacked = stacked_linear(layers, activations)
+        if stacked is not None:
+            module.fused_inputs = SplitOutputs(stacked, [m.out_features for m in layers])
+            for name in names:
+                delattr(module, name)
+
+
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
-    """A copy of `model` whose quantized layers call the export ops. Refuses what ONNX cannot express."""
+    """A copy of `model` whose quantized layers call the export ops, the projections of one input
+    stacked into one product. Refuses what ONNX cannot express."""
     if model.form != "parallel":
         first = "model.layers.0.seq_modeling_block"
         raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no parallel "
                            "prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export that")
     model = copy.deepcopy(model).float().eval()
+    fuse_input_projections(model, activations)
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):
             set_module(model, name, ExportLinear(module, activations))

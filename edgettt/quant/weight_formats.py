@@ -71,7 +71,9 @@ class WeightFormat:
         """The variant's name in reports (w-LABEL)."""
         return self.name
 
-    rows_first = False  # every stored tensor has one row per output: rows can be picked before dequantizing
+    # every stored and every exported tensor has one row per output: rows can be picked before
+    # dequantizing, and layers of one input stacked into one export node (`onnx.stacked_linear`)
+    rows_first = False
 
     def rows(self, t: dict[str, torch.Tensor], ids: torch.Tensor, N: int, K: int, group: int) -> torch.Tensor:
         """Rows `ids` of the dequantized weight, [*ids.shape, K]: a tied embedding read from a quantized
@@ -87,15 +89,17 @@ class WeightFormat:
 
     def export_matmul(self, x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, group: int,
                       activations: str = "float") -> torch.Tensor:
-        """The custom op the export turns into this format's ONNX node. `activations` "int8": the
-        operator quantizes x to int8 in blocks and multiplies in integers (ONNX Runtime's accuracy
-        level 4), in the graphs `int8_activation_graphs` names."""
+        """The custom op the export turns into this format's ONNX node(s). `activations`: "float", or
+        "int8" (x quantized to int8 in blocks along K, integer products: MatMulNBits' accuracy level 4),
+        or "int8-tensor" (x quantized per tensor, int8 rows: `export_nbits_matmul`)."""
         raise NotImplementedError
 
-    # the export graphs whose matmuls take int8 activations when asked: where ONNX Runtime's integer
-    # kernel is the faster one on CPUs (benchmarks/results/matmulnbits_cpu.md): MatMulNBits' int8
-    # path wins at one token (decode) for 4 and 8 bits; at 512 tokens (prefill) only for 8 bits
+    # the export graphs whose matmuls take int8 activations in blocks when asked: where ONNX Runtime's
+    # MatMulNBits integer kernel is the faster one on CPUs (benchmarks/results/matmulnbits_cpu.md):
+    # at one token (decode) for 4 and 8 bits; at 512 tokens (prefill) only for 8 bits
     int8_activation_graphs: tuple[str, ...] = ()
+    # whether the export can take "int8-tensor" activations (int8 rows made when a session loads)
+    exports_int8_rows = False
     exports_rows = False  # whether `export_rows` has an operator; if not, the export keeps a float table
 
     def export_rows(self, ids: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, group: int):
@@ -127,18 +131,16 @@ class Int8(WeightFormat):
     def label(self, method, group):
         return self.name if method == "rtn" else f"{self.name}-{method}"
 
-    int8_activation_graphs, exports_rows, rows_first = ("prefill", "decode"), True, True
+    int8_activation_graphs, exports_rows, rows_first, exports_int8_rows = ("prefill", "decode"), True, True, True
 
     def export_tensors(self, t):
         return int8_rows_as_nbits(t["qweight"], t["scales"])
 
     def export_matmul(self, x, t, K, N, group, activations="float"):
-        return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N,
-                                              t["qweight"].shape[2], 8, ACCURACY_LEVEL[activations])
+        return export_nbits_matmul(x, t, K, N, INT8_BLOCK, 8, activations)
 
     def export_rows(self, ids, t, K, N, group):
-        return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N,
-                                              t["qweight"].shape[2], 8)
+        return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N, INT8_BLOCK, 8)
 
 
 ACCURACY_LEVEL = {"float": 0, "int8": 4}  # MatMulNBits' accuracy_level: 0 computes in float, 4 in int8
@@ -206,14 +208,13 @@ class Int4(WeightFormat):
     def label(self, method, group):
         return f"{self.name}-{method}-g{group}"
 
-    int8_activation_graphs, exports_rows, rows_first = ("decode",), True, True
+    int8_activation_graphs, exports_rows, rows_first, exports_int8_rows = ("decode",), True, True, True
 
     def export_tensors(self, t):  # MatMulNBits' B, scales and zero points as they are stored
         return dict(t)
 
     def export_matmul(self, x, t, K, N, group, activations="float"):
-        return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4,
-                                              ACCURACY_LEVEL[activations])
+        return export_nbits_matmul(x, t, K, N, group, 4, activations)
 
     def export_rows(self, ids, t, K, N, group):
         return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4)
@@ -235,6 +236,11 @@ def _int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> dict[str, 
     return layouts.pack_int4(codes, scale, zero)
 
 
+def nbits_zeros(zero_points: torch.Tensor, blocks: int, bits: int) -> torch.Tensor:
+    """MatMulNBits' zero points one a block, [N, blocks] (4 bits: unpacked from two a byte)."""
+    return layouts.unpack_nibbles(zero_points)[:, :blocks] if bits == 4 else zero_points
+
+
 def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, K: int, bits: int):
     """The dequantized [N, K] weight of MatMulNBits' layout (4 bits: `layouts`; 8 bits: one code a byte)."""
     if bits == 4:
@@ -242,6 +248,20 @@ def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch
     N, blocks, block = qweight.shape
     values = (qweight.float() - zero_points.float()[..., None]) * scales[..., None]
     return values.reshape(N, blocks * block)[:, :K]
+
+
+def export_nbits_matmul(x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, block: int, bits: int,
+                        activations: str) -> torch.Tensor:
+    """x times a weight in MatMulNBits' layout, as the export writes it: MatMulNBits (activations
+    "float": fp32; "int8": accuracy level 4), or for "int8-tensor" DynamicQuantizeMatMul over int8
+    rows that ONNX Runtime derives from the same bytes when the session loads (`matmul_int8_rows`):
+    its int8 GEMM runs on the CPU's int8 matrix units (AMX, VNNI), 4-5x fp32 MatMul at 512 tokens on
+    this project's CPU, where MatMulNBits computes in fp32 or in a slower int8 path
+    (benchmarks/results/matmulnbits_cpu.md)."""
+    if activations == "int8-tensor":
+        return torch.ops.edgettt.matmul_int8_rows(x, t["qweight"], t["scales"], t["zero_points"], K, N, block, bits)
+    return torch.ops.edgettt.matmul_nbits(x, t["qweight"], t["scales"], t["zero_points"], K, N, block, bits,
+                                          ACCURACY_LEVEL[activations])
 
 
 @torch.library.custom_op("edgettt::matmul_nbits", mutates_args=())
@@ -259,6 +279,94 @@ def matmul_nbits_onnx(x, qweight, scales, zero_points, K: int, N: int, block_siz
                       accuracy_level: int):
     return ort_schemas.msft().MatMulNBits(x, qweight, scales, zero_points, K=K, N=N, bits=bits,
                                           block_size=block_size, accuracy_level=accuracy_level)
+
+
+def int8_row_factors(scales: torch.Tensor, zeros: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 rows of a MatMulNBits weight [N, K] (scales and unpacked zero points [N, blocks]):
+    w = (code - zero) * scale_g = int8 * row_scale, int8 = round((code - zero) * factor_g),
+    factor_g = scale_g / row_scale, row_scale = max_g(scale_g * reach_g) / 127 where reach_g =
+    max(zero, 2^bits - 1 - zero) (at most 127: 8-bit codes are symmetric int8 + 128) bounds
+    |code - zero|: the row's largest value when the codes span the grid (as round-to-nearest's min/max
+    grid does), so every value fits. From the small per-block tensors only: the export's load-time
+    derivation touches each weight in three ops (`matmul_int8_rows_onnx`). An int8 weight's own codes
+    come back unchanged (one scale a row, zero 128: factor 1)."""
+    zeros = zeros.float()
+    reach = torch.maximum(zeros, (2**bits - 1) - zeros).clamp(max=127)
+    row_scale = (scales * reach).amax(dim=1).clamp_min(1e-12) / 127
+    return scales / row_scale[:, None], row_scale
+
+
+@torch.library.custom_op("edgettt::matmul_int8_rows", mutates_args=())
+def matmul_int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                     K: int, N: int, block_size: int, bits: int) -> torch.Tensor:
+    """x times the MatMulNBits weight rounded again to int8 rows (`int8_row_factors`)."""
+    factors, row_scale = int8_row_factors(scales, nbits_zeros(zero_points, scales.shape[1], bits), bits)
+    rows = torch.round(nbits_weight(qweight, factors, zero_points, K, bits)).clamp(-127, 127)
+    return x @ (rows * row_scale[:, None]).T.to(x.dtype)
+
+
+@matmul_int8_rows.register_fake
+def _(x, qweight, scales, zero_points, K, N, block_size, bits):
+    return x.new_empty(*x.shape[:-1], N)
+
+
+def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int, bits: int):
+    """DynamicQuantizeMatMul(x, int8 columns, row scales). The columns come from MatMulNBits' bytes
+    through constant nodes that ONNX Runtime folds once when the session loads (with the manifest's
+    `session.disable_quant_qdq`): unpacked codes, DequantizeLinear by the blocks' factors and zero
+    points, QuantizeLinear (round, saturate), Transpose: about 10 bytes a weight while folding, then
+    the prefill session holds a byte a weight; the file keeps one copy of the weights. The exporter's
+    optimizer folds them into the file instead for a weight of at most 8192 bytes (onnxscript's
+    folding limit): a few KB, in the tiny models only."""
+    from onnx import TensorProto
+    from onnxscript import opset18 as op
+    from onnxscript import opset21
+
+    blocks = -(-K // block_size)
+    codes, zeros = qweight, zero_points
+    if bits == 4:
+        codes, zeros = unpack_nibbles_onnx(qweight), unpack_nibbles_onnx(zero_points)
+        zeros = op.Slice(zeros, op.Constant(value_ints=[0]), op.Constant(value_ints=[blocks]), op.Constant(value_ints=[1]))
+    zero_values = op.Cast(zeros, to=TensorProto.FLOAT)  # `int8_row_factors` on the [N, blocks] tensors
+    reach = op.Min(op.Max(zero_values, op.Sub(op.Constant(value_float=float(2**bits - 1)), zero_values)),
+                   op.Constant(value_float=127.0))
+    row_scale = op.Div(op.Max(op.ReduceMax(op.Mul(scales, reach), op.Constant(value_ints=[1]), keepdims=0),
+                              op.Constant(value_float=1e-12)), op.Constant(value_float=127.0))
+    factors = op.Div(scales, op.Unsqueeze(row_scale, op.Constant(value_ints=[1])))
+    codes = op.Reshape(codes, op.Constant(value_ints=[N, blocks * block_size]))
+    if blocks * block_size != K:  # 8-bit rows padded to whole blocks
+        codes = op.Slice(codes, op.Constant(value_ints=[0]), op.Constant(value_ints=[K]), op.Constant(value_ints=[1]))
+    values = opset21.DequantizeLinear(codes, factors, zeros, axis=1, block_size=block_size)  # (code - zero) * factor
+    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), op.Constant(value=int8_scalar(0)))
+    return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale)
+
+
+def unpack_nibbles_onnx(packed):
+    """`layouts.unpack_nibbles` as ONNX nodes: [..., m] bytes -> [..., 2m] codes."""
+    from onnxscript import opset18 as op
+
+    column = op.Unsqueeze(packed, op.Constant(value_ints=[-1]))
+    low = op.BitwiseAnd(column, op.Constant(value=uint8_scalar(15)))
+    high = op.BitShift(column, op.Constant(value=uint8_scalar(4)), direction="RIGHT")
+    shape = op.Concat(op.Slice(op.Shape(packed), op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])),
+                      op.Constant(value_ints=[-1]), axis=0)
+    return op.Reshape(op.Concat(low, high, axis=-1), shape)
+
+
+def uint8_scalar(value: int):
+    """A uint8 scalar TensorProto (an ONNX Constant's value)."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(value, dtype=np.uint8))
+
+
+def int8_scalar(value: int):
+    """An int8 scalar TensorProto."""
+    import numpy as np
+    from onnx import numpy_helper
+
+    return numpy_helper.from_array(np.array(value, dtype=np.int8))
 
 
 @torch.library.custom_op("edgettt::gather_nbits", mutates_args=())
@@ -415,4 +523,5 @@ def onnx_translations() -> dict:
     """torch custom op -> the onnxscript function that builds its ONNX node."""
     return {torch.ops.edgettt.matmul_nbits.default: matmul_nbits_onnx,
             torch.ops.edgettt.gather_nbits.default: gather_nbits_onnx,
+            torch.ops.edgettt.matmul_int8_rows.default: matmul_int8_rows_onnx,
             torch.ops.edgettt.matmul_bnb4.default: matmul_bnb4_onnx}
