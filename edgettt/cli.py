@@ -590,9 +590,10 @@ def info(model_path, as_json):
               help="Text the graphs are checked on in onnxruntime against torch.")
 @click.option("--no-verify", is_flag=True, help="Skip the onnxruntime check.")
 @click.option("--activations", type=click.Choice(["int8", "float"]), default="int8", show_default=True,
-              help="How int8 and int4 layers multiply: int8 lets MatMulNBits quantize the activations in blocks and "
-                   "multiply in integers (accuracy level 4: faster on CPUs with int8 dot products, a KLD cost the "
-                   "verification reports); float multiplies in fp32.")
+              help="How int8 and int4 layers multiply: int8 quantizes the activations and multiplies in integers "
+                   "where that is faster (decode: MatMulNBits accuracy level 4; prefill: DynamicQuantizeMatMul for "
+                   "q/k/v and gate/up, int8 rows made when the session loads, more memory while loading; a KLD cost "
+                   "the verification reports); float multiplies in fp32.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def export_cmd(model_path, out, opset, verify_data, no_verify, activations, force):
     """Export a parallel-form model (float or quantized) for ONNX Runtime: OUT/prefill.onnx (any batch
