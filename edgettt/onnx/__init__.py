@@ -340,7 +340,7 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
         "source": {"model": name, "fingerprint": model_fingerprint(model), "family": model.config.family,
                    "form": model.form, "quantization": model.config.quantization, **weight_bits(model),
                    "distilled_ctx": model.config.extra.get("distilled_ctx")},
-        # "int8": quantized layers multiply int8-quantized activations (MatMulNBits accuracy level 4)
+        # "int8": quantized layers multiply int8-quantized activations (`ExportLinear.activations`)
         # in the graphs `int8_activation_graphs` lists; "float": none does
         "activations": "int8" if int8_graphs else "float", "int8_activation_graphs": int8_graphs,
         "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,

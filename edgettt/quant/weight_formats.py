@@ -337,7 +337,7 @@ def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block
     if blocks * block_size != K:  # 8-bit rows padded to whole blocks
         codes = op.Slice(codes, op.Constant(value_ints=[0]), op.Constant(value_ints=[K]), op.Constant(value_ints=[1]))
     values = opset21.DequantizeLinear(codes, factors, zeros, axis=1, block_size=block_size)  # (code - zero) * factor
-    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), op.Constant(value=int8_scalar(0)))
+    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), op.Constant(value=scalar_proto(0, "int8")))
     return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale)
 
 
@@ -346,27 +346,19 @@ def unpack_nibbles_onnx(packed):
     from onnxscript import opset18 as op
 
     column = op.Unsqueeze(packed, op.Constant(value_ints=[-1]))
-    low = op.BitwiseAnd(column, op.Constant(value=uint8_scalar(15)))
-    high = op.BitShift(column, op.Constant(value=uint8_scalar(4)), direction="RIGHT")
+    low = op.BitwiseAnd(column, op.Constant(value=scalar_proto(15, "uint8")))
+    high = op.BitShift(column, op.Constant(value=scalar_proto(4, "uint8")), direction="RIGHT")
     shape = op.Concat(op.Slice(op.Shape(packed), op.Constant(value_ints=[0]), op.Constant(value_ints=[-1])),
                       op.Constant(value_ints=[-1]), axis=0)
     return op.Reshape(op.Concat(low, high, axis=-1), shape)
 
 
-def uint8_scalar(value: int):
-    """A uint8 scalar TensorProto (an ONNX Constant's value)."""
+def scalar_proto(value: int, dtype: str):
+    """A scalar TensorProto of a numpy dtype ("uint8", "int8"): an ONNX Constant's value."""
     import numpy as np
     from onnx import numpy_helper
 
-    return numpy_helper.from_array(np.array(value, dtype=np.uint8))
-
-
-def int8_scalar(value: int):
-    """An int8 scalar TensorProto."""
-    import numpy as np
-    from onnx import numpy_helper
-
-    return numpy_helper.from_array(np.array(value, dtype=np.int8))
+    return numpy_helper.from_array(np.array(value, dtype=dtype))
 
 
 @torch.library.custom_op("edgettt::gather_nbits", mutates_args=())
