@@ -119,12 +119,14 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
 
 
 def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Every tensor the model has, none more, each of its shape and kind of dtype, finite (any model
+    class with `config.tie_word_embeddings` and its embedding's name in `EMBEDDING_KEY`)."""
     expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
     tied = model.config.tie_word_embeddings
     if tied:
         expected.pop("lm_head.weight", None)
         extra_head = weights.get("lm_head.weight")
-        embed = weights.get("model.embed_tokens.weight")
+        embed = weights.get(model.EMBEDDING_KEY)
         if extra_head is not None and embed is not None and not torch.equal(extra_head, embed):
             raise EdgetttError(f"{path}: lm_head.weight differs from the embedding but tie_word_embeddings is "
                                "true; set tie_word_embeddings to false in config.json")

@@ -108,6 +108,8 @@ class State:
 
 
 class CausalLM(nn.Module):
+    EMBEDDING_KEY = "model.embed_tokens.weight"
+
     def __init__(self, config: ModelConfig):
         super().__init__()
         self.config = config

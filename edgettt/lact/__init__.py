@@ -1,0 +1,9 @@
+"""LaCT (Large-Chunk Test-Time Training, model type `lact_swiglu`): the paper's own family.
+
+    config.py              the public config keys and edgettt's (W1-only variant, form)
+    window.py              the in-layer sliding-window attention and its ring buffer
+    fast_weights.py        the SwiGLU fast weights, their update, the chunk-recurrent form
+    linear_attention.py    the parallel form of the W1-only variant (exact)
+    model.py               the model, with the public checkpoints' module names
+    checkpoint.py          loading a public checkpoint or an edgettt LaCT directory
+"""

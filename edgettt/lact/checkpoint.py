@@ -1,0 +1,57 @@
+"""Loading a LaCT checkpoint in the public layout: config.json (model type `lact_swiglu`) and
+model.safetensors or a weights-only pytorch_model.bin (or their shards), checked before use."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..checkpoint import check_weights
+from ..errors import EdgetttError
+from ..weights_io import FLOAT_DTYPES, read_weights, weights_header
+from .config import LaCTConfig
+from .model import LaCTForCausalLM
+
+
+def check_lact_sizes(config: LaCTConfig, header: dict, source: Path) -> None:
+    """The config's sizes against the file's tensors, before a model of that size is built."""
+    bad = sorted(k for k, (_, dtype) in header.items() if dtype not in FLOAT_DTYPES)
+    if bad:
+        raise EdgetttError(f"{source.parent}: {bad[0]} has dtype {header[bad[0]][1] or 'unsupported'}; a LaCT "
+                           "checkpoint's weights must be float16, bfloat16, float32 or float64")
+    C, V = config.hidden_size, config.vocab_size
+    expect = {"model.embeddings.weight": ((V, C), "vocab_size, hidden_size"),
+              "model.layers.0.attn.qkv.weight": ((3 * C, C), "hidden_size"),
+              "model.layers.0.mlp.gate_proj.weight": ((config.mlp_size, C), "the MLP size (intermediate_size or "
+                                                      "hidden_ratio)")}
+    for name, (shape, keys) in expect.items():
+        if name not in header:
+            raise EdgetttError(f"{source.parent}: the weights file has no {name}; not a LaCT checkpoint")
+        if header[name][0] != shape:
+            raise EdgetttError(f"{source}: {keys} {list(shape)} disagree with {name} {list(header[name][0])} in the "
+                               "weights file; the checkpoint does not match its config")
+    layers = {int(k.split(".")[2]) for k in header if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    if layers != set(range(config.num_hidden_layers)):
+        raise EdgetttError(f"{source}: num_hidden_layers {config.num_hidden_layers} disagrees with the weights "
+                           f"file's {len(layers)} layers; the checkpoint does not match its config")
+
+
+def load_lact(path: str | os.PathLike, dtype: torch.dtype | None = None) -> LaCTForCausalLM:
+    """A LaCT model from a directory of the public layout (or an edgettt LaCT directory)."""
+    path = Path(path)
+    if not path.is_dir():
+        raise EdgetttError(f"{path}: {'not a directory' if path.exists() else 'no such directory'}; give a LaCT "
+                           "checkpoint directory with config.json and model.safetensors")
+    config = LaCTConfig.load(path / "config.json")
+    check_lact_sizes(config, weights_header(path), path / "config.json")
+    weights = read_weights(path)
+    with torch.device("meta"):
+        model = LaCTForCausalLM(config)
+    check_weights(model, weights, path)
+    model.load_state_dict(weights, strict=False, assign=True)
+    model.tie_weights()
+    if dtype is not None:
+        model.to(dtype)
+    return model.eval()

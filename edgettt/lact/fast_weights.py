@@ -1,0 +1,139 @@
+"""LaCT's fast weights in plain torch: the SwiGLU fast weight, its update, and the chunk-recurrent
+computation with a state that decode carries across tokens and chunks (the exact form).
+
+Per head, f(x) = W1 (silu(W0 x) * (W2 x)); W0, W2 [dh, d], W1 [d, dh]. The inner loss is
+-<f(k), v>, so one chunk of tokens moves the weights by (the public code's `dw`, added):
+
+    dW1 = sum_j lr1_j v_j h_j^T                     h = silu(W0 k) * (W2 k)
+    dW0 = sum_j (silu'(W0 k_j) * (W2 k_j) * W1^T v_j) (lr0_j k_j)^T
+    dW2 = sum_j (silu(W0 k_j) * W1^T v_j) (lr2_j k_j)^T
+
+all at the weights the chunk started with. A chunk of `lact_chunk_size` tokens is read with the
+weights from before its own update ("apply, then update"); then, in order: momentum
+(dW += m dW_previous, m the chunk's mean momentum gate), Muon (Newton-Schulz orthogonalisation of
+each dW, in bfloat16 as the public code), the update, and weight normalisation (each row rescaled to
+its norm in the initial weights; `ttt_prenorm`: the unnormalised sum is kept and the applied weights
+are its normalised copy).
+
+Because every token of a chunk uses the same weights, the chunk's dW is a sum the state can hold
+while the chunk is unfinished: a prefill may stop anywhere and decode continues exactly. The decode
+state of a layer (names in `state_names`): the applied weights `w0 w1 w2` (only `w1` in the W1-only
+variant), `p0 p1 p2` (the unnormalised sums, `ttt_prenorm`), the running sums of the unfinished
+chunk `g0 g1 g2`, the momentum buffers `m0 m1 m2` and the running sum of momentum gates `gate`.
+Tensors are [B, H, ...] per head; q, k, v [B, H, T, d]; lr [B, H, T, 3, lr_dim]; gates [B, H, T].
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+# Newton-Schulz coefficients of the public code (from modded-nanogpt / Moonlight)
+NS_STEPS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
+            (2.8769, -3.1427, 1.2046), (2.8366, -3.0525, 1.2012))
+NORM_EPS = 1e-5  # the public code's epsilon of the l2 norms (q, k and weight rows)
+
+
+def l2_normalize(x: torch.Tensor) -> torch.Tensor:
+    return x / (x.norm(dim=-1, keepdim=True) + NORM_EPS)
+
+
+def hidden_features(w0, w2, x):
+    """silu(W0 x) * (W2 x) for x [B, H, T, d] -> [B, H, T, dh] (and W0 x, W2 x for the gradients)."""
+    gate, up = x @ w0.transpose(-1, -2), x @ w2.transpose(-1, -2)
+    return F.silu(gate) * up, gate, up
+
+
+def apply(w0, w1, w2, x):
+    """f(x) = W1 (silu(W0 x) * (W2 x)) for x [B, H, T, d]."""
+    return hidden_features(w0, w2, x)[0] @ w1.transpose(-1, -2)
+
+
+def silu_grad(x):
+    s = torch.sigmoid(x)
+    return s * (1 + x * (1 - s))
+
+
+def chunk_sums(w0, w1, w2, k, v, lr, update_w0_w2: bool):
+    """(dW0, dW1, dW2) of tokens k, v, lr [B, H, T, 3, lr_dim] at weights w (dW0, dW2 None when only
+    W1 learns)."""
+    hidden, gate, up = hidden_features(w0, w2, k)
+    lr0, lr1, lr2 = lr.unbind(-2)
+    d1 = v.transpose(-1, -2) @ (hidden * lr1)
+    if not update_w0_w2:
+        return None, d1, None
+    back = v @ w1  # W1^T v: [B, H, T, dh]
+    d0 = (back * up * silu_grad(gate)).transpose(-1, -2) @ (k * lr0)
+    d2 = (back * F.silu(gate)).transpose(-1, -2) @ (k * lr2)
+    return d0, d1, d2
+
+
+def newton_schulz(G: torch.Tensor) -> torch.Tensor:
+    """Orthogonalise each [.., m, n] matrix (Muon), in bfloat16 as the public code does."""
+    X = G.bfloat16()
+    tall = G.shape[-2] > G.shape[-1]
+    if tall:
+        X = X.transpose(-1, -2)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) + 1e-7)
+    for a, b, c in NS_STEPS:
+        A = X @ X.transpose(-1, -2)
+        X = a * X + (b * A + c * A @ A) @ X
+    return X.transpose(-1, -2) if tall else X
+
+
+def learned(config) -> tuple[str, ...]:
+    """The fast weights that change: "0", "1", "2" (W0, W1, W2), or "1" alone."""
+    return ("0", "1", "2") if config.lact_update_w0_w2 else ("1",)
+
+
+def state_names(config) -> list[str]:
+    names = [f"w{i}" for i in learned(config)] + [f"g{i}" for i in learned(config)]
+    if config.ttt_prenorm and config.lact_weight_norm:
+        names += [f"p{i}" for i in learned(config)]
+    if config.use_momentum:
+        names += [f"m{i}" for i in learned(config)] + ["gate"]
+    return names
+
+
+def finish_chunk(st: dict, config, norms: dict) -> None:
+    """End of a chunk: momentum, Muon, update, weight norm; clears the running sums (in `st`)."""
+    gate = st["gate"] / config.lact_chunk_size if config.use_momentum else None
+    for i in learned(config):
+        d = st[f"g{i}"]
+        if gate is not None:
+            d = d + st[f"m{i}"] * gate[..., None, None]
+            st[f"m{i}"] = d
+        if config.use_muon:
+            d = newton_schulz(d)
+        if not config.lact_weight_norm:
+            st[f"w{i}"] = st[f"w{i}"] + d
+        elif config.ttt_prenorm:
+            st[f"p{i}"] = st[f"p{i}"] + d
+            st[f"w{i}"] = l2_normalize(st[f"p{i}"]) * norms[i]
+        else:
+            st[f"w{i}"] = l2_normalize(st[f"w{i}"] + d) * norms[i]
+        st[f"g{i}"] = torch.zeros_like(st[f"g{i}"])
+    if gate is not None:
+        st["gate"] = torch.zeros_like(st["gate"])
+
+
+def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start: int):
+    """The chunk-recurrent computation over tokens start.. (cut at chunk boundaries): outputs
+    [B, H, T, d]; `st` (the decode state) is updated in place. `fixed`: the weights that never change
+    (W0, W2 of the W1-only variant), by index."""
+    from ..ops import segments
+
+    outs = []
+    for offset, count, inner in segments(start, q.shape[2], config.lact_chunk_size):
+        sl = slice(offset, offset + count)
+        w = {i: st.get(f"w{i}", fixed.get(i)) for i in ("0", "1", "2")}
+        outs.append(apply(w["0"], w["1"], w["2"], q[:, :, sl]))
+        sums = chunk_sums(w["0"], w["1"], w["2"], k[:, :, sl], v[:, :, sl], lr[:, :, sl], config.lact_update_w0_w2)
+        for i, d in zip(("0", "1", "2"), sums):
+            if d is not None:
+                st[f"g{i}"] = st[f"g{i}"] + d
+        if config.use_momentum:
+            st["gate"] = st["gate"] + gates[:, :, sl].sum(-1)
+        if inner + count == config.lact_chunk_size:
+            finish_chunk(st, config, norms)
+    return torch.cat(outs, dim=2)

@@ -1,0 +1,233 @@
+"""The LaCT language model (model type `lact_swiglu`), its module names those of the public
+checkpoints so that one loads with `load_state_dict` as it is. No file I/O here.
+
+    block: h += o_proj(WindowAttention(x) + TTT(x)), x = RMSNorm_attn(h); h += SwiGLU(RMSNorm_mlp(h))
+    model: embeddings -> blocks -> RMSNorm -> lm_head
+
+Inside a layer (`LaCTLayer`), from one qkv projection: the window attention reads q, k (optionally
+RMS-normed) rotated per attention head; the fast weights read q, k rescaled per channel
+(`qk_scale`, `qk_offset`), through silu and a per-head l2 norm, rotated per attention head (unless
+`ttt_nope`), and silu(v) (unless `no_v_silu`); three learning rates a token (softplus) and a momentum
+gate (sigmoid); their output goes through a per-head RMSNorm and, with `learnable_ttt_scale`, a
+per-head silu gate. Forms: "lact" (`fast_weights.exact`, every option) and "parallel"
+(`linear_attention.chunk`, the W1-only variant); decode (one token) is the recurrent step of both.
+
+API as `edgettt.model.CausalLM`: `prefill(ids, state) -> (logits, state)`, `init_state(batch)`,
+`step(ids[:, t], state)`, `model(ids) -> logits`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..model import RMSNorm, State, SwiGLU
+from . import fast_weights as fw
+from . import linear_attention
+from .config import LaCTConfig
+from .window import rotate_half, window_attention
+
+BASE_LR = 0.001  # the public code's learning rate at zero logit (softplus parameterisation, "mamba")
+TTT_NORM_EPS = 1e-5  # fla's RMSNorm default, used for q_norm, k_norm and ttt_norm
+
+
+def inverse_softplus(x: float) -> float:
+    return x + math.log(-math.expm1(-x))
+
+
+class LowRankFastWeight(nn.Module):
+    """An initial fast weight W = w_left @ w_right (+ 0.5 I): [H, rows, cols]."""
+
+    def __init__(self, heads: int, rows: int, cols: int, rank: int, gain: float):
+        super().__init__()
+        self.w_left = nn.Parameter(torch.randn(heads, rows, rank) * gain / math.sqrt(rank))
+        self.w_right = nn.Parameter(torch.randn(heads, rank, cols) * gain / math.sqrt(cols))
+
+    def forward(self) -> torch.Tensor:
+        W = self.w_left @ self.w_right
+        rows, cols = W.shape[-2:]
+        return W + 0.5 * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
+
+
+class LaCTLayer(nn.Module):
+    def __init__(self, config: LaCTConfig):
+        super().__init__()
+        self.config = config
+        C, nh = config.hidden_size, config.num_lact_heads
+        d, dh = config.fw_head_dim, config.fw_hidden_dim
+        self.qkv = nn.Linear(C, 3 * C, bias=config.qkv_bias)
+        if config.attn_qk_norm:
+            self.q_norm, self.k_norm = RMSNorm(C, TTT_NORM_EPS), RMSNorm(C, TTT_NORM_EPS)
+        self.o_proj = nn.Linear(C, C, bias=False)
+        if config.w0_w2_low_rank > 0:
+            self.w0 = LowRankFastWeight(nh, dh, d, config.w0_w2_low_rank, config.fw_init_gain)
+            self.w2 = LowRankFastWeight(nh, dh, d, config.w0_w2_low_rank, config.fw_init_gain)
+        else:
+            self.w0 = nn.Parameter(torch.randn(nh, dh, d) / math.sqrt(d))
+            self.w2 = nn.Parameter(torch.randn(nh, dh, d) / math.sqrt(d))
+        self.w1 = nn.Parameter(torch.randn(nh, d, dh) / math.sqrt(dh))
+        self.lr_proj = nn.Linear(C, 3 * config.lr_dim * nh)
+        self.qk_scale = nn.Parameter(torch.ones(C, 2))
+        self.qk_offset = nn.Parameter(torch.zeros(C, 2))
+        if config.learnable_ttt_scale:
+            self.ttt_scale_proj = nn.Linear(C, nh)
+        self.ttt_norm = RMSNorm(d, TTT_NORM_EPS)
+        if config.use_momentum:
+            self.momentum_proj = nn.Sequential(nn.Linear(C, nh), nn.Sigmoid())
+
+    def initial_weights(self) -> dict[str, torch.Tensor]:
+        """The fast weights every sequence starts from, [H, rows, cols] by index "0", "1", "2"."""
+        w0 = self.w0() if isinstance(self.w0, LowRankFastWeight) else self.w0
+        w2 = self.w2() if isinstance(self.w2, LowRankFastWeight) else self.w2
+        return {"0": w0, "1": self.w1, "2": w2}
+
+    def init_state(self, batch_size: int) -> dict:
+        c = self.config
+        initial = self.initial_weights()
+        state = {}
+        for i in fw.learned(c):
+            state[f"w{i}"] = initial[i].unsqueeze(0).repeat(batch_size, 1, 1, 1)
+            state[f"g{i}"] = torch.zeros_like(state[f"w{i}"])
+            if c.ttt_prenorm and c.lact_weight_norm:
+                state[f"p{i}"] = state[f"w{i}"].clone()
+            if c.use_momentum:
+                state[f"m{i}"] = torch.zeros_like(state[f"w{i}"])
+        if c.use_momentum:
+            state["gate"] = self.w1.new_zeros(batch_size, c.num_lact_heads)
+        ring = (batch_size, c.num_attn_heads, c.window_size, c.attn_head_dim)
+        state["wk"], state["wv"] = self.w1.new_zeros(ring), self.w1.new_zeros(ring)
+        return state
+
+    def _heads(self, x: torch.Tensor, heads: int) -> torch.Tensor:
+        B, T, C = x.shape  # [B, T, C] -> [B, heads, T, C / heads]
+        return x.reshape(B, T, heads, C // heads).transpose(1, 2)
+
+    def _merge(self, x: torch.Tensor) -> torch.Tensor:
+        B, H, T, d = x.shape
+        return x.transpose(1, 2).reshape(B, T, H * d)
+
+    def _rotate(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """[B, T, C] rotated per attention head (as the public code rotates the fast q, k too)."""
+        heads = self._heads(x, self.config.num_attn_heads)
+        return self._merge(rotate_half(heads, positions, self.config.rope_theta))
+
+    def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
+        c = self.config
+        q, k, v = self.qkv(x).chunk(3, dim=-1)
+        if c.attn_qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        positions = torch.arange(start, start + x.shape[1], device=x.device)
+        attn = self._attention(q, k, v, state, start, positions)
+        fast_q = q * self.qk_scale[:, 0] + self.qk_offset[:, 0]
+        fast_k = k * self.qk_scale[:, 1] + self.qk_offset[:, 1]
+        ttt = self._fast_weights(x, fast_q, fast_k, v, state, start, positions)
+        return self.o_proj(attn + ttt)
+
+    def _attention(self, q, k, v, state, start, positions):
+        c = self.config
+        q, k, v = (self._heads(t, c.num_attn_heads) for t in (q, k, v))
+        q, k = rotate_half(q, positions, c.rope_theta), rotate_half(k, positions, c.rope_theta)
+        out, (state["wk"], state["wv"]) = window_attention(q, k, v, state.get("wk"), state.get("wv"), start,
+                                                           c.window_size)
+        return self._merge(out)
+
+    def _fast_weights(self, x, q, k, v, state, start, positions):
+        c = self.config
+        nh = c.num_lact_heads
+        if c.qkv_silu:
+            q, k = F.silu(q), F.silu(k)
+            if not c.no_v_silu:
+                v = F.silu(v)
+        q, k = (self._merge(fw.l2_normalize(self._heads(t, nh))) for t in (q, k))
+        if not c.ttt_nope:
+            q, k = self._rotate(q, positions), self._rotate(k, positions)
+        q, k, v = (self._heads(t, nh) for t in (q, k, v))
+        B, T, _ = x.shape
+        lr = F.softplus(self.lr_proj(x).float() + inverse_softplus(BASE_LR))
+        lr = lr.reshape(B, T, nh, 3, c.lr_dim).transpose(1, 2)  # [B, H, T, 3, lr_dim]
+        gates = self.momentum_proj(x).float().transpose(1, 2) if c.use_momentum else None  # [B, H, T]
+        initial = self.initial_weights()
+        fixed = {i: w for i, w in initial.items() if i not in fw.learned(c)}
+        norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
+        step = linear_attention.chunk if c.form == "parallel" and T > 1 else fw.exact
+        out = step(state, fixed, c, norms, q, k, v, lr, gates, start)
+        out = self.ttt_norm(out)
+        if c.learnable_ttt_scale:
+            out = out * F.silu(self.ttt_scale_proj(x)).transpose(1, 2)[..., None]
+        return self._merge(out)
+
+
+class LaCTBlock(nn.Module):
+    def __init__(self, config: LaCTConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.attn = LaCTLayer(config)
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.mlp_size)
+
+    def forward(self, h, state: dict, start: int, decode: bool):
+        h = h + self.attn(self.attn_norm(h), state, start, decode)
+        return h + self.mlp(self.mlp_norm(h))
+
+
+class LaCTBackbone(nn.Module):
+    def __init__(self, config: LaCTConfig):
+        super().__init__()
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(LaCTBlock(config) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+
+
+class LaCTForCausalLM(nn.Module):
+    EMBEDDING_KEY = "model.embeddings.weight"
+
+    def __init__(self, config: LaCTConfig):
+        super().__init__()
+        self.config = config
+        self.model = LaCTBackbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.tokenizer = None
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embeddings.weight
+
+    @property
+    def form(self) -> str:
+        return self.config.form
+
+    def init_state(self, batch_size: int) -> State:
+        return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])
+
+    def prefill(self, input_ids: torch.Tensor, state: State | None = None, decode: bool = False,
+                logits_from=None) -> tuple[torch.Tensor, State]:
+        """Logits [B, T, V] for ids [B, T], continuing from `state` (a fresh one when None)."""
+        if state is None:
+            state = self.init_state(input_ids.shape[0])
+        h = self.model.embeddings(input_ids)
+        for layer, layer_state in zip(self.model.layers, state.layers):
+            h = layer(h, layer_state, state.pos, decode)
+        state.pos = state.pos + input_ids.shape[1]
+        if logits_from is not None:
+            h = h[:, logits_from:]
+        return self.lm_head(self.model.norm(h)).float(), state
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.prefill(input_ids)[0]
+
+    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        logits, state = self.prefill(input_ids[:, None], state, decode=True)
+        return logits[:, 0], state
+
+    def weights(self) -> dict[str, torch.Tensor]:
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def num_parameters(self) -> int:
+        return sum(t.numel() for t in self.weights().values())

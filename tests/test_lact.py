@@ -1,0 +1,229 @@
+"""LaCT (model type lact_swiglu): the loader against a transcription of the public code, the exact
+form's decode against its prefill, the W1-only parallel form against the recurrent one, bad inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from edgettt.errors import EdgetttError
+from edgettt.lact import fast_weights, linear_attention
+from edgettt.lact.checkpoint import load_lact
+from edgettt.lact.config import LaCTConfig
+from edgettt.lact.model import LaCTForCausalLM
+from edgettt.weights_io import write_weights
+
+import lact_reference
+
+SMALL = dict(hidden_size=32, num_hidden_layers=2, num_attn_heads=4, num_lact_heads=2, lact_chunk_size=8,
+             window_size=6, vocab_size=40, max_position_embeddings=64)
+W1_ONLY = dict(lact_update_w0_w2=False, lact_weight_norm=False, use_muon=False)
+OPTIONS = {  # every public option, one at a time over the public defaults (momentum, learnable ttt scale)
+    "defaults": {},
+    "low-rank w0/w2": {"w0_w2_low_rank": 4},
+    "muon": {"use_muon": True},
+    "prenorm": {"ttt_prenorm": True},
+    "prenorm without momentum": {"ttt_prenorm": True, "use_momentum": False},
+    "nope": {"ttt_nope": True},
+    "no v silu": {"no_v_silu": True},
+    "no qkv silu": {"qkv_silu": False},
+    "qk norm and qkv bias": {"attn_qk_norm": True, "qkv_bias": True},
+    "per-channel lr": {"lr_dim": 16},
+    "inter_multi 2": {"inter_multi": 2},
+    "no momentum, no ttt scale": {"use_momentum": False, "learnable_ttt_scale": False},
+    "tied embeddings": {"tie_word_embeddings": True},
+    "w1 only": W1_ONLY,
+    "w1 only with weight norm": {"lact_update_w0_w2": False},
+}
+# Muon orthogonalises in bfloat16 (as the public code does): float32 sums added in another order (a
+# decode adds a chunk's sums token by token) round to neighbouring bfloat16 values now and then (1.5e-2
+# apart in the logits, measured), so Muon is compared in float64, where such sums agree far below
+# bfloat16's steps
+DTYPE = {"muon": torch.float64}
+
+
+def random_model(seed: int = 0, **overrides) -> LaCTForCausalLM:
+    """A small LaCT model whose every parameter is random, with learning rates large enough that the
+    fast-weight updates change the outputs (the public initialisation's 0.001 would hide them)."""
+    torch.manual_seed(seed)
+    model = LaCTForCausalLM(LaCTConfig(**{**SMALL, **overrides}))
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("lr_proj.bias"):
+                p.uniform_(0.0, 1.0)
+            elif name.endswith(("qk_scale", "norm.weight")):
+                p.uniform_(0.5, 1.5)
+            elif p.dim() >= 2 and not name.endswith(("w0", "w1", "w2", "w_left", "w_right")):
+                p.normal_(0, 0.3)
+            else:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model.eval()
+
+
+def public_config(model: LaCTForCausalLM) -> dict:
+    """config.json as the public code writes it: its keys only (edgettt's two only when not default)."""
+    raw = model.config.to_dict()
+    for key in ("form", "lact_update_w0_w2", "lact_weight_norm"):
+        if raw[key] == LaCTConfig.__dataclass_fields__[key].default:
+            del raw[key]
+    return raw
+
+
+def save_public(model: LaCTForCausalLM, directory, weights_format="safetensors"):
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(public_config(model)))
+    write_weights({k: t.contiguous() for k, t in model.weights().items()}, directory, weights_format)
+    return directory
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().max() / b.abs().max())
+
+
+@pytest.mark.parametrize("option", OPTIONS)
+def test_loaded_model_equals_the_public_code(tmp_path, option):
+    model = random_model(**OPTIONS[option])
+    dtype = DTYPE.get(option, torch.float32)
+    loaded = load_lact(save_public(model, tmp_path / "m"), dtype=dtype)
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 27))  # three chunks and a part, past the window
+    with torch.no_grad():
+        ours = loaded(ids)
+        ref = lact_reference.forward(loaded.config, model.to(dtype).state_dict(), ids)
+    assert relative_error(ours, ref) < 1e-5
+
+
+def test_the_updates_matter():
+    """The test models learn visibly: a chunk larger than the text (no update) changes the logits."""
+    model = random_model()
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 27))
+    with torch.no_grad():
+        updated = model(ids)
+        model.config.lact_chunk_size = 64
+        frozen = model(ids)
+    assert relative_error(updated, frozen) > 1e-2
+
+
+def test_weights_only_bin_loads_the_same(tmp_path):
+    model = random_model(w0_w2_low_rank=4)
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 20))
+    a = load_lact(save_public(model, tmp_path / "st"))
+    b = load_lact(save_public(model, tmp_path / "bin", "bin"))
+    with torch.no_grad():
+        assert torch.equal(a(ids), b(ids))
+
+
+def decode_logits(model, ids, split: int) -> torch.Tensor:
+    """Prefill ids[:, :split], then one token at a time: every position's logits."""
+    with torch.no_grad():
+        logits, state = model.prefill(ids[:, :split])
+        steps = [logits]
+        for t in range(split, ids.shape[1]):
+            step, state = model.step(ids[:, t], state)
+            steps.append(step[:, None])
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("option", ["defaults", "muon", "prenorm", "w1 only", "low-rank w0/w2"])
+@pytest.mark.parametrize("split", [1, 5, 8, 13])
+def test_exact_form_decode_equals_prefill(option, split):
+    """Decode carries the fast weights, the unfinished chunk's sums and the window's ring buffer across
+    tokens and chunk boundaries (chunk 8, window 6, 30 tokens: not a multiple of the chunk)."""
+    model = random_model(**OPTIONS[option]).to(DTYPE.get(option, torch.float32))
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 30))
+    with torch.no_grad():
+        whole = model(ids)
+    assert relative_error(decode_logits(model, ids, split), whole) < 1e-5
+
+
+def test_prefill_in_pieces_equals_one_prefill():
+    model = random_model()
+    ids = torch.randint(0, SMALL["vocab_size"], (1, 30))
+    with torch.no_grad():
+        whole = model(ids)
+        first, state = model.prefill(ids[:, :11])
+        second, _ = model.prefill(ids[:, 11:], state)
+    assert relative_error(torch.cat((first, second), dim=1), whole) < 1e-5
+
+
+@pytest.mark.parametrize("momentum", [True, False])
+@pytest.mark.parametrize("split", [30, 8, 11])
+def test_parallel_form_equals_the_recurrent_one(momentum, split):
+    """The W1-only model in form 'parallel' (every chunk at once) equals form 'lact', also when a
+    prefill stops inside a chunk and decode continues."""
+    recurrent = random_model(**W1_ONLY, use_momentum=momentum)
+    parallel = random_model(**W1_ONLY, use_momentum=momentum, form="parallel")
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 30))
+    with torch.no_grad():
+        want = recurrent(ids)
+    assert relative_error(decode_logits(parallel, ids, split), want) < 1e-5
+
+
+@pytest.mark.parametrize("momentum", [True, False])
+def test_naive_chunk_and_recurrent_agree_on_one_layer(momentum):
+    """The three computations of the fast-weight output, on one layer's inputs: the masked matrix,
+    the chunked parallel form, the chunk loop."""
+    model = random_model(**W1_ONLY, use_momentum=momentum)
+    layer, c = model.model.layers[0].attn, model.config
+    B, H, T, d = 2, c.num_lact_heads, 29, c.fw_head_dim
+    torch.manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, d) for _ in range(3))
+    lr = torch.rand(B, H, T, 3, 1)
+    gates = torch.rand(B, H, T)
+    initial = layer.initial_weights()
+    fixed = {"0": initial["0"], "2": initial["2"]}
+    with torch.no_grad():
+        outs = [fn(layer.init_state(B), fixed, c, {}, q, k, v, lr, gates, 0)
+                for fn in (linear_attention.naive, linear_attention.chunk, fast_weights.exact)]
+    assert relative_error(outs[0], outs[2]) < 1e-5
+    assert relative_error(outs[1], outs[2]) < 1e-5
+
+
+def test_parallel_form_needs_the_w1_only_variant():
+    with pytest.raises(EdgetttError, match="W1-only"):
+        LaCTConfig(**SMALL, form="parallel").validate()
+
+
+def test_momentum_coefficients_are_the_recurrence():
+    """E[i, n] = prod_{l=i+1}^{n} m_l, P[n] = prod_{l<=n} m_l, against a loop."""
+    m = torch.rand(5) * 0.9 + 0.05
+    E, P = linear_attention.momentum_coefficients(m, True)
+    for i in range(5):
+        for n in range(5):
+            want = float(torch.prod(m[i + 1:n + 1])) if n >= i else 0.0
+            assert abs(float(E[i, n]) - want) < 1e-6
+    assert torch.allclose(P, torch.cumprod(m, 0), atol=1e-6)
+
+
+BAD = {
+    "not lact": ({"model_type": "llama"}, "expected 'lact_swiglu'"),
+    "heads do not divide": ({"num_lact_heads": 3}, "not divisible by num_lact_heads"),
+    "hidden size too big": ({"hidden_size": 2**20}, "hidden_size must be an integer"),
+    "unknown loss": ({"ttt_loss_type": "l2"}, "ttt_loss_type"),
+    "odd attention head": ({"num_attn_heads": 32, "hidden_size": 32}, "odd"),
+    "bad flag": ({"use_muon": "yes"}, "use_muon must be true or false"),
+    "wrong vocab": ({"vocab_size": 41}, "disagree with model.embeddings.weight"),
+    "wrong layers": ({"num_hidden_layers": 3}, "num_hidden_layers 3 disagrees"),
+}
+
+
+@pytest.mark.parametrize("case", BAD)
+def test_bad_configs_are_refused_before_any_weight_is_read(tmp_path, case):
+    change, message = BAD[case]
+    directory = save_public(random_model(), tmp_path / "m")
+    raw = json.loads((directory / "config.json").read_text())
+    (directory / "config.json").write_text(json.dumps({**raw, **change}))
+    with pytest.raises(EdgetttError, match=message):
+        load_lact(directory)
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    model = random_model()
+    directory = tmp_path / "m"
+    directory.mkdir()
+    (directory / "config.json").write_text(json.dumps(public_config(model)))
+    weights = {k: t.contiguous() for k, t in model.weights().items() if not k.endswith("layers.1.attn.w1")}
+    write_weights(weights, directory)
+    with pytest.raises(EdgetttError, match="missing tensors: model.layers.1.attn.w1"):
+        load_lact(directory)
