@@ -17,10 +17,12 @@ import torch
 
 from .config import ModelConfig
 from .errors import EdgetttError
+from .lact.config import LACT_MODEL_TYPE
 from .model import CausalLM
 from .outputs import as_output
 from .tokenizer import load_tokenizer
-from .weights_io import FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, read_weights, weights_header, write_weights
+from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, weights_header,
+                         write_weights)
 
 SHIPPED_MODELS = Path(__file__).parent / "models"
 
@@ -50,6 +52,12 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
                            + (f", or a shipped model ({names})" if names else ""))
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
+    if model_type(path / "config.json") == LACT_MODEL_TYPE:
+        from .lact.checkpoint import load_lact
+
+        model = load_lact(path, dtype)
+        model.tokenizer = load_tokenizer(path, model.config.vocab_size)
+        return model
     config = ModelConfig.load(path / "config.json")
     check_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
     weights = read_weights(path)
@@ -66,6 +74,16 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
         model.to(dtype)
     model.tokenizer = load_tokenizer(path, config.vocab_size)
     return model.eval()
+
+
+def model_type(config_file: Path) -> str | None:
+    """The `model_type` of a config.json, or None when it cannot say (the config's own loader then
+    gives the error)."""
+    try:
+        raw = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return raw.get("model_type") if isinstance(raw, dict) else None
 
 
 def model_fingerprint(model: CausalLM) -> str:
@@ -116,46 +134,6 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
     if layers != set(range(L)):
         raise EdgetttError(f"{source}: num_hidden_layers {L} disagrees with the weights file's {len(layers)} layers; "
                            "the checkpoint does not match its config")
-
-
-def check_weights(model: CausalLM, weights: dict[str, torch.Tensor], path: Path) -> None:
-    """Every tensor the model has, none more, each of its shape and kind of dtype, finite (any model
-    class with `config.tie_word_embeddings` and its embedding's name in `EMBEDDING_KEY`)."""
-    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
-    tied = model.config.tie_word_embeddings
-    if tied:
-        expected.pop("lm_head.weight", None)
-        extra_head = weights.get("lm_head.weight")
-        embed = weights.get(model.EMBEDDING_KEY)
-        if extra_head is not None and embed is not None and not torch.equal(extra_head, embed):
-            raise EdgetttError(f"{path}: lm_head.weight differs from the embedding but tie_word_embeddings is "
-                               "true; set tie_word_embeddings to false in config.json")
-    present = set(weights) - ({"lm_head.weight"} if tied else set())
-    missing = sorted(set(expected) - present)
-    extra = sorted(present - set(expected))
-    if missing:
-        raise EdgetttError(f"{path}: missing tensors: {_names(missing)}; the checkpoint does not match its config")
-    if extra:
-        raise EdgetttError(f"{path}: unexpected tensors: {_names(extra)}; the checkpoint does not match its config")
-    wrong = [f"{n} {tuple(weights[n].shape)} (expected {expected[n]})" for n in sorted(expected)
-             if tuple(weights[n].shape) != expected[n]]
-    if wrong:
-        raise EdgetttError(f"{path}: mis-shaped tensors: {_names(wrong)}; the checkpoint does not match its config")
-    dtypes = {name: t.dtype for name, t in model.state_dict().items()}
-    wrong = [f"{n} {weights[n].dtype} (expected {dtypes[n]})" for n in sorted(expected)
-             if (weights[n].dtype in FLOAT_DTYPES) != (dtypes[n] in FLOAT_DTYPES)
-             or (dtypes[n] not in FLOAT_DTYPES and weights[n].dtype != dtypes[n])]
-    if wrong:
-        raise EdgetttError(f"{path}: tensors of the wrong dtype: {_names(wrong)}; the checkpoint does not match "
-                           "its config")
-    bad = [n for n in sorted(expected) if weights[n].is_floating_point() and not torch.isfinite(weights[n]).all()]
-    if bad:
-        raise EdgetttError(f"{path}: non-finite values (NaN or inf) in {_names(bad)}; the checkpoint is corrupt")
-
-
-def _names(names: list[str], limit: int = 6) -> str:
-    more = f" and {len(names) - limit} more" if len(names) > limit else ""
-    return ", ".join(names[:limit]) + more
 
 
 def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str, str] | None = None,

@@ -545,12 +545,8 @@ def info(model_path, as_json):
         "form": c.form,
         "vocab_size": c.vocab_size,
         "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
         "layers": c.num_hidden_layers,
-        "heads": c.num_attention_heads,
-        "head_dim": c.head_dim,
-        "mini_batch_size": c.mini_batch_size,
-        "options": {k: getattr(c, k) for k in ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")},
+        **family_sizes(c),
         "parameters": size["parameters"],
         "weights_bytes": round(size["size_mb"] * 1e6),
         "bits_per_weight": size["bits_per_weight"],
@@ -567,8 +563,7 @@ def info(model_path, as_json):
     per_layer = ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in facts["decode_state_tensors"].items())
     click.echo("\n".join([
         f"{facts['path']}: {c.family}, form {c.form}",
-        f"  vocab {c.vocab_size}, hidden {c.hidden_size}, intermediate {c.intermediate_size}, "
-        f"{c.num_hidden_layers} layers, {c.num_attention_heads} heads of {c.head_dim}, mini-batch {c.mini_batch_size}",
+        f"  vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, " + size_line(c),
         f"  options: {options}; tokenizer: {facts['tokenizer']}",
         f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB, "
         f"{facts['bits_per_weight']:.2f} bits per weight)"
@@ -578,6 +573,29 @@ def info(model_path, as_json):
         *([f"  distilled at {facts['distilled_ctx']} tokens: its drift from the original grows beyond that"]
           if facts["distilled_ctx"] else []),
     ]))
+
+
+def family_sizes(c) -> dict:
+    """The sizes and switches `info` reports beside the common ones, per family."""
+    if c.family == "lact":
+        return {"intermediate_size": c.mlp_size, "attention_heads": c.num_attn_heads, "window": c.window_size,
+                "lact_heads": c.num_lact_heads, "fast_weight_dims": [c.fw_head_dim, c.fw_hidden_dim],
+                "chunk": c.lact_chunk_size,
+                "options": {k: getattr(c, k) for k in ("use_momentum", "use_muon", "lact_update_w0_w2",
+                                                       "lact_weight_norm", "ttt_prenorm", "ttt_nope",
+                                                       "learnable_ttt_scale", "tie_word_embeddings")}}
+    return {"intermediate_size": c.intermediate_size, "heads": c.num_attention_heads, "head_dim": c.head_dim,
+            "mini_batch_size": c.mini_batch_size,
+            "options": {k: getattr(c, k) for k in ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")}}
+
+
+def size_line(c) -> str:
+    if c.family == "lact":
+        return (f"MLP {c.mlp_size}; window attention {c.num_attn_heads} heads of {c.attn_head_dim} over "
+                f"{c.window_size} tokens; {c.num_lact_heads} LaCT heads of {c.fw_head_dim} (hidden "
+                f"{c.fw_hidden_dim}), chunk {c.lact_chunk_size}")
+    return (f"intermediate {c.intermediate_size}, {c.num_attention_heads} heads of {c.head_dim}, "
+            f"mini-batch {c.mini_batch_size}")
 
 
 @cli.command("export")

@@ -16,7 +16,7 @@ from pathlib import Path
 from . import metrics
 from .conversion import convert
 from .data import Text, token_windows
-from .errors import EdgetttError
+from .errors import EdgetttError, refuse_lact
 from .evaluation import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
 from .progress import bar
@@ -75,6 +75,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form);
     with `keep_exports`, each variant's export stays in that folder. A variant that fails is listed
     under "failed" with its error; the rows finished before and after it are kept."""
+    refuse_lact(source, source_name, "the quantization report")
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
     for v in variant_list:  # a format that cannot take a layer, with fallback "refuse": before any work

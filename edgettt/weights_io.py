@@ -6,6 +6,8 @@ as transformers writes them). Shards are read one after another into one dict: e
 once. `weights_header` gives names, shapes and dtypes from the safetensors headers alone.
 Write: one `model.safetensors`, or, above `max_shard_bytes` (Hugging Face's default 5 GB), shards
 `model-0000i-of-0000N.safetensors` and the index.
+Check: `check_weights` holds what was read against a model's own tensors (names, shapes, kinds of
+dtype, finite values), for every model family's loader.
 """
 
 from __future__ import annotations
@@ -158,3 +160,43 @@ def write_weights(tensors: dict[str, torch.Tensor], directory: Path, weights_for
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
     return [*names, "model.safetensors.index.json"]
+
+
+def check_weights(model, weights: dict[str, torch.Tensor], path: Path) -> None:
+    """Every tensor the model has, none more, each of its shape and kind of dtype, finite (any model
+    class with `config.tie_word_embeddings` and its embedding's name in `EMBEDDING_KEY`)."""
+    expected = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+    tied = model.config.tie_word_embeddings
+    if tied:
+        expected.pop("lm_head.weight", None)
+        extra_head = weights.get("lm_head.weight")
+        embed = weights.get(model.EMBEDDING_KEY)
+        if extra_head is not None and embed is not None and not torch.equal(extra_head, embed):
+            raise EdgetttError(f"{path}: lm_head.weight differs from the embedding but tie_word_embeddings is "
+                               "true; set tie_word_embeddings to false in config.json")
+    present = set(weights) - ({"lm_head.weight"} if tied else set())
+    missing = sorted(set(expected) - present)
+    extra = sorted(present - set(expected))
+    if missing:
+        raise EdgetttError(f"{path}: missing tensors: {_names(missing)}; the checkpoint does not match its config")
+    if extra:
+        raise EdgetttError(f"{path}: unexpected tensors: {_names(extra)}; the checkpoint does not match its config")
+    wrong = [f"{n} {tuple(weights[n].shape)} (expected {expected[n]})" for n in sorted(expected)
+             if tuple(weights[n].shape) != expected[n]]
+    if wrong:
+        raise EdgetttError(f"{path}: mis-shaped tensors: {_names(wrong)}; the checkpoint does not match its config")
+    dtypes = {name: t.dtype for name, t in model.state_dict().items()}
+    wrong = [f"{n} {weights[n].dtype} (expected {dtypes[n]})" for n in sorted(expected)
+             if (weights[n].dtype in FLOAT_DTYPES) != (dtypes[n] in FLOAT_DTYPES)
+             or (dtypes[n] not in FLOAT_DTYPES and weights[n].dtype != dtypes[n])]
+    if wrong:
+        raise EdgetttError(f"{path}: tensors of the wrong dtype: {_names(wrong)}; the checkpoint does not match "
+                           "its config")
+    bad = [n for n in sorted(expected) if weights[n].is_floating_point() and not torch.isfinite(weights[n]).all()]
+    if bad:
+        raise EdgetttError(f"{path}: non-finite values (NaN or inf) in {_names(bad)}; the checkpoint is corrupt")
+
+
+def _names(names: list[str], limit: int = 6) -> str:
+    more = f" and {len(names) - limit} more" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

@@ -12,8 +12,8 @@
 # WORK (model directories and logs), PACK (optional: one .tar per model there).
 set -euo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-declare -A MINUTES_OF=([ttt-linear]=2.5 [ttt-mlp]=3.5 [transformer]=2.5)
-declare -A EVAL_EVERY_OF=([ttt-linear]=500 [ttt-mlp]=100 [transformer]=500)
+declare -A MINUTES_OF=([ttt-linear]=2.5 [ttt-mlp]=3.5 [transformer]=2.5 [lact]=4 [lact-w1]=3)
+declare -A EVAL_EVERY_OF=([ttt-linear]=500 [ttt-mlp]=100 [transformer]=500 [lact]=500 [lact-w1]=500)
 # ttt-mlp then continues from its weights for a second schedule ("minutes lr eval-every"), with the
 # mini-batch steps compiled (1.8x a step on an H200: 232 ms instead of 420)
 declare -A CONTINUE_OF=([ttt-mlp]="4.5 2e-3 200")
@@ -22,7 +22,7 @@ declare -A CONTINUE_OF=([ttt-mlp]="4.5 2e-3 200")
 declare -A STEPS_OF=([ttt-linear]=10687 [ttt-mlp]=1000)
 declare -A DISTILL_LR_OF=([ttt-linear]=3e-3 [ttt-mlp]=2e-3)
 BATCH=${BATCH:-256}; DOCS_WEIGHT=${DOCS_WEIGHT:-0}; CTX=${CTX:-512}
-ARCHS=${ARCHS-ttt-linear ttt-mlp transformer}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
+ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
 GPUS=${GPUS:-1}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}; DISTILL_DATA=${DISTILL_DATA:-train.bin}
 mkdir -p "$WORK"
 on_gpu() {  # job number -> CUDA_VISIBLE_DEVICES: one job a GPU when GPUS > 1

@@ -3,6 +3,8 @@
     python recipes/train_tiny.py --arch ttt-linear --out /tmp/ttt-linear-tiny --minutes 2.5 --eval-every 500
     python recipes/train_tiny.py --arch ttt-mlp --out /tmp/ttt-mlp-tiny --minutes 3.5 --eval-every 100
     python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline --minutes 2.5 --eval-every 500
+    python recipes/train_tiny.py --arch lact --out /tmp/lact-tiny --minutes 4 --eval-every 500
+    python recipes/train_tiny.py --arch lact-w1 --out /tmp/lact-w1-tiny --minutes 3 --eval-every 500
 
 (`recipes/train_all.sh` runs these and the distillations, as the shipped models were made.)
 
@@ -41,6 +43,15 @@ ARCHS = {
                     share_qk=True, pre_conv=True, use_gate=True),
     "transformer": dict(hidden_size=192, intermediate_size=512, num_attention_heads=4),
 }
+# LaCT at the same size (~1.9M parameters): window attention and fast weights in each of 4 layers; the
+# public 760M's chunk and window of 2048 over 32k-token texts scaled to 64 over the 512-byte windows
+# (8 chunks a window, as 16 in 32k); lact-w1 is the paper's variant: only W1 learns, no weight norm.
+# ttt_nope: no rotary on the fast weights' q, k (the public code's option): with it, the models hold at
+# 2048 and 8192 bytes (rotated by absolute positions they never saw, they fell to 4.2-4.3 bits per byte
+# at 8192) and score better at 512 too (recipes/results/README.md)
+LACT = dict(hidden_size=192, num_attn_heads=4, num_lact_heads=2, intermediate_size=448, lact_chunk_size=64,
+            window_size=64, tie_word_embeddings=True, vocab_size=256, ttt_nope=True)
+LACT_ARCHS = {"lact": LACT, "lact-w1": dict(LACT, lact_update_w0_w2=False, lact_weight_norm=False)}
 PARTS = {"train": None, "docs_train": "python-docs:train", "val": "python-docs:val", "test": "python-docs:test"}
 
 
@@ -92,6 +103,16 @@ class Transformer(nn.Module):
 
 
 def build(arch: str, layers: int, seed: int):
+    if arch in LACT_ARCHS:
+        from edgettt.lact.config import LaCTConfig
+        from edgettt.lact.model import LaCTForCausalLM, initialise
+
+        config = LaCTConfig(num_hidden_layers=layers, **LACT_ARCHS[arch])
+        from edgettt.tokenizer import ByteTokenizer
+
+        model = initialise(LaCTForCausalLM(config), seed)
+        model.tokenizer = ByteTokenizer()
+        return model, config
     config = ModelConfig(vocab_size=256, num_hidden_layers=layers, **ARCHS[arch])
     if arch == "transformer":
         torch.manual_seed(seed)
@@ -194,7 +215,7 @@ def make_step(model, opt, example: torch.Tensor, graph: bool):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--arch", choices=ARCHS, required=True)
+    ap.add_argument("--arch", choices=[*ARCHS, *LACT_ARCHS], required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--minutes", type=float, default=6.0)
     ap.add_argument("--steps", type=int, default=None,

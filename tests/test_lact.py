@@ -227,3 +227,53 @@ def test_a_missing_tensor_is_named(tmp_path):
     write_weights(weights, directory)
     with pytest.raises(EdgetttError, match="missing tensors: model.layers.1.attn.w1"):
         load_lact(directory)
+
+
+@pytest.mark.parametrize("T", [5, 6, 13, 18, 24])
+def test_blockwise_window_attention_equals_the_dense_band(T):
+    """A fresh text's window attention in blocks (2 x window keys a block) against the dense band mask."""
+    from edgettt.lact.window import fresh_window_attention
+
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
+    i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
+    band = (j <= i) & (j > i - 6)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band)
+    assert relative_error(fresh_window_attention(q, k, v, 6), want) < 1e-6
+
+
+def cli_run(*args):
+    from click.testing import CliRunner
+
+    from edgettt.cli import cli
+
+    return CliRunner().invoke(cli, [str(a) for a in args])
+
+
+def test_info_and_eval_describe_a_lact_model(tmp_path):
+    facts = json.loads(cli_run("info", "lact-w1-tiny", "--json").output)
+    assert facts["family"] == "lact" and facts["chunk"] == 64 and facts["window"] == 64
+    assert facts["options"]["lact_update_w0_w2"] is False and facts["options"]["ttt_nope"] is True
+    state = facts["decode_state_tensors"]
+    assert state["w1"] == [2, 96, 96] and state["wk"] == [4, 64, 48] and "w0" not in state  # W0, W2 fixed
+    assert facts["decode_state_bytes_per_sequence"] == 4 * 4 * sum(
+        torch.Size(shape).numel() for shape in state.values())
+    result = cli_run("eval", "lact-w1-tiny", "--ctx", "128", "--max-tokens", "256", "--json", tmp_path / "e.json")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "e.json").read_text())["model"]["family"] == "lact"
+
+
+REFUSED = {
+    "calibrate": ["calibrate", "lact-tiny", "--samples", "1", "--seq-len", "64", "-o", "{tmp}/c.st"],
+    "quantize": ["quantize", "lact-tiny", "{tmp}/q", "--weights", "int8"],
+    "export": ["export", "lact-w1-tiny", "{tmp}/x", "--no-verify"],
+    "report": ["report", "lact-tiny", "--max-tokens", "256", "--output", "{tmp}/r"],
+}
+
+
+@pytest.mark.parametrize("command", REFUSED)
+def test_commands_not_built_for_lact_refuse_in_one_line_and_write_nothing(tmp_path, command):
+    result = cli_run(*(a.format(tmp=tmp_path) for a in REFUSED[command]))
+    assert result.exit_code != 0 and "not available for LaCT models yet" in result.output
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
+    assert list(tmp_path.iterdir()) == []

@@ -20,7 +20,8 @@ def write_parts(directory: Path) -> None:
         (directory / f"{part}.bin").write_bytes(text)
 
 
-@pytest.mark.parametrize("arch,weights", [("transformer", "transformer.safetensors"), ("ttt-linear", "model.safetensors")])
+@pytest.mark.parametrize("arch,weights", [("transformer", "transformer.safetensors"), ("ttt-linear", "model.safetensors"),
+                                          ("lact-w1", "model.safetensors")])
 def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
     write_parts(tmp_path)
     out = tmp_path / "out"

@@ -12,10 +12,30 @@ from edgettt.evaluation import evaluate
 
 NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
 PARALLEL_NAMES = ["ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel"]  # the distilled parallel forms
+LACT_NAMES = ["lact-tiny", "lact-w1-tiny"]
 
 
 def test_shipped_models_are_listed():
-    assert set(NAMES) <= set(shipped_models())
+    assert set(NAMES + PARALLEL_NAMES + LACT_NAMES) <= set(shipped_models())
+
+
+@pytest.mark.parametrize("name", LACT_NAMES)
+def test_lact_models_load_by_name_within_size_with_a_card(name):
+    model = edgettt.load(name)
+    assert model.config.family == "lact" and model.form == "lact" and model.config.vocab_size == 256
+    assert model.config.w1_only == (name == "lact-w1-tiny")
+    files = SHIPPED_MODELS / name
+    assert sum(f.stat().st_size for f in files.iterdir()) <= 8 * 2**20
+    assert (files / "MODEL_CARD.md").exists()
+
+
+def test_the_parallel_form_of_lact_w1_tiny_equals_it_without_distillation():
+    """The W1-only LaCT model's linear-attention form: the same logits over 16 chunks (no distillation)."""
+    model = edgettt.load("lact-w1-tiny")
+    ids = torch.tensor([list(read_text("python-docs:test").data[:1024])])
+    with torch.no_grad():
+        ref, parallel = model(ids), edgettt.convert(model, "parallel")(ids)
+    assert ((parallel - ref).abs().max() / ref.abs().max()).item() < 1e-5
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -29,7 +49,7 @@ def test_loads_by_name_within_size_and_with_a_byte_tokenizer(name):
     assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES)
+@pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES + LACT_NAMES)
 def test_reaches_its_documented_bits_per_byte_on_a_slice_of_the_test_split(name):
     documented = json.loads((SHIPPED_MODELS / name / "eval.json").read_text())
     slice_ = documented["slice"]

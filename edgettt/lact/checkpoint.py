@@ -8,9 +8,8 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint import check_weights
 from ..errors import EdgetttError
-from ..weights_io import FLOAT_DTYPES, read_weights, weights_header
+from ..weights_io import FLOAT_DTYPES, check_weights, read_weights, weights_header
 from .config import LaCTConfig
 from .model import LaCTForCausalLM
 

@@ -70,6 +70,7 @@ class LaCTConfig:
     lact_update_w0_w2: bool = True
     lact_weight_norm: bool = True
     form: str = "lact"
+    quantization: dict | None = None  # a quantized model's QuantConfig (none yet for LaCT)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -114,7 +115,10 @@ class LaCTConfig:
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.extra)
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "extra"})
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+                    if f.name not in ("extra", "quantization")})
+        if self.quantization:
+            out["quantization"] = self.quantization
         out["model_type"] = LACT_MODEL_TYPE
         return out
 

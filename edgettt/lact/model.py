@@ -18,6 +18,7 @@ API as `edgettt.model.CausalLM`: `prefill(ids, state) -> (logits, state)`, `init
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import torch
@@ -231,3 +232,54 @@ class LaCTForCausalLM(nn.Module):
 
     def num_parameters(self) -> int:
         return sum(t.numel() for t in self.weights().values())
+
+    def decode_state_bytes(self) -> int:
+        """Bytes of one sequence's decode state: the fast weights, their running sums and momentum,
+        the window's keys and values (all as computed: float)."""
+        return sum(t.numel() * t.element_size() for layer in self.init_state(1).layers for t in layer.values())
+
+
+def converted_copy(model: LaCTForCausalLM, form: str) -> LaCTForCausalLM:
+    """The same weights in form "lact" (the chunk-recurrent computation) or "parallel" (the linear
+    attention of the W1-only variant: exact for a W1-only model; for a full one it drops the W0/W2
+    updates, the weight norm and Muon, an approximation whose drift `edgettt convert` reports)."""
+    c = model.config
+    changes = {"form": form}
+    if form == "parallel":
+        changes.update(lact_update_w0_w2=False, lact_weight_norm=False, use_muon=False)
+    config = dataclasses.replace(c, **changes, extra=dict(c.extra))
+    with torch.device("meta"):
+        copy = LaCTForCausalLM(config)
+    copy.load_state_dict({k: v.detach().clone() for k, v in model.weights().items()}, strict=False, assign=True)
+    copy.tie_weights()
+    copy.tokenizer = model.tokenizer
+    return copy.eval()
+
+
+def initialise(model: LaCTForCausalLM, seed: int, std: float = 0.02) -> LaCTForCausalLM:
+    """The public code's initialisation (`LaCTPreTrainedModel._init_weights`) for training from
+    scratch: linear and embedding weights N(0, std), biases 0, RMSNorm weights 1, qk_scale 1,
+    qk_offset 0, fast weights W0, W2 N(0, 1/sqrt(d)) (low rank: the factors as `LowRankFastWeight`), W1
+    N(0, 1/sqrt(dh))."""
+    gen = torch.Generator().manual_seed(seed)
+    c = model.config
+    for name, p in model.named_parameters():
+        leaf = name.rsplit(".", 1)[-1]
+        if leaf == "bias" or name.endswith("qk_offset"):
+            value = torch.zeros(p.shape)
+        elif name.endswith(("norm.weight", "qk_scale")):
+            value = torch.ones(p.shape)
+        elif leaf in ("w0", "w2"):
+            value = torch.randn(p.shape, generator=gen) / math.sqrt(c.fw_head_dim)
+        elif leaf == "w1":
+            value = torch.randn(p.shape, generator=gen) / math.sqrt(c.fw_hidden_dim)
+        elif leaf == "w_left":
+            value = torch.randn(p.shape, generator=gen) * c.fw_init_gain / math.sqrt(c.w0_w2_low_rank)
+        elif leaf == "w_right":
+            value = torch.randn(p.shape, generator=gen) * c.fw_init_gain / math.sqrt(c.fw_head_dim)
+        else:
+            value = torch.randn(p.shape, generator=gen) * std
+        with torch.no_grad():
+            p.copy_(value)
+    model.tie_weights()
+    return model

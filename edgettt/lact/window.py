@@ -38,16 +38,34 @@ def window_attention(q, k, v, cache_k, cache_v, start: int, window: int):
     q, k, v: [B, H, T, d] (q and k rotated); cache_k, cache_v: [B, H, window, d] or None (a fresh
     sequence)."""
     T, device = q.shape[2], q.device
+    if start == 0 or cache_k is None:  # a fresh sequence: attention within the text alone
+        return fresh_window_attention(q, k, v, window), write_ring(None, None, k, v, 0, window)
     positions = torch.arange(start, start + T, device=device)
-    if cache_k is None or start == 0:
-        keys, values, key_pos = k, v, positions
-    else:
-        keys, values = torch.cat((cache_k, k), dim=2), torch.cat((cache_v, v), dim=2)
-        key_pos = torch.cat((slot_positions(start, window, device), positions))
+    keys, values = torch.cat((cache_k, k), dim=2), torch.cat((cache_v, v), dim=2)
+    key_pos = torch.cat((slot_positions(start, window, device), positions))
     allowed = (key_pos[None, :] <= positions[:, None]) & (key_pos[None, :] > positions[:, None] - window)
     allowed &= key_pos[None, :] >= 0
     out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
     return out, write_ring(cache_k, cache_v, k, v, start, window)
+
+
+def fresh_window_attention(q, k, v, window: int) -> torch.Tensor:
+    """Window attention of a text from its start, in blocks of `window` queries that each read their
+    own block and the one before (2 x window keys instead of T): the same softmax over the same keys."""
+    B, H, T, d = q.shape
+    if T <= window:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    n = -(-T // window)
+    pad = n * window - T
+    qb = F.pad(q, (0, 0, 0, pad)).reshape(B, H, n, window, d)
+    kb, vb = (F.pad(x, (0, 0, window, pad)).unfold(2, 2 * window, window).transpose(-1, -2) for x in (k, v))
+    r = torch.arange(window, device=q.device)[:, None]  # query offset in its block
+    s = torch.arange(2 * window, device=q.device)[None, :]  # key offset from the block before
+    allowed = (s > r) & (s <= r + window)  # key position in (query - window, query]
+    first = allowed & (s >= window)  # block 0: the block before is padding
+    mask = torch.cat((first[None], allowed[None].expand(n - 1, -1, -1)))  # [n, window, 2 window]
+    out = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask)
+    return out.reshape(B, H, n * window, d)[:, :, :T]
 
 
 def write_ring(cache_k, cache_v, k, v, start: int, window: int):

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import EdgetttError
+from ..errors import EdgetttError, refuse_lact
 from ..mixer import FusableInputs
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
@@ -149,6 +149,7 @@ def fuse_input_projections(model: CausalLM, activations: str) -> None:
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
+    refuse_lact(model, "model", "ONNX export")
     if model.form != "parallel":
         first = "model.layers.0.seq_modeling_block"
         raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no parallel "

@@ -10,7 +10,7 @@ import fnmatch
 import torch
 from torch import nn
 
-from ..errors import EdgetttError
+from ..errors import EdgetttError, refuse_lact
 from .config import DEFAULT_SKIP, QuantConfig
 from .linear import QuantLinear, TiedEmbedding
 from .state_formats import state_format
@@ -132,6 +132,7 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
     before any layer changes: the model's form, that it is not quantized yet, that `calibration` holds
     what GPTQ and the int8 state read, and (in `quantize_`, first) that each layer has a format that fits.
     Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
+    refuse_lact(model, name, "quantization")
     if model.form == "ttt":
         raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
                            "`edgettt convert`)")

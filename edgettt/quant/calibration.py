@@ -26,7 +26,7 @@ from torch import nn
 from .. import linear_attention as la
 from ..checkpoint import model_fingerprint
 from ..data import Text, token_windows
-from ..errors import EdgetttError
+from ..errors import EdgetttError, refuse_lact
 from ..evaluation import encode
 from ..model import CausalLM
 from ..outputs import as_output
@@ -189,6 +189,7 @@ class Calibration:
 def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8, seed: int = 0,
               percentile: float = 99.99) -> Calibration:
     """Run `samples` windows of `seq_len` tokens (drawn with `seed`) and collect the statistics."""
+    refuse_lact(model, "model", "calibration")
     if model.form == "ttt":
         raise EdgetttError("calibration needs a converted model (the linear-attention state); "
                            "run `edgettt convert` first")
