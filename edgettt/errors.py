@@ -12,5 +12,5 @@ class EdgetttError(Exception):
 def refuse_lact(model, name: str, operation: str) -> None:
     """One line for an operation that is not built for LaCT models yet (`model.config.family`)."""
     if getattr(model.config, "family", None) == "lact":
-        raise EdgetttError(f"{name}: {operation} is not available for LaCT models yet (info, eval, convert "
-                           "and speed are); use a TTT-Linear or TTT-MLP model for it")
+        raise EdgetttError(f"{name}: {operation} is not available for LaCT models yet (info, eval, convert, "
+                           "speed and weight quantization are); use a TTT-Linear or TTT-MLP model for it")

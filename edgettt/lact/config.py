@@ -70,7 +70,7 @@ class LaCTConfig:
     lact_update_w0_w2: bool = True
     lact_weight_norm: bool = True
     form: str = "lact"
-    quantization: dict | None = None  # a quantized model's QuantConfig (none yet for LaCT)
+    quantization: dict | None = None  # a quantized model's QuantConfig (weights only for LaCT so far)
     extra: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
@@ -167,6 +167,8 @@ class LaCTConfig:
                              ("hidden_act", ("swish", "silu")), ("form", LACT_FORMS)):
             if getattr(self, key) not in allowed:
                 raise bad(f"{key} is {getattr(self, key)!r}, expected one of {allowed}")
+        if self.quantization is not None and not isinstance(self.quantization, dict):
+            raise bad(f"quantization must be an object, got {self.quantization!r}")
         if self.form == "parallel" and not self.w1_only:
             raise bad("form 'parallel' needs the W1-only variant: lact_update_w0_w2, lact_weight_norm and "
                       "use_muon all false")

@@ -194,8 +194,8 @@ class LaCTForCausalLM(nn.Module):
         self.tokenizer = None
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings:
-            self.lm_head.weight = self.model.embeddings.weight
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):  # a quantized head ties the
+            self.lm_head.weight = self.model.embeddings.weight                      # other way (TiedEmbedding)
 
     @property
     def form(self) -> str:

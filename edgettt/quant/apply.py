@@ -10,7 +10,7 @@ import fnmatch
 import torch
 from torch import nn
 
-from ..errors import EdgetttError, refuse_lact
+from ..errors import EdgetttError
 from .config import DEFAULT_SKIP, QuantConfig
 from .linear import QuantLinear, TiedEmbedding
 from .state_formats import state_format
@@ -89,12 +89,14 @@ def tie_quantized_embedding(model: nn.Module) -> None:
     """A tied model with a quantized lm_head reads its input embedding from the head's quantized rows
     (`TiedEmbedding`): the float table is gone from memory, the saved model and the export."""
     if getattr(model.config, "tie_word_embeddings", False) and isinstance(getattr(model, "lm_head", None), QuantLinear):
-        model.model.embed_tokens = TiedEmbedding(model.lm_head)
+        set_module(model, model.EMBEDDING_KEY.rsplit(".", 1)[0], TiedEmbedding(model.lm_head))
 
 
 def apply_state_format(model: nn.Module, name: str, calibration=None) -> None:
     """Set every converted layer's state format, with the scales the format takes (the calibration's
     for int8)."""
+    if model.config.family == "lact":  # its fast weights stay float (quantize_model refuses other formats)
+        return
     fmt = state_format(name)
     for i, layer in enumerate(model.model.layers):
         mixer = layer.seq_modeling_block
@@ -132,7 +134,9 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
     before any layer changes: the model's form, that it is not quantized yet, that `calibration` holds
     what GPTQ and the int8 state read, and (in `quantize_`, first) that each layer has a format that fits.
     Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
-    refuse_lact(model, name, "quantization")
+    if model.config.family == "lact" and config.state != "fp32":
+        raise EdgetttError(f"{name}: a quantized fast-weight state is not built for LaCT models yet; quantize "
+                           "their weights with the state in fp32")
     if model.form == "ttt":
         raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
                            "`edgettt convert`)")
@@ -161,6 +165,8 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
                                                 config.group_size, tensors))
     tie_quantized_embedding(model)
+    if model.config.family == "lact":  # float fast weights: no state format to set
+        return
     for i, layer in enumerate(model.model.layers):
         prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
         scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
