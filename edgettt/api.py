@@ -75,12 +75,15 @@ class Evaluation:
         return self.report.get("drift")
 
 
-def evaluate(model: CausalLM, text="python-docs", ctx: int = 512, max_tokens: int | None = 100_000,
-             ref: CausalLM | None = None, ref_logits=None, name: str = "model") -> Evaluation:
+def evaluate(model: CausalLM, text="python-docs", ctx: int | list[int] = 512, max_tokens: int | None = 100_000,
+             ref: CausalLM | None = None, ref_logits=None, name: str = "model") -> Evaluation | list[Evaluation]:
     """Perplexity and bits per byte of `model` on `text` in windows of `ctx` tokens; against `ref` (a
-    model) or `ref_logits` (a file saved by `edgettt eval --save-logits`), the drift."""
+    model) or `ref_logits` (a file saved by `edgettt eval --save-logits`), the drift. A list of window
+    lengths gives a list of Evaluations, one a length (`edgettt eval --ctx 512,2048,8192`)."""
     from .evaluation import evaluate as run
 
+    if isinstance(ctx, (list, tuple)):
+        return [evaluate(model, text, n, max_tokens, ref, ref_logits, name) for n in ctx]
     report, logits, windows = run(model, name, _text(text), ctx, max_tokens, ref, "ref" if ref is not None else None,
                                   ref_logits)
     return Evaluation(report, logits, windows)

@@ -452,7 +452,9 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT",
               help="A file, a directory of .txt/.md, '-' for stdin, or a built-in name "
                    "(python-docs[:train|:val|:test], python-docs-sample, python-stdlib).")
-@click.option("--ctx", default=512, show_default=True, type=POSITIVE, help="Tokens per window.")
+@click.option("--ctx", default="512", show_default=True, callback=lambda c, p, v: int_list(c, p, v),
+              help="Tokens per window; a comma-separated list (e.g. 512,2048,8192) measures at each length, one "
+                   "row per context.")
 @click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE, help="Evaluate at most this many tokens.")
 @click.option("--save-logits", default=None, type=click.Path(),
               help="Save MODEL's logits as reference logits for later runs.")
@@ -460,7 +462,8 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
 @click.option("--force", is_flag=True, help="Overwrite existing --save-logits / --json files.")
 def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
     """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
-    the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position)."""
+    the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position). With several
+    --ctx lengths, one row per context (the whole text in windows of each length; JSON: "contexts")."""
     from . import load
     from .data import read_text
     from .evaluation import evaluate, save_reference
@@ -468,20 +471,44 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
 
     if ref_path and ref_logits:
         raise EdgetttError("--ref and --ref-logits: give one reference, not both")
+    if not ctx:
+        raise EdgetttError("--ctx: give at least one window length, e.g. 512 or 512,2048,8192")
+    if len(ctx) > 1 and (save_logits or ref_logits):
+        raise EdgetttError("--save-logits / --ref-logits hold the logits of one window length: give one --ctx with them")
     logits_out, json_out = plan_outputs(
         (save_logits, "logits", force, "--save-logits"), (json_path, "json", force, "--json"),
         inputs=[model_input(model_path), model_input(ref_path), ref_logits, text_input(data)])
     text = read_text(data)
     model = load(model_path)
-    warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     ref = load(ref_path) if ref_path else None
-    report, logits, windows = evaluate(model, str(model_path), text, ctx, max_tokens, ref, ref_path, ref_logits)
+    reports = []
+    for length in ctx:
+        warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), length)
+        report, logits, windows = evaluate(model, str(model_path), text, length, max_tokens, ref, ref_path, ref_logits)
+        reports.append(report)
     if logits_out:
         save_reference(logits_out, logits, windows, report)
     if json_out:
         with json_out.write() as tmp:
-            tmp.write_text(json.dumps(report, indent=2) + "\n")
-    click.echo(format_eval_report(report))
+            tmp.write_text(json.dumps(report if len(reports) == 1 else {"contexts": reports}, indent=2) + "\n")
+    click.echo(format_eval_report(report) if len(reports) == 1 else format_context_rows(reports))
+
+
+def format_context_rows(reports: list[dict]) -> str:
+    """One row per window length: windows, tokens scored, perplexity, bits per byte (and the drift)."""
+    m, t = reports[0]["model"], reports[0]["text"]
+    drift = "drift" in reports[0]
+    head = "| ctx | windows | PPL | bits per byte |" + (" KLD mean | top-1 |" if drift else "")
+    lines = [f"model  {m['name']}: {m['family']}, form {m['form']}, {m['parameters']:,} parameters",
+             f"text   {t['name']} ({t['bytes']:,} bytes, sha256 {t['sha256']})" +
+             (f"; reference {reports[0]['ref_model']['name']}" if drift else ""),
+             head, "|" + "---:|" * (head.count("|") - 1)]
+    for r in reports:
+        row = f"| {r['ctx']} | {r['windows']} | {r['ppl']:.4f} | {r.get('bits_per_byte', float('nan')):.4f} |"
+        if drift:
+            row += f" {r['drift']['kld_mean']:.6f} | {100 * r['drift']['top1']:.2f}% |"
+        lines.append(row)
+    return "\n".join(lines)
 
 
 def warn_beyond_distillation(name, distilled_ctx: int | None, tokens: int) -> None:

@@ -69,3 +69,40 @@ def test_eval_warns_beyond_the_context_a_parallel_form_was_distilled_at():
                                 "--max-tokens", "512"])
     assert beyond.exit_code == 0 and within.exit_code == 0, beyond.output + within.output
     assert "distilled at 512 tokens" in beyond.output and "distilled at" not in within.output
+
+
+def test_a_list_of_contexts_gives_one_row_each_the_same_as_one_run_each(models, tmp_path):
+    result = run("eval", models / "par", "--ref", models / "ttt", "--data", "python-docs-sample", "--ctx", "64,256",
+                 "--max-tokens", "1024", "--json", tmp_path / "sweep.json")
+    assert result.exit_code == 0, result.output
+    rows = [line for line in result.output.splitlines() if line.startswith("| 64 |") or line.startswith("| 256 |")]
+    assert len(rows) == 2 and "KLD mean" in result.output
+    sweep = json.loads((tmp_path / "sweep.json").read_text())["contexts"]
+    assert [r["ctx"] for r in sweep] == [64, 256] and [r["windows"] for r in sweep] == [16, 4]
+    for r in sweep:  # each row is what a run at that one length reports
+        one = run("eval", models / "par", "--ref", models / "ttt", "--data", "python-docs-sample", "--ctx", r["ctx"],
+                  "--max-tokens", "1024", "--json", tmp_path / f"one{r['ctx']}.json")
+        assert one.exit_code == 0
+        alone = json.loads((tmp_path / f"one{r['ctx']}.json").read_text())
+        assert alone["bits_per_byte"] == pytest.approx(r["bits_per_byte"], rel=1e-6)
+        assert alone["drift"]["kld_mean"] == pytest.approx(r["drift"]["kld_mean"], rel=1e-5)
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--ctx", "0"], "expected comma-separated positive integers"),
+    (["--ctx", "512,x"], "expected comma-separated positive integers"),
+    (["--ctx", ","], "give at least one window length"),
+    (["--ctx", "64,128", "--save-logits", "{tmp}/l.st"], "give one --ctx with them"),
+])
+def test_bad_context_lists_are_refused_before_any_work(models, tmp_path, args, message):
+    result = run("eval", models / "ttt", "--data", "python-docs-sample", *(a.format(tmp=tmp_path) for a in args))
+    assert result.exit_code != 0 and message in result.output
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_api_takes_a_list_of_contexts(models):
+    import edgettt
+
+    model = edgettt.load(models / "ttt")
+    results = edgettt.evaluate(model, "python-docs-sample", ctx=[64, 128], max_tokens=512)
+    assert [r.report["ctx"] for r in results] == [64, 128]
