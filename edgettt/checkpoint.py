@@ -43,7 +43,8 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
 
 
 def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> CausalLM:
-    """Load an original TTT checkpoint or an edgettt model directory, or a shipped model by name."""
+    """Load an original TTT checkpoint, a LaCT checkpoint (public layout), an edgettt model directory,
+    or a shipped model by name."""
     path = resolve_model_path(path)
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
@@ -52,17 +53,12 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
                            + (f", or a shipped model ({names})" if names else ""))
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
-    if model_type(path / "config.json") == LACT_MODEL_TYPE:
-        from .lact.checkpoint import load_lact
-
-        model = load_lact(path, dtype)
-        model.tokenizer = load_tokenizer(path, model.config.vocab_size)
-        return model
-    config = ModelConfig.load(path / "config.json")
-    check_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
+    config_class, check_config_sizes, model_class = family_classes(model_type(path / "config.json"))
+    config = config_class.load(path / "config.json")
+    check_config_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
     weights = read_weights(path)
     with torch.device("meta"):
-        model = CausalLM(config)
+        model = model_class(config)
     if config.quantization:
         from .quant.apply import prepare_quantized
 
@@ -74,6 +70,18 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
         model.to(dtype)
     model.tokenizer = load_tokenizer(path, config.vocab_size)
     return model.eval()
+
+
+def family_classes(kind: str | None):
+    """(config class, size check against the weights file, model class) of a config.json's model_type:
+    LaCT's for `lact_swiglu`, else the TTT family's (whose config loader names what it reads)."""
+    if kind == LACT_MODEL_TYPE:
+        from .lact.checkpoint import check_lact_sizes
+        from .lact.config import LaCTConfig
+        from .lact.model import LaCTForCausalLM
+
+        return LaCTConfig, check_lact_sizes, LaCTForCausalLM
+    return ModelConfig, check_sizes, CausalLM
 
 
 def model_type(config_file: Path) -> str | None:

@@ -37,6 +37,19 @@ SIZE_LIMITS = {"vocab_size": 2**22, "hidden_size": 2**16, "intermediate_size": 2
                "num_attention_heads": 1024, "mini_batch_size": 2**16, "conv_kernel": 1024}
 
 
+def check_sizes_and_scalars(config, limits: dict[str, int], positive: tuple[str, ...], bad) -> None:
+    """Integer sizes within `limits` (from 1) and positive finite numbers, as every family's config
+    checks them; `bad(what)` makes the error."""
+    for key, limit in limits.items():
+        value = getattr(config, key)
+        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+            raise bad(f"{key} must be an integer from 1 to {limit:,}, got {value!r}")
+    for key in positive:
+        value = getattr(config, key)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+            raise bad(f"{key} must be a positive finite number, got {value!r}")
+
+
 @dataclasses.dataclass
 class ModelConfig:
     vocab_size: int = 32000
@@ -84,7 +97,7 @@ class ModelConfig:
         if model_type not in (TTT_MODEL_TYPE, CONVERTED_MODEL_TYPE):
             raise EdgetttError(
                 f"{source}: model_type is {model_type!r}, expected 'ttt' (a ttt-lm-pytorch checkpoint) "
-                f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model); edgettt reads only these"
+                f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model), or 'lact_swiglu' (a LaCT checkpoint); edgettt reads only these"
             )
         names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form", "quantization"}
         known = {k: v for k, v in raw.items() if k in names}
@@ -122,14 +135,7 @@ class ModelConfig:
         def bad(what: str) -> EdgetttError:
             return EdgetttError(f"{source}: {what}; fix the config")
 
-        for key, limit in SIZE_LIMITS.items():
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-                raise bad(f"{key} must be an integer from 1 to {limit:,}, got {value!r}")
-        for key in ("rms_norm_eps", "rope_theta", "ttt_base_lr"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise bad(f"{key} must be a positive finite number, got {value!r}")
+        check_sizes_and_scalars(self, SIZE_LIMITS, ("rms_norm_eps", "rope_theta", "ttt_base_lr"), bad)
         for key in ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")

@@ -107,27 +107,27 @@ class State:
     layers: list[dict[str, torch.Tensor]]
 
 
-class CausalLM(nn.Module):
+class LanguageModel(nn.Module):
+    """What every family's language model shares (`CausalLM` here, `lact.model.LaCTForCausalLM`):
+    `self.model` holds the embedding (named by `EMBEDDING_KEY`), the blocks (each called as
+    block(h, layer_state, position, decode)) and the final norm; `lm_head` and `init_state` are the
+    family's."""
+
     EMBEDDING_KEY = "model.embed_tokens.weight"
 
-    def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.config = config
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-        self.tokenizer = None  # set by `load`
+    def embedding(self) -> nn.Module:
+        return self.get_submodule(self.EMBEDDING_KEY.rsplit(".", 1)[0])
 
     def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):
-            self.lm_head.weight = self.model.embed_tokens.weight
+        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):  # a quantized head ties the
+            self.lm_head.weight = self.embedding().weight                            # other way (TiedEmbedding)
 
     @property
     def form(self) -> str:
         return self.config.form
 
     def init_state(self, batch_size: int) -> State:
-        return State(0, [layer.init_state(batch_size) for layer in self.model.layers])
+        raise NotImplementedError
 
     def prefill(self, input_ids: torch.Tensor, state: State | None = None, decode: bool = False,
                 logits_from=None) -> tuple[torch.Tensor, State]:
@@ -135,7 +135,7 @@ class CausalLM(nn.Module):
         with `logits_from` = t, only those of tokens t.. (generation needs the last token's alone)."""
         if state is None:
             state = self.init_state(input_ids.shape[0])
-        h = self.model.embed_tokens(input_ids)
+        h = self.embedding()(input_ids)
         for layer, layer_state in zip(self.model.layers, state.layers):
             h = layer(h, layer_state, state.pos, decode)
         state.pos = state.pos + input_ids.shape[1]  # not +=: a tensor position (exported graph) is the caller's
@@ -152,6 +152,29 @@ class CausalLM(nn.Module):
         logits, state = self.prefill(input_ids[:, None], state, decode=True)
         return logits[:, 0], state
 
+    def weights(self) -> dict[str, torch.Tensor]:
+        """The state dict as saved: `lm_head.weight` left out when tied to the embedding."""
+        sd = self.state_dict()
+        if self.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        return sd
+
+    def num_parameters(self) -> int:
+        return sum(t.numel() for t in self.weights().values())
+
+
+class CausalLM(LanguageModel):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.model = Backbone(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.tokenizer = None  # set by `load`
+
+    def init_state(self, batch_size: int) -> State:
+        return State(0, [layer.init_state(batch_size) for layer in self.model.layers])
+
     def decode_state_bytes(self) -> int:
         """Bytes of one sequence's decode state as stored: S in its state format (int8: 1 byte,
         fp16: 2), everything else (A, conv tails, the original layer's W and sums) as it is."""
@@ -162,13 +185,3 @@ class CausalLM(nn.Module):
                 size = (fmt.bytes_per_element or t.element_size()) if name.startswith("S") else t.element_size()
                 total += t.numel() * size
         return total
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        """The state dict as saved: `lm_head.weight` left out when tied to the embedding."""
-        sd = self.state_dict()
-        if self.config.tie_word_embeddings:
-            sd.pop("lm_head.weight", None)
-        return sd
-
-    def num_parameters(self) -> int:
-        return sum(t.numel() for t in self.weights().values())

@@ -10,7 +10,7 @@ import torch
 
 from edgettt.errors import EdgetttError
 from edgettt.lact import fast_weights, linear_attention
-from edgettt.lact.checkpoint import load_lact
+from edgettt.checkpoint import load_model as load_lact
 from edgettt.lact.config import LaCTConfig
 from edgettt.lact.model import LaCTForCausalLM
 from edgettt.weights_io import write_weights
@@ -197,7 +197,7 @@ def test_momentum_coefficients_are_the_recurrence():
 
 
 BAD = {
-    "not lact": ({"model_type": "llama"}, "expected 'lact_swiglu'"),
+    "not lact": ({"model_type": "llama"}, "or 'lact_swiglu'"),
     "heads do not divide": ({"num_lact_heads": 3}, "not divisible by num_lact_heads"),
     "hidden size too big": ({"hidden_size": 2**20}, "hidden_size must be an integer"),
     "unknown loss": ({"ttt_loss_type": "l2"}, "ttt_loss_type"),
@@ -266,7 +266,7 @@ def test_info_and_eval_describe_a_lact_model(tmp_path):
 REFUSED = {
     "calibrate": ["calibrate", "lact-tiny", "--samples", "1", "--seq-len", "64", "-o", "{tmp}/c.st"],
     "quantize the state": ["quantize", "lact-tiny", "{tmp}/q", "--weights", "int8", "--state", "int8-tensor"],
-    "export": ["export", "lact-w1-tiny", "{tmp}/x", "--no-verify"],
+    "export of the chunk-recurrent form": ["export", "lact-w1-tiny", "{tmp}/x", "--no-verify"],
     "report": ["report", "lact-tiny", "--max-tokens", "256", "--output", "{tmp}/r"],
 }
 
@@ -275,7 +275,8 @@ REFUSED = {
 def test_commands_not_built_for_lact_refuse_in_one_line_and_write_nothing(tmp_path, command):
     result = cli_run(*(a.format(tmp=tmp_path) for a in REFUSED[command]))
     assert result.exit_code != 0 and ("not available for LaCT models yet" in result.output
-                                      or "not built for LaCT models yet" in result.output)
+                                      or "not built for LaCT models yet" in result.output
+                                      or "recurrent across mini-batches (chunks)" in result.output)
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
     assert list(tmp_path.iterdir()) == []
 
@@ -300,3 +301,48 @@ def test_weight_quantization_saves_loads_and_stays_near_the_float_model(tmp_path
     assert torch.equal(ours, again)
     kld = torch.nn.functional.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True, reduction="none")
     assert 0 < kld.sum(-1).mean().item() < bound  # measured 2.2e-4 (int8) and 0.029 (int4 g32, head too)
+
+
+@pytest.mark.parametrize("option", ["defaults", "w1 only", "prenorm", "muon"])
+def test_a_decode_step_at_a_tensor_position_equals_the_int_one(option):
+    """The exported decode graph's path (position a 0-d tensor: the chunk's end blended in by a flag)
+    gives the logits and the state of the eager step, across a chunk boundary."""
+    model = random_model(**OPTIONS[option]).to(DTYPE.get(option, torch.float32))
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 12))
+    with torch.no_grad():
+        _, a = model.prefill(ids[:, :5])
+        _, b = model.prefill(ids[:, :5])
+        for t in range(5, 12):  # position 7 ends a chunk of 8
+            want, a = model.prefill(ids[:, t:t + 1], a, decode=True)
+            b.pos = torch.tensor(t)
+            got, b = model.prefill(ids[:, t:t + 1], b, decode=True)
+            assert relative_error(got, want) < 1e-6
+    for sa, sb in zip(a.layers, b.layers):
+        for name in sa:
+            assert torch.allclose(sa[name], sb[name], atol=1e-6), name
+
+
+@pytest.mark.parametrize("momentum", [True, False])
+def test_the_parallel_form_exports_and_runs_in_onnxruntime_as_in_torch(tmp_path, momentum):
+    """prefill.onnx (any length: the window attention in blocks, the chunks at once) and decode.onnx
+    (the fast-weight state and the window's ring buffer in and out) against torch, through ONNX Runtime
+    alone (the runner), across chunk boundaries and past the window."""
+    import numpy as np
+
+    from edgettt.onnx import export_model
+    from edgettt.runner import Runner
+    from edgettt.tokenizer import ByteTokenizer
+
+    model = random_model(**W1_ONLY, use_momentum=momentum, form="parallel", vocab_size=256)
+    model.tokenizer = ByteTokenizer()
+    manifest = export_model(model, tmp_path / "x", "lact", verify_text=None)
+    assert {s["tensor"] for s in manifest["state"]} == {"w1", "g1", "wk", "wv"} | ({"m1", "gate"} if momentum else set())
+    runner = Runner(tmp_path / "x")
+    ids = torch.randint(0, 256, (2, 29))
+    with torch.no_grad():
+        want = model(ids).numpy()
+    logits, _ = runner.run_prefill(ids.numpy())
+    _, states = runner.run_prefill(ids[:, :11].numpy())
+    decoded, _ = runner.decode_tokens(ids[:, 11:].numpy(), 11, states)
+    assert np.abs(logits - want).max() / np.abs(want).max() < 1e-5
+    assert np.abs(decoded - want[:, 11:]).max() / np.abs(want).max() < 1e-5

@@ -5,5 +5,5 @@
     fast_weights.py        the SwiGLU fast weights, their update, the chunk-recurrent form
     linear_attention.py    the parallel form of the W1-only variant (exact)
     model.py               the model, with the public checkpoints' module names
-    checkpoint.py          loading a public checkpoint or an edgettt LaCT directory
+    checkpoint.py          the size check of a public checkpoint (`checkpoint.load_model` loads it)
 """

@@ -1,17 +1,14 @@
-"""Loading a LaCT checkpoint in the public layout: config.json (model type `lact_swiglu`) and
-model.safetensors or a weights-only pytorch_model.bin (or their shards), checked before use."""
+"""A LaCT checkpoint in the public layout (config.json of model type `lact_swiglu`, model.safetensors or
+a weights-only pytorch_model.bin, or their shards): its sizes checked against the weights file before
+a model is built. `edgettt.checkpoint.load_model` loads it, as every family."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
-import torch
-
 from ..errors import EdgetttError
-from ..weights_io import FLOAT_DTYPES, STORAGE_DTYPES, check_weights, read_weights, weights_header
+from ..weights_io import FLOAT_DTYPES, STORAGE_DTYPES
 from .config import LaCTConfig
-from .model import LaCTForCausalLM
 
 
 def check_lact_sizes(config: LaCTConfig, header: dict, source: Path) -> None:
@@ -37,26 +34,3 @@ def check_lact_sizes(config: LaCTConfig, header: dict, source: Path) -> None:
     if layers != set(range(config.num_hidden_layers)):
         raise EdgetttError(f"{source}: num_hidden_layers {config.num_hidden_layers} disagrees with the weights "
                            f"file's {len(layers)} layers; the checkpoint does not match its config")
-
-
-def load_lact(path: str | os.PathLike, dtype: torch.dtype | None = None) -> LaCTForCausalLM:
-    """A LaCT model from a directory of the public layout (or an edgettt LaCT directory)."""
-    path = Path(path)
-    if not path.is_dir():
-        raise EdgetttError(f"{path}: {'not a directory' if path.exists() else 'no such directory'}; give a LaCT "
-                           "checkpoint directory with config.json and model.safetensors")
-    config = LaCTConfig.load(path / "config.json")
-    check_lact_sizes(config, weights_header(path), path / "config.json")
-    weights = read_weights(path)
-    with torch.device("meta"):
-        model = LaCTForCausalLM(config)
-    if config.quantization:
-        from ..quant.apply import prepare_quantized
-
-        prepare_quantized(model, weights, str(path))
-    check_weights(model, weights, path)
-    model.load_state_dict(weights, strict=False, assign=True)
-    model.tie_weights()
-    if dtype is not None:
-        model.to(dtype)
-    return model.eval()

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from pathlib import Path
 from typing import Any
 
+from ..config import check_sizes_and_scalars
 from ..errors import EdgetttError
 
 LACT_MODEL_TYPE = "lact_swiglu"
@@ -98,6 +98,12 @@ class LaCTConfig:
         return 256 * ((size + 255) // 256)
 
     @property
+    def mini_batch_size(self) -> int:
+        """The tokens between two updates of the state (LaCT's chunk): the name the ONNX export, its
+        verification and the runner give the commit period of every family."""
+        return self.lact_chunk_size
+
+    @property
     def w1_only(self) -> bool:
         """The variant whose parallel form is exact: only W1 learns, no weight norm, no Muon."""
         return not (self.lact_update_w0_w2 or self.lact_weight_norm or self.use_muon)
@@ -137,14 +143,7 @@ class LaCTConfig:
         def bad(what: str) -> EdgetttError:
             return EdgetttError(f"{source}: {what}; fix the config")
 
-        for key, limit in SIZE_LIMITS.items():
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-                raise bad(f"{key} must be an integer from 1 to {limit:,}, got {value!r}")
-        for key in ("rope_theta", "norm_eps", "inter_multi"):
-            value = getattr(self, key)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-                raise bad(f"{key} must be a positive finite number, got {value!r}")
+        check_sizes_and_scalars(self, SIZE_LIMITS, ("rope_theta", "norm_eps", "inter_multi"), bad)
         for key in ("qkv_bias", "attn_qk_norm", "use_muon", "qkv_silu", "no_v_silu", "learnable_ttt_scale",
                     "use_momentum", "ttt_prenorm", "ttt_nope", "tie_word_embeddings", "lact_update_w0_w2",
                     "lact_weight_norm"):

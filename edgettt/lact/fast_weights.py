@@ -137,3 +137,22 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
         if inner + count == config.lact_chunk_size:
             finish_chunk(st, config, norms)
     return torch.cat(outs, dim=2)
+
+
+def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, position):
+    """One token at `position` (a 0-d tensor: an exported decode graph), as `exact` computes it: the
+    chunk's end is a 0/1 flag, and the state after a commit is blended in with it, so that one graph
+    holds both cases."""
+    w = {i: st.get(f"w{i}", fixed.get(i)) for i in ("0", "1", "2")}
+    out = apply(w["0"], w["1"], w["2"], q)
+    for i, d in zip(("0", "1", "2"), chunk_sums(w["0"], w["1"], w["2"], k, v, lr, config.lact_update_w0_w2)):
+        if d is not None:
+            st[f"g{i}"] = st[f"g{i}"] + d
+    if config.use_momentum:
+        st["gate"] = st["gate"] + gates.sum(-1)
+    committed = {name: st[name] for name in state_names(config)}
+    finish_chunk(committed, config, norms)
+    ends = torch.remainder(position + 1, config.lact_chunk_size) == 0
+    for name, value in committed.items():
+        st[name] = torch.where(ends, value, st[name])
+    return out

@@ -73,17 +73,15 @@ def chunk(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
     W = st["w1"][:, :, None] + before  # [B, H, N, d, dh]
     out = _pad_chunks(phi_q, front, back, N, b) @ W.transpose(-1, -2)  # [B, H, N, b, d]
     out = out.reshape(B, H, N * b, d)[:, :, front:front + T]
-    complete = back == 0
-    last = N - 1
-    if complete:  # every chunk committed
-        st["w1"], st["g1"] = W[:, :, last] + D[:, :, last], torch.zeros_like(st["g1"])
-        if momentum:
-            st["m1"], st["gate"] = D[:, :, last], torch.zeros_like(st["gate"])
-    else:  # the last chunk's sums stay unfinished
-        st["w1"], st["g1"] = W[:, :, last], U[:, :, last]
-        if momentum:
-            st["m1"] = D[:, :, last - 1] if last > 0 else D_in
-            st["gate"] = G[:, :, last]
+    # the last chunk complete: every chunk committed; else its sums stay unfinished. Chosen with a
+    # tensor, not a Python branch, so that an exported graph keeps both cases
+    complete = F.pad(q.new_ones(T), (front, back))[-1] > 0
+    D_before = torch.cat((D_in[:, :, None], D), dim=2)[:, :, -2]  # D_(N-2), or D_in when N = 1
+    st["w1"] = torch.where(complete, W[:, :, -1] + D[:, :, -1], W[:, :, -1])
+    st["g1"] = torch.where(complete, torch.zeros_like(st["g1"]), U[:, :, -1])
+    if momentum:
+        st["m1"] = torch.where(complete, D[:, :, -1], D_before)
+        st["gate"] = torch.where(complete, torch.zeros_like(st["gate"]), G[:, :, -1])
     return out
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..model import RMSNorm, State, SwiGLU
+from ..model import LanguageModel, RMSNorm, State, SwiGLU
 from . import fast_weights as fw
 from . import linear_attention
 from .config import LaCTConfig
@@ -153,8 +153,11 @@ class LaCTLayer(nn.Module):
         initial = self.initial_weights()
         fixed = {i: w for i, w in initial.items() if i not in fw.learned(c)}
         norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
-        step = linear_attention.chunk if c.form == "parallel" and T > 1 else fw.exact
-        out = step(state, fixed, c, norms, q, k, v, lr, gates, start)
+        if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
+            compute = fw.step
+        else:
+            compute = linear_attention.chunk if c.form == "parallel" and T > 1 else fw.exact
+        out = compute(state, fixed, c, norms, q, k, v, lr, gates, start)
         out = self.ttt_norm(out)
         if c.learnable_ttt_scale:
             out = out * F.silu(self.ttt_scale_proj(x)).transpose(1, 2)[..., None]
@@ -182,7 +185,7 @@ class LaCTBackbone(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.norm_eps)
 
 
-class LaCTForCausalLM(nn.Module):
+class LaCTForCausalLM(LanguageModel):
     EMBEDDING_KEY = "model.embeddings.weight"
 
     def __init__(self, config: LaCTConfig):
@@ -193,45 +196,8 @@ class LaCTForCausalLM(nn.Module):
         self.tie_weights()
         self.tokenizer = None
 
-    def tie_weights(self) -> None:
-        if self.config.tie_word_embeddings and isinstance(self.lm_head, nn.Linear):  # a quantized head ties the
-            self.lm_head.weight = self.model.embeddings.weight                      # other way (TiedEmbedding)
-
-    @property
-    def form(self) -> str:
-        return self.config.form
-
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])
-
-    def prefill(self, input_ids: torch.Tensor, state: State | None = None, decode: bool = False,
-                logits_from=None) -> tuple[torch.Tensor, State]:
-        """Logits [B, T, V] for ids [B, T], continuing from `state` (a fresh one when None)."""
-        if state is None:
-            state = self.init_state(input_ids.shape[0])
-        h = self.model.embeddings(input_ids)
-        for layer, layer_state in zip(self.model.layers, state.layers):
-            h = layer(h, layer_state, state.pos, decode)
-        state.pos = state.pos + input_ids.shape[1]
-        if logits_from is not None:
-            h = h[:, logits_from:]
-        return self.lm_head(self.model.norm(h)).float(), state
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.prefill(input_ids)[0]
-
-    def step(self, input_ids: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        logits, state = self.prefill(input_ids[:, None], state, decode=True)
-        return logits[:, 0], state
-
-    def weights(self) -> dict[str, torch.Tensor]:
-        sd = self.state_dict()
-        if self.config.tie_word_embeddings:
-            sd.pop("lm_head.weight", None)
-        return sd
-
-    def num_parameters(self) -> int:
-        return sum(t.numel() for t in self.weights().values())
 
     def decode_state_bytes(self) -> int:
         """Bytes of one sequence's decode state: the fast weights, their running sums and momentum,

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..errors import EdgetttError, refuse_lact
+from ..errors import EdgetttError
 from ..mixer import FusableInputs
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
@@ -149,17 +149,17 @@ def fuse_input_projections(model: CausalLM, activations: str) -> None:
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
-    refuse_lact(model, "model", "ONNX export")
     if model.form != "parallel":
-        first = "model.layers.0.seq_modeling_block"
-        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no parallel "
-                           "prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export that")
+        first = "model.layers.0." + ("attn" if model.config.family == "lact" else "seq_modeling_block")
+        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches (chunks) and has no "
+                           "parallel prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export "
+                           "that")
     model = copy.deepcopy(model).float().eval()
     fuse_input_projections(model, activations)
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):
             set_module(model, name, ExportLinear(module, activations))
-    embed = model.model.embed_tokens
+    embed = model.get_submodule(model.EMBEDDING_KEY.rsplit(".", 1)[0])
     if isinstance(embed, TiedEmbedding):
         if not embed.head.format.exports_rows:
             model.lm_head.float_rows = embed.head.dequantized()
@@ -171,8 +171,7 @@ def state_specs(model: CausalLM) -> list[dict]:
     """Every decode-state tensor, in graph order: name, per-sequence shape, dtype and quantization."""
     specs = []
     for i, (layer, tensors) in enumerate(zip(model.model.layers, model.init_state(1).layers)):
-        mixer = layer.seq_modeling_block
-        fmt = state_format(getattr(mixer, "state_format", "fp32"))
+        fmt = state_format(getattr(getattr(layer, "seq_modeling_block", None), "state_format", "fp32"))
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
             if name.startswith("S") and fmt.int8:  # the scales (and S0) are inside the graphs
