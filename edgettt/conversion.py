@@ -24,12 +24,12 @@ MIXER = "seq_modeling_block."
 
 def convert(model: CausalLM, form: str = "exact") -> CausalLM:
     """A new model in linear-attention form `form` ("exact" or "parallel") with the same weights."""
-    if form not in ("exact", "parallel"):
-        raise EdgetttError(f"form {form!r} is not one of 'exact', 'parallel'")
-    if model.config.family == "lact":  # "exact" is LaCT's own chunk-recurrent computation, form "lact"
-        from .lact.model import converted_copy
+    if model.config.family == "lact" and form in ("exact", "lact", "parallel"):  # "exact" is LaCT's own
+        from .lact.model import converted_copy                                   # computation, form "lact"
 
         return converted_copy(model, "lact" if form == "exact" else form)
+    if form not in ("exact", "parallel"):
+        raise EdgetttError(f"form {form!r} is not one of 'exact', 'parallel'")
     source = model.weights()
     weights = source if model.form != "ttt" else _relabel(source, model.config.ttt_layer_type == "mlp")
     config = dataclasses.replace(model.config, form=form, extra=dict(model.config.extra))

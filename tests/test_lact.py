@@ -276,7 +276,8 @@ def test_commands_not_built_for_lact_refuse_in_one_line_and_write_nothing(tmp_pa
     result = cli_run(*(a.format(tmp=tmp_path) for a in REFUSED[command]))
     assert result.exit_code != 0 and ("not available for LaCT models yet" in result.output
                                       or "not built for LaCT models yet" in result.output
-                                      or "recurrent across mini-batches (chunks)" in result.output)
+                                      or "recurrent across mini-batches (chunks)" in result.output
+                                      or "need a calibration or a quantized state" in result.output)
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) <= 2
     assert list(tmp_path.iterdir()) == []
 
@@ -346,3 +347,11 @@ def test_the_parallel_form_exports_and_runs_in_onnxruntime_as_in_torch(tmp_path,
     decoded, _ = runner.decode_tokens(ids[:, 11:].numpy(), 11, states)
     assert np.abs(logits - want).max() / np.abs(want).max() < 1e-5
     assert np.abs(decoded - want[:, 11:]).max() / np.abs(want).max() < 1e-5
+
+
+def test_the_report_measures_lact_weight_variants(tmp_path):
+    result = cli_run("report", "lact-w1-tiny", "--weights", "int8", "--state", "fp32", "--max-tokens", "512",
+                     "--output", tmp_path / "r")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
+    assert [r["weights"] for r in rows] == ["float", "int8"] and 0 < rows[1]["kld_mean"] < 2e-3
