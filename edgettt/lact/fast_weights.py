@@ -126,23 +126,16 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
     outs = []
     for offset, count, inner in segments(start, q.shape[2], config.lact_chunk_size):
         sl = slice(offset, offset + count)
-        w = {i: st.get(f"w{i}", fixed.get(i)) for i in ("0", "1", "2")}
-        outs.append(apply(w["0"], w["1"], w["2"], q[:, :, sl]))
-        sums = chunk_sums(w["0"], w["1"], w["2"], k[:, :, sl], v[:, :, sl], lr[:, :, sl], config.lact_update_w0_w2)
-        for i, d in zip(("0", "1", "2"), sums):
-            if d is not None:
-                st[f"g{i}"] = st[f"g{i}"] + d
-        if config.use_momentum:
-            st["gate"] = st["gate"] + gates[:, :, sl].sum(-1)
+        outs.append(read_and_add(st, fixed, config, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl],
+                                 None if gates is None else gates[:, :, sl]))
         if inner + count == config.lact_chunk_size:
             finish_chunk(st, config, norms)
     return torch.cat(outs, dim=2)
 
 
-def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, position):
-    """One token at `position` (a 0-d tensor: an exported decode graph), as `exact` computes it: the
-    chunk's end is a 0/1 flag, and the state after a commit is blended in with it, so that one graph
-    holds both cases."""
+def read_and_add(st: dict, fixed: dict, config, q, k, v, lr, gates):
+    """Tokens of one unfinished chunk: their outputs at the chunk's weights, and their gradient sums and
+    momentum gates added to the running sums in `st`."""
     w = {i: st.get(f"w{i}", fixed.get(i)) for i in ("0", "1", "2")}
     out = apply(w["0"], w["1"], w["2"], q)
     for i, d in zip(("0", "1", "2"), chunk_sums(w["0"], w["1"], w["2"], k, v, lr, config.lact_update_w0_w2)):
@@ -150,6 +143,14 @@ def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, positio
             st[f"g{i}"] = st[f"g{i}"] + d
     if config.use_momentum:
         st["gate"] = st["gate"] + gates.sum(-1)
+    return out
+
+
+def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, position):
+    """One token at `position` (a 0-d tensor: an exported decode graph), as `exact` computes it: the
+    chunk's end is a 0/1 flag, and the state after a commit is blended in with it, so that one graph
+    holds both cases."""
+    out = read_and_add(st, fixed, config, q, k, v, lr, gates)
     committed = {name: st[name] for name in state_names(config)}
     finish_chunk(committed, config, norms)
     ends = torch.remainder(position + 1, config.lact_chunk_size) == 0

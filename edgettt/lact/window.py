@@ -1,7 +1,8 @@
 """The sliding-window softmax attention inside a LaCT layer, with its keys and values in a ring buffer.
 
 Each query at position t attends to the keys at positions t - window + 1 .. t (flash-attn's
-`window_size=(window - 1, 0)`, causal), through torch's scaled_dot_product_attention with a mask.
+`window_size=(window - 1, 0)`, causal), as a softmax with the mask written out (`masked_attention`:
+any number of leading dims, which an ONNX graph takes and a 5-d scaled_dot_product_attention does not).
 The decode state keeps the last `window` keys (rotated) and values in a ring buffer of `window`
 slots: the token at position p lives in slot p % window. Attention does not depend on the order of
 its keys, so a buffer is never shifted, only written.
@@ -47,8 +48,7 @@ def window_attention(q, k, v, cache_k, cache_v, start, window: int):
     key_pos = torch.cat((slot_positions(start, window, q.device), positions))
     allowed = (key_pos[None, :] <= positions[:, None]) & (key_pos[None, :] > positions[:, None] - window)
     allowed &= key_pos[None, :] >= 0
-    out = F.scaled_dot_product_attention(q, keys, values, attn_mask=allowed)
-    return out, write_ring(cache_k, cache_v, k, v, start, window)
+    return masked_attention(q, keys, values, allowed), write_ring(cache_k, cache_v, k, v, start, window)
 
 
 def masked_attention(q, k, v, allowed) -> torch.Tensor:
