@@ -7,7 +7,10 @@ bandwidth measured in the same run, and a ratio against named references of the 
   flash-linear-attention is installed, its `chunk_ttt_linear` and `chunk_linear_attn`;
 - the decode step of the state for a batch of sequences: float state against int8 state;
 - one decode token through a weight matrix (GEMV, M = 1): fp16 against int8 and int4 (edgettt's
-  kernels), bitsandbytes NF4 and LLM.int8 when installed; and the same GEMMs for a prefill block.
+  kernels), bitsandbytes NF4 and LLM.int8 when installed; and the same GEMMs for a prefill block;
+- LaCT at the public 760M layer shape: the W1-only parallel form (kernels, torch), the exact form in
+  torch, the public code's compiled torch layer (given its file) and fla's chunk_linear_attn /
+  chunk_simple_gla at the same head dims; its decode state step.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import functools
 import math
 import platform
 import statistics
+import sys
 import time
 
 import torch
@@ -263,6 +267,178 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
     return rows
 
 
+# ---- LaCT: the W1-only parallel form at the paper's layer shape --------------------------------------------
+
+LACT_760M = dict(hidden_size=1536, num_attn_heads=24, num_lact_heads=4, inter_multi=1, lact_chunk_size=2048,
+                 window_size=2048, use_momentum=True, lr_dim=1, use_muon=False)  # the public 760M config's layer
+
+
+def lact_config(**changes):
+    from .lact.config import LaCTConfig
+
+    return LaCTConfig(**{**LACT_760M, "lact_update_w0_w2": False, "lact_weight_norm": False, "form": "parallel",
+                         **changes})
+
+
+def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
+    """The fast-weight operator's inputs as the layer hands them over: q, k through silu and the l2 norm,
+    heads of [B, T, C] tensors; three learning rates a token; momentum gates; the initial weights."""
+    H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
+    heads = lambda x: x.reshape(B, T, H, d).transpose(1, 2)  # noqa: E731
+    q, k = (heads(torch.nn.functional.normalize(torch.nn.functional.silu(torch.randn(B, T, H, d, device=device)), dim=-1)
+                  .reshape(B, T, H * d)).to(dtype) for _ in range(2))
+    v = heads(torch.randn(B, T, H * d, device=device).to(dtype))
+    lr = torch.rand(B, H, T, 3, 1, device=device) * 2e-3
+    gates = torch.sigmoid(torch.randn(B, H, T, device=device))
+    w0, w2 = (torch.randn(H, dh, d, device=device) / math.sqrt(d) for _ in range(2))
+    w1 = torch.randn(H, d, dh, device=device) / math.sqrt(dh)
+    return q, k, v, lr, gates, {"0": w0, "1": w1, "2": w2}
+
+
+class kernels_off:
+    """Within: the plain-torch references instead of the kernels (EDGETTT_KERNELS=0)."""
+
+    def __enter__(self):
+        import os
+        self.before = os.environ.get("EDGETTT_KERNELS")
+        os.environ["EDGETTT_KERNELS"] = "0"
+
+    def __exit__(self, *exc):
+        import os
+        if self.before is None:
+            os.environ.pop("EDGETTT_KERNELS", None)
+        else:
+            os.environ["EDGETTT_KERNELS"] = self.before
+
+
+def load_public_lact(path):
+    """The public LaCT code's `ttt_operation.py` (a file of the LaCT repository, given by the user)."""
+    import importlib.util
+    from pathlib import Path
+
+    file = Path(path)
+    file = file / "ttt_operation.py" if file.is_dir() else file
+    spec = importlib.util.spec_from_file_location("lact_public_ttt_operation", file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (torch.compile looks its functions' module up by name)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cuda", **shape) -> dict:
+    """name -> a function computing the fast-weight operator of one 760M-shaped LaCT layer (or one
+    of another `shape`: LaCTConfig keys, for tests)."""
+    from .kernels import lact as lact_kernels
+    from .lact import fast_weights, linear_attention
+
+    config = lact_config(**shape)
+    q, k, v, lr, gates, weights = lact_inputs(config, B, T, dtype, device)
+    H = config.num_lact_heads
+    fixed = {"0": weights["0"], "2": weights["2"]}
+
+    def state():
+        w1 = weights["1"][None].expand(B, -1, -1, -1).contiguous()
+        return {"w1": w1, "g1": torch.zeros_like(w1), "m1": torch.zeros_like(w1), "gate": w1.new_zeros(B, H)}
+
+    def parallel():
+        return linear_attention.chunk(state(), fixed, config, None, q, k, v, lr, gates, 0)
+
+    phi_q, keys = lact_kernels.features(q, fixed["0"], fixed["2"]), lact_kernels.features(k, fixed["0"], fixed["2"], lr[..., 1, :])
+    m = torch.rand(B, H, lact_kernels.chunk_count(0, T, config.lact_chunk_size), device=device) * 0.9 + 0.05
+    st = state()
+    runs = {"parallel kernels (W1-only)": parallel,
+            "parallel kernels, attention alone (features given)":
+                lambda: lact_kernels.chunk_attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"], m, config.lact_chunk_size)}
+    if references:
+        def parallel_torch():
+            with kernels_off():
+                return linear_attention.chunk(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
+
+        def exact_torch():
+            return fast_weights.exact(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
+        runs["parallel torch (fp32)"] = parallel_torch
+        runs["exact torch, W1-only (fp32)"] = exact_torch
+    if lact_code is not None:
+        public = load_public_lact(lact_code)
+        pq, pk, pv = (x.contiguous().reshape(B * H, T, -1) for x in (q, k, v))  # its [B * heads, T, d]
+        lrs = [lr[..., i, :].reshape(B * H, T, 1).contiguous() for i in range(3)]
+        mom = gates.reshape(B * H, T, 1).contiguous()
+        w = {i: weights[i][None].expand(B, -1, -1, -1).reshape(B * H, *weights[i].shape[1:]).contiguous() for i in "012"}
+        runs["public LaCT torch layer (full update, compiled)"] = lambda: public.block_causal_lact_swiglu(
+            w["0"], w["1"], w["2"], pq, pk, pv, *lrs, chunk_size=config.lact_chunk_size, use_muon=False, momentum=mom)
+    if device == "cuda" and (fla := fla_lact_functions()) is not None:
+        chunk_linear_attn, chunk_simple_gla = fla
+        fq, fk, fv = (x.transpose(1, 2).contiguous() for x in (phi_q, keys, v))  # [B, T, H, d]
+        g = torch.nn.functional.logsigmoid(torch.randn(B, T, H, device=device) + 4)
+        runs["fla chunk_linear_attn (same dims)"] = lambda: chunk_linear_attn(fq, fk, fv, normalize=False)
+        runs["fla chunk_simple_gla (same dims)"] = lambda: chunk_simple_gla(fq, fk, fv, g=g)
+    return runs
+
+
+def fla_lact_functions():
+    try:
+        from fla.ops.linear_attn import chunk_linear_attn
+        from fla.ops.simple_gla import chunk_simple_gla
+    except Exception:  # not installed, or built for another torch/triton
+        return None
+    return chunk_linear_attn, chunk_simple_gla
+
+
+def lact_rows(B: int, T: int, dtype, ceiling, lact_code=None, references=True) -> list[dict]:
+    """The fast-weight operator of one LaCT layer at the public 760M shape (4 heads of 384, chunks of
+    2048, momentum): q, k, v, lr, gates -> output. Bytes: q, k, v read, output written, rates and
+    gates read."""
+    config = lact_config()
+    H, d = config.num_lact_heads, config.fw_head_dim
+    io = 4 * B * T * H * d * dtype.itemsize + B * H * T * 4 * 4
+    rows = []
+    for name, fn in lact_runs(B, T, dtype, lact_code, references).items():
+        with torch.no_grad():
+            try:
+                ms = time_ms(fn)
+            except Exception as err:  # a reference that cannot run this shape: say so in the table
+                rows.append({"group": "LaCT layer", "name": name, "error": str(err).splitlines()[0][:200], "B": B, "T": T})
+                continue
+        rows.append(row("LaCT layer", name, ms, io, ceiling, B * T, B=B, T=T, H=H, d=d, dtype=dtype_name(dtype)))
+    add_ratios([r for r in rows if "ms" in r], ["public LaCT torch layer (full update, compiled)",
+                                                "fla chunk_linear_attn (same dims)", "parallel torch (fp32)"])
+    return rows
+
+
+def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
+    """One decode token of a 760M-shaped LaCT layer's fast-weight state for B sequences: the feature
+    map of q and k, then the state step (W1 read, the chunk's running sums read and written; at the
+    chunk's last token also the momentum buffer and W1 written). States rotate past L2."""
+    from .kernels import lact as lact_kernels
+
+    config = lact_config()
+    H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
+    q, k, v, lr, gates, weights = lact_inputs(config, B, 1, dtype)
+    phi_q, key = (lact_kernels.features(x, weights["0"], weights["2"])[:, :, 0].contiguous() for x in (q, k))
+    v1 = v[:, :, 0].contiguous()
+    m = torch.rand(B, H, device="cuda")
+    elements = B * H * d * dh
+    sets = [[torch.randn(B, H, d, dh, device="cuda") for _ in range(3)] for _ in range(copies_for(elements * 12))]
+    rows = []
+    for commit in (False, True):
+        calls = [lambda s=s: lact_kernels.decode_step(phi_q, key, v1, s[0], s[1], s[2], m, commit) for s in sets]
+        ms, timing = time_rotating_ms(calls)
+        moved = elements * 4 * (6 if commit else 3) + B * H * (2 * dh + 2 * d) * dtype.itemsize
+        rows.append(row("LaCT decode state", "state step" + (" commit" if commit else ""), ms, moved, ceiling, B,
+                        B=B, H=H, d=d, bytes_per_token=moved / B, timing=timing))
+    def whole_step(s, commit):
+        phi_q = lact_kernels.features(q, weights["0"], weights["2"])[:, :, 0]
+        key = lact_kernels.features(k, weights["0"], weights["2"], lr[..., 1, :])[:, :, 0]
+        return lact_kernels.decode_step(phi_q, key, v1, s[0], s[1], s[2], m, commit)
+    for commit in (False, True):
+        ms, timing = time_rotating_ms([lambda s=s: whole_step(s, commit) for s in sets])
+        moved = elements * 4 * (6 if commit else 3) + 2 * H * d * dh * 4 + B * H * (4 * dh + 3 * d) * dtype.itemsize
+        rows.append(row("LaCT decode state", "feature maps + state step" + (" commit" if commit else ""), ms, moved,
+                        ceiling, B, B=B, H=H, d=d, bytes_per_token=moved / B, timing=timing))
+    del sets
+    return rows
+
+
 # ---- weights: GEMV and GEMM ---------------------------------------------------------------------------
 
 def weight_variants(N, K, dtype, group=64) -> dict:
@@ -324,7 +500,7 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
 # ---- the whole run -------------------------------------------------------------------------------------
 
 def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, references=True, progress=None,
-        train_shapes=()) -> dict:
+        train_shapes=(), lact_seq_lens=(), lact_batch=1, lact_code=None) -> dict:
     """Every row of the benchmark, with the run's device, versions and copy ceiling."""
     import triton
 
@@ -334,7 +510,8 @@ def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, refe
     ceiling = copy_bandwidth()
     warm_up()
     jobs = [("prefill", T) for T in seq_lens] + [("state", B) for B in decode_batch] + \
-           [("weights", s) for s in gemv_shapes] + [("train", s) for s in train_shapes]
+           [("weights", s) for s in gemv_shapes] + [("train", s) for s in train_shapes] + \
+           [("lact", T) for T in lact_seq_lens] + [("lact decode", B) for B in (decode_batch if lact_seq_lens else ())]
     rows = []
     for kind, arg in (progress(jobs) if progress else jobs):
         if kind == "prefill":
@@ -343,6 +520,10 @@ def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, refe
             rows += state_step_rows(arg, heads, head_dim, dtype, ceiling)
         elif kind == "train":
             rows += train_rows(*arg, ceiling)
+        elif kind == "lact":
+            rows += lact_rows(lact_batch, arg, dtype, ceiling, lact_code, references)
+        elif kind == "lact decode":
+            rows += lact_decode_rows(arg, dtype, ceiling)
         else:
             N, K = arg
             rows += weight_rows(N, K, 1, dtype, ceiling) + weight_rows(N, K, 2048, dtype, ceiling)
@@ -374,6 +555,9 @@ def table(result: dict) -> str:
         head = shape_cols + ["name", "ms", "tokens/s", "GB/s", "of copy"] + ratio_cols
         lines += [f"\n### {group}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
+            if "error" in r:
+                lines.append("| " + " | ".join([str(r.get(c, "")) for c in shape_cols] + [r["name"], "failed: " + r["error"]]) + " |")
+                continue
             cells = [str(r[c]) for c in shape_cols] + [r["name"], f"{r['ms']:.4g}", f"{r['tokens_per_s']:.3g}",
                                                        f"{r['GBps']:.0f}", f"{r['fraction_of_copy']:.1%}"]
             cells += [f"{r[c]:.2f}x" if c in r else "" for c in ratio_cols]

@@ -763,12 +763,17 @@ def shape_list(ctx, param, value):
               help="Weight shapes NxK for the GEMV (M=1) and GEMM (M=2048) rows.")
 @click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
               help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
+@click.option("--lact-seq-lens", default="32768", show_default=True, callback=int_list,
+              help="LaCT rows (the public 760M layer shape): prefill lengths ('' skips LaCT).")
+@click.option("--lact-batch", default=1, show_default=True, type=POSITIVE, help="Batch of the LaCT prefill rows.")
+@click.option("--lact-code", default=None, type=click.Path(exists=True, dir_okay=True),
+              help="The public LaCT code's ttt_operation.py (or its folder): adds its compiled torch layer as a row.")
 @click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_shapes, no_references, json_path,
-          md_path, force):
+def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_shapes, lact_seq_lens, lact_batch,
+          lact_code, no_references, json_path, md_path, force):
     """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
 
     \b
@@ -780,6 +785,10 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
              edgettt's int8 and int4 kernels, bitsandbytes NF4 and LLM.int8 when installed
     train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
              kernel with its backward against autograd through the mini-batch scan
+    lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
+             2048, momentum): the W1-only parallel form as kernels and in torch, the exact form in
+             torch, the public code's compiled layer (--lact-code), fla at the same head dims; and
+             its decode state step at each --decode-batch
 
     Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
     bandwidth measured in the same run, and ratios against the references (x > 1: faster).
@@ -797,7 +806,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 
     result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
                            references=not no_references, progress=lambda jobs: bar(jobs, desc="bench", unit="case"),
-                           train_shapes=train_shapes)
+                           train_shapes=train_shapes, lact_seq_lens=lact_seq_lens, lact_batch=lact_batch,
+                           lact_code=lact_code)
     meta = result["meta"]
     header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
               f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "

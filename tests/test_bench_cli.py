@@ -51,3 +51,18 @@ def test_training_rows_compute_the_same_gradients():
     kernel, scan, exact = grads.values()
     for i in (0, 1, 2, 3, 4, 7):
         assert rel_err(kernel[i], exact[i]) < 1e-4 and rel_err(kernel[i], scan[i]) < 1e-4, i
+
+
+def test_lact_rows_compute_the_same_operator():
+    """The LaCT rows that compute the same thing agree: the W1-only parallel form through the kernels
+    (the interpreter on a CPU), in torch, and the exact chunk-recurrent form in torch (a small layer
+    of the benchmark's kind: momentum, one rate a token)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    runs = bench.lact_runs(2, 40, torch.float32, device=device, hidden_size=64, num_attn_heads=4, num_lact_heads=2,
+                           lact_chunk_size=16, window_size=16)
+    with torch.no_grad():
+        kernel = runs["parallel kernels (W1-only)"]()
+        assert rel_err(kernel, runs["parallel torch (fp32)"]()) < 1e-5
+        assert rel_err(kernel, runs["exact torch, W1-only (fp32)"]()) < 1e-5
+        out, _ = runs["parallel kernels, attention alone (features given)"]()
+        assert out.shape == kernel.shape and torch.isfinite(out).all()

@@ -10,6 +10,7 @@ import torch
 
 from edgettt.errors import EdgetttError
 from edgettt.lact import fast_weights, linear_attention
+from edgettt.kernels import lact as lact_kernels
 from edgettt.checkpoint import load_model as load_lact
 from edgettt.lact.config import LaCTConfig
 from edgettt.lact.model import LaCTForCausalLM
@@ -188,7 +189,7 @@ def test_parallel_form_needs_the_w1_only_variant():
 def test_momentum_coefficients_are_the_recurrence():
     """E[i, n] = prod_{l=i+1}^{n} m_l, P[n] = prod_{l<=n} m_l, against a loop."""
     m = torch.rand(5) * 0.9 + 0.05
-    E, P = linear_attention.momentum_coefficients(m, True)
+    E, P = lact_kernels.momentum_coefficients(m)
     for i in range(5):
         for n in range(5):
             want = float(torch.prod(m[i + 1:n + 1])) if n >= i else 0.0

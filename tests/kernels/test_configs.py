@@ -7,10 +7,11 @@ with ragged edges, so a configuration that computes wrong results cannot be pick
 import pytest
 import torch
 
-from edgettt.kernels import int4, int8, prefill
+from edgettt.kernels import int4, int8, lact, prefill
 from edgettt.kernels.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
 from test_int4 import check_int4
 from test_int8 import check_int8
+from test_lact_kernels import check_chunk_attention, check_features
 from test_prefill import check
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
@@ -50,3 +51,11 @@ def test_every_int8_config(monkeypatch, M):
                       else (int8._int8_gemm_kernel, int8.GEMM_CONFIGS))
     for config in each_config(monkeypatch, tuner, configs):
         check_int8(M, 1000, 4096 + 40, torch.bfloat16, "cuda")
+
+
+def test_every_lact_config(monkeypatch):
+    for config in each_config(monkeypatch, lact._features_kernel, lact.FEATURE_CONFIGS):
+        check_features("cuda", "token", (1, 2, 300, 384, 384), torch.bfloat16)
+    for tuner, configs in ((lact._chunk_sums_kernel, lact.SUM_CONFIGS), (lact._chunk_out_kernel, lact.OUT_CONFIGS)):
+        for config in each_config(monkeypatch, tuner, configs):
+            check_chunk_attention("cuda", True, (1, 2, 300, 136, 200, 128, 5), torch.bfloat16)

@@ -1,0 +1,364 @@
+"""Kernels of LaCT's W1-only parallel form (a linear attention with a learned feature map and a
+chunk-exclusive mask, DESIGN section 4.1) and of its decode step, each beside its plain-torch reference
+with the same signature.
+
+    features(x, w0, w2, rate)       phi = silu(x W0^T) * (x W2^T) * rate
+        x [B, H, T, d] (last dim contiguous); w0, w2 [H, dh, d]; rate None, [B, H, T, 1] or [B, H, T, dh]
+        returns phi [B, H, T, dh] in x's dtype
+    chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk, front)
+        the padded text is `front` empty slots, then the T tokens, then empty slots up to N whole chunks;
+        U_n = sum_{j in chunk n} v_j keys_j^T (+ u0 for n = 0)     D_n = U_n + m_n D_{n-1}  (D_-1 = d_in)
+        W_c = w1 + sum_{n<c} D_n                                   out_t = W_{c(t)} phi_q_t
+        phi_q, keys [B, H, T, dh]; v [B, H, T, dv]; w1, u0, d_in [B, H, dv, dh] float32; m [B, H, N]
+        float32, or None (no momentum: D_n = U_n, and d_in is not read)
+        returns out [B, H, T, dv] (v's dtype) and the ends {"w": W_N (every chunk added), "w_open":
+        W_{N-1}, "u": U_{N-1}, "d": D_{N-1}, "d_prev": D_{N-2} (d_in when N = 1)}, float32
+    decode_step(phi_q, key, v, w1, g1, d, m, commit)
+        out = W1 phi_q;  G += v key^T;  if commit: D = G + m D; W1 += D; G = 0  (W1, G, D updated in place)
+        phi_q, key [B, H, dh]; v [B, H, dv]; w1, g1 [B, H, dv, dh] float32; d [B, H, dv, dh] and
+        m [B, H] float32, or None (no momentum: D = G)
+
+The prefill is four launches (the feature map twice, then three passes of the chunk-exclusive
+attention): the per-chunk sums U (every chunk at once: a batched GEMM over the chunk's tokens), the
+scan over chunks (each program owns a block of state elements and walks the N chunks: the only
+sequential part, N = T / 2048 steps at the paper's shape) and the output (a GEMM of each chunk's
+features against its chunk's weights). Only the scan keeps float32 state; the per-chunk weights it
+hands the output pass are in the inputs' dtype (the tensor cores' input).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from . import autotune_configs, cdiv, fresh
+
+
+# ---- references ------------------------------------------------------------------------------------
+
+def features_ref(x, w0, w2, rate=None):
+    xf = x.float()
+    phi = F.silu(xf @ w0.float().transpose(-1, -2)) * (xf @ w2.float().transpose(-1, -2))
+    return (phi if rate is None else phi * rate.float()).to(x.dtype)
+
+
+def momentum_coefficients(m: torch.Tensor):
+    """E [.., i, n] = prod_{l=i+1}^{n} m_l for n >= i (else 0), P [.., n] = prod_{l=0}^{n} m_l, from the
+    chunks' momentum coefficients m [.., N] (in (0, 1): LaCT's mean sigmoid gates)."""
+    N = m.shape[-1]
+    logs = torch.cumsum(torch.log(m), dim=-1)  # Lambda_n = sum_{l<=n} log m_l
+    upper = torch.triu(torch.ones(N, N, dtype=torch.bool, device=m.device))  # n >= i
+    E = torch.where(upper, torch.exp((logs[..., None, :] - logs[..., :, None]).clamp(max=0)), 0.0)
+    return E, torch.exp(logs)
+
+
+def chunk_count(front: int, T: int, chunk: int) -> int:
+    """Chunks that `front` empty slots and T tokens touch. Only positive operands: an exported graph
+    (torch.onnx, dynamo) turns a floor division of a negative length into ONNX's truncating Div,
+    which made -(-T // chunk) one chunk short."""
+    return (front + T + chunk - 1) // chunk
+
+
+def _padded_chunks(x, front: int, N: int, chunk: int):
+    """[B, H, T, e] -> [B, H, N, chunk, e]: `front` zero rows first, zeros after the last token."""
+    x = F.pad(x, (0, 0, front, N * chunk - front - x.shape[2]))
+    return x.reshape(*x.shape[:2], N, chunk, x.shape[-1])
+
+
+def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0):
+    """Every chunk at once, no loop (an exported graph keeps this form): the momentum recurrence
+    unrolled into the coefficients E, P (`momentum_coefficients`)."""
+    B, H, T, _ = phi_q.shape
+    N = chunk_count(front, T, chunk)
+    U = _padded_chunks(v.float(), front, N, chunk).transpose(-1, -2) @ _padded_chunks(keys.float(), front, N, chunk)
+    U = torch.cat((U[:, :, :1] + u0[:, :, None], U[:, :, 1:]), dim=2)  # [B, H, N, dv, dh]
+    if m is None:
+        D, d_in = U, torch.zeros_like(w1)
+    else:
+        E, P = momentum_coefficients(m)
+        D = torch.einsum("bhin,bhixy->bhnxy", E, U) + P[..., None, None] * d_in[:, :, None]
+    W = w1[:, :, None] + (torch.cumsum(D, dim=2) - D)  # W_c: what chunk c's tokens read
+    out = _padded_chunks(phi_q.float(), front, N, chunk) @ W.transpose(-1, -2)
+    out = out.reshape(B, H, N * chunk, -1)[:, :, front:front + T].to(v.dtype)
+    d_prev = torch.cat((d_in[:, :, None], D), dim=2)[:, :, -2]
+    ends = {"w": W[:, :, -1] + D[:, :, -1], "w_open": W[:, :, -1], "u": U[:, :, -1], "d": D[:, :, -1],
+            "d_prev": d_prev}
+    return out, ends
+
+
+def decode_step_ref(phi_q, key, v, w1, g1, d, m, commit: bool):
+    out = (w1 @ phi_q.float()[..., None])[..., 0].to(v.dtype)
+    g1 += v.float()[..., :, None] * key.float()[..., None, :]
+    if commit:
+        D = g1 if m is None else g1 + m[..., None, None] * d
+        if d is not None:
+            d.copy_(D)
+        w1 += D
+        g1.zero_()
+    return out
+
+
+# ---- kernels ------------------------------------------------------------------------------------------
+
+def _precision(dtype):
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def _configs(configs, **interpreter):
+    return autotune_configs(configs, [triton.Config(interpreter, num_warps=4)])
+
+
+FEATURE_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)  # the first fits fp32
+                   for bt, bn, bk, w, s in [(128, 64, 64, 4, 3), (128, 128, 64, 8, 3), (64, 128, 64, 4, 3),
+                                            (128, 128, 128, 8, 2), (64, 64, 64, 4, 3), (128, 256, 64, 8, 2),
+                                            (256, 128, 64, 8, 2), (128, 128, 64, 4, 4), (128, 128, 32, 8, 4),
+                                            (256, 64, 64, 8, 3), (32, 64, 64, 4, 3)]]
+
+
+@triton.autotune(configs=_configs(FEATURE_CONFIGS, BT=16, BN=16, BK=16), key=["ROWS", "D", "DH", "RATE"])
+@triton.jit
+def _features_kernel(x_ptr, w0_ptr, w2_ptr, r_ptr, o_ptr, ROWS, T, H, D, DH, sxb, sxh, sxt, srb, srh, srt,
+                     RATE: tl.constexpr, PREC: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr,
+                     BK: tl.constexpr):
+    """One [BT rows, BN features] tile of one head, a row being one (sequence, token) (so that a decode
+    step, one token of B sequences, is one GEMM of B rows a head): two products over d on the tensor
+    cores, the SwiGLU and the rate in the epilogue. RATE: 0 none, 1 one a token, 2 one a feature."""
+    pid, pn = tl.program_id(0), tl.program_id(1)
+    tiles = tl.cdiv(ROWS, BT)
+    h, tb = pid // tiles, pid % tiles
+    r = tb * BT + tl.arange(0, BT)
+    n = pn * BN + tl.arange(0, BN)
+    r_ok, n_ok = r < ROWS, n < DH
+    b, t = r // T, r % T
+    x_row = x_ptr + b * sxb + h * sxh + t * sxt
+    w_row = w0_ptr + h * DH * D + n[:, None] * D  # [BN, BK] tiles of W0, W2 (rows contiguous), used transposed
+    w2_row = w2_ptr + h * DH * D + n[:, None] * D
+    gate = tl.zeros([BT, BN], dtype=tl.float32)
+    up = tl.zeros([BT, BN], dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        k = k0 + tl.arange(0, BK)
+        k_ok = k < D
+        x = tl.load(x_row[:, None] + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        w_mask = n_ok[:, None] & k_ok[None, :]
+        w0 = tl.load(w_row + k[None, :], mask=w_mask, other=0.0)
+        w2 = tl.load(w2_row + k[None, :], mask=w_mask, other=0.0)
+        gate = tl.dot(x, tl.trans(w0), gate, input_precision=PREC)
+        up = tl.dot(x, tl.trans(w2), up, input_precision=PREC)
+    phi = gate * tl.sigmoid(gate) * up
+    r_row = r_ptr + b * srb + h * srh + t * srt
+    if RATE == 1:
+        phi = phi * tl.load(r_row, mask=r_ok, other=0.0).to(tl.float32)[:, None]
+    if RATE == 2:
+        phi = phi * tl.load(r_row[:, None] + n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    tl.store(o_ptr + ((b * H + h) * T + t)[:, None] * DH + n[None, :], phi.to(o_ptr.dtype.element_ty),
+             mask=r_ok[:, None] & n_ok[None, :])
+
+
+def features(x, w0, w2, rate=None):
+    B, H, T, D = x.shape
+    DH = w0.shape[1]
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    w0, w2 = w0.to(x.dtype).contiguous(), w2.to(x.dtype).contiguous()  # (the tensor cores' input dtype)
+    out = fresh(torch.empty(B, H, T, DH, device=x.device, dtype=x.dtype))
+    kind = 0 if rate is None else (1 if rate.shape[-1] == 1 else 2)
+    if rate is not None and rate.stride(-1) != 1:
+        rate = rate.contiguous()
+    r = rate if rate is not None else x
+    rs = rate.stride()[:3] if rate is not None else (0, 0, 0)
+    grid = lambda meta: (H * cdiv(B * T, meta["BT"]), cdiv(DH, meta["BN"]))  # noqa: E731
+    _features_kernel[grid](x, w0, w2, r, out, B * T, T, H, D, DH, *x.stride()[:3], *rs, RATE=kind,
+                           PREC=_precision(x.dtype))
+    return out
+
+
+@triton.jit
+def _token_rows(p, FRONT, T, stride_t):
+    """Padded positions p -> (offset of the token's row, whether p holds a token)."""
+    t = p - FRONT
+    ok = (t >= 0) & (t < T)
+    return tl.where(ok, t, 0) * stride_t, ok
+
+
+SUM_CONFIGS = [triton.Config({"BV": bv, "BK": bk, "BT": bt}, num_warps=w, num_stages=s)
+               for bv, bk, bt, w, s in [(128, 128, 64, 8, 3), (64, 128, 64, 4, 3), (128, 64, 64, 4, 3),
+                                        (64, 64, 64, 4, 4), (128, 128, 32, 8, 4)]]
+
+
+@triton.autotune(configs=_configs(SUM_CONFIGS, BV=16, BK=16, BT=32), key=["DV", "DH", "CHUNK"])
+@triton.jit
+def _chunk_sums_kernel(k_ptr, v_ptr, u_ptr, T, FRONT, N, DV, DH, skb, skt, svb, svh, svt, H,
+                       CHUNK: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
+                       BT: tl.constexpr):
+    """U[bh, n][BV, BK] = sum over chunk n's tokens of v^T keys."""
+    pid, pv, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bh, n = pid // N, pid % N
+    b, h = bh // H, bh % H
+    cv = pv * BV + tl.arange(0, BV)
+    ck = pk * BK + tl.arange(0, BK)
+    v_ok, k_ok = cv < DV, ck < DH
+    acc = tl.zeros([BV, BK], dtype=tl.float32)
+    for i in range(0, CHUNK, BT):
+        inner = i + tl.arange(0, BT)  # (a tile may be longer than a small chunk: the chunk's own tokens only)
+        p = n * CHUNK + inner
+        krow, ok = _token_rows(p, FRONT, T, skt)
+        ok = ok & (inner < CHUNK)
+        vrow, _ = _token_rows(p, FRONT, T, svt)
+        kt = tl.load(k_ptr + bh * skb + krow[:, None] + ck[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        vt = tl.load(v_ptr + b * svb + h * svh + vrow[None, :] + cv[:, None], mask=v_ok[:, None] & ok[None, :],
+                     other=0.0)  # [BV, BT]: v^T
+        acc = tl.dot(vt.to(kt.dtype), kt, acc, input_precision=PREC)
+    tl.store(u_ptr + (pid * DV + cv[:, None]) * DH + ck[None, :], acc, mask=v_ok[:, None] & k_ok[None, :])
+
+
+@triton.jit
+def _scan_step(u_ptr, m_ptr, wc_ptr, w, d, u0, bh, n, N, E, e, ok, MOMENTUM: tl.constexpr):
+    """Chunk n: its sums U (with the carried sums at n = 0), D = U + m D, its weights W handed on, W + D."""
+    u = tl.load(u_ptr + (bh * N + n) * E + e, mask=ok, other=0.0) + tl.where(n == 0, u0, 0.0)
+    if MOMENTUM:
+        d = u + tl.load(m_ptr + bh * N + n) * d
+    else:
+        d = u
+    tl.store(wc_ptr + (bh * N + n) * E + e, w.to(wc_ptr.dtype.element_ty), mask=ok)
+    return w + d, d, u
+
+
+@triton.jit
+def _chunk_scan_kernel(u_ptr, u0_ptr, w_ptr, din_ptr, m_ptr, wc_ptr, w_end_ptr, w_open_ptr, d_end_ptr,
+                       d_prev_ptr, N, E, MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
+    """Walk the chunks for BLOCK elements of one (sequence, head)'s state: D = U + m D, hand each
+    chunk the weights from before it, add D."""
+    bh, pe = tl.program_id(0), tl.program_id(1)
+    e = pe * BLOCK + tl.arange(0, BLOCK)
+    ok = e < E
+    state = bh * E + e
+    w = tl.load(w_ptr + state, mask=ok, other=0.0)
+    d = tl.zeros([BLOCK], dtype=tl.float32)
+    if MOMENTUM:
+        d = tl.load(din_ptr + state, mask=ok, other=0.0)
+    u0 = tl.load(u0_ptr + state, mask=ok, other=0.0)  # the unfinished sums carried in join chunk 0
+    for n in range(N - 1):
+        w, d, _ = _scan_step(u_ptr, m_ptr, wc_ptr, w, d, u0, bh, n, N, E, e, ok, MOMENTUM)
+    # the last chunk outside the loop, so that the ends are plain values (compiled, copies of loop-carried
+    # values taken inside the loop, `w_open = w` before `w = w + d`, came out wrong in bfloat16)
+    d_prev, w_open = d, w
+    w, d, u = _scan_step(u_ptr, m_ptr, wc_ptr, w, d, u0, bh, N - 1, N, E, e, ok, MOMENTUM)
+    tl.store(w_end_ptr + state, w, mask=ok)
+    tl.store(w_open_ptr + state, w_open, mask=ok)
+    tl.store(u0_ptr + state, u, mask=ok)  # (u0 is the caller's copy: overwritten with U_{N-1})
+    tl.store(d_end_ptr + state, d, mask=ok)
+    tl.store(d_prev_ptr + state, d_prev, mask=ok)
+
+
+OUT_CONFIGS = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s)
+               for bv, bk, w, s in [(128, 64, 8, 3), (64, 64, 4, 3), (128, 128, 8, 3), (64, 128, 4, 3),
+                                    (128, 32, 4, 4)]]
+
+
+@triton.autotune(configs=_configs(OUT_CONFIGS, BV=16, BK=16), key=["DV", "DH", "CHUNK", "BT"])
+@triton.jit
+def _chunk_out_kernel(q_ptr, wc_ptr, o_ptr, T, FRONT, N, DV, DH, CHUNK: tl.constexpr, PREC: tl.constexpr,
+                      BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    """out[BT tokens, BV] = phi_q tile @ W_c^T, c the tile's chunk (BT divides the chunk)."""
+    pid, pv = tl.program_id(0), tl.program_id(1)
+    tiles = N * (CHUNK // BT)
+    bh, tile = pid // tiles, pid % tiles
+    n = tile * BT // CHUNK
+    p = tile * BT + tl.arange(0, BT)
+    row, ok = _token_rows(p, FRONT, T, DH)
+    cv = pv * BV + tl.arange(0, BV)
+    v_ok = cv < DV
+    acc = tl.zeros([BT, BV], dtype=tl.float32)
+    for k0 in range(0, DH, BK):
+        ck = k0 + tl.arange(0, BK)
+        k_ok = ck < DH
+        q = tl.load(q_ptr + bh * T * DH + row[:, None] + ck[None, :], mask=ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(wc_ptr + ((bh * N + n) * DV + cv[None, :]) * DH + ck[:, None], mask=k_ok[:, None] & v_ok[None, :],
+                    other=0.0)  # [BK, BV] = W_c^T
+        acc = tl.dot(q, w, acc, input_precision=PREC)
+    t = tl.where(ok, p - FRONT, 0)
+    tl.store(o_ptr + (bh * T + t[:, None]) * DV + cv[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=ok[:, None] & v_ok[None, :])
+
+
+def chunk_supported(chunk: int) -> bool:
+    """Chunk sizes the kernels take: multiples of 16 (tl.dot's least tile)."""
+    return chunk % 16 == 0
+
+
+def _token_tile(chunk: int) -> int:
+    return 64 if chunk % 64 == 0 else (32 if chunk % 32 == 0 else 16)
+
+
+def chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0):
+    B, H, T, DH = phi_q.shape
+    DV = v.shape[-1]
+    assert chunk_supported(chunk), "chunk_attention needs a chunk size that is a multiple of 16"
+    phi_q, keys = phi_q.contiguous(), keys.contiguous()
+    if v.stride(-1) != 1:
+        v = v.contiguous()
+    N = chunk_count(front, T, chunk)
+    prec = _precision(phi_q.dtype)
+    f32 = dict(device=v.device, dtype=torch.float32)
+    U = fresh(torch.empty(B * H, N, DV, DH, **f32))
+    grid = lambda meta: (B * H * N, cdiv(DV, meta["BV"]), cdiv(DH, meta["BK"]))  # noqa: E731
+    _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
+                             PREC=prec)
+    ends = {name: fresh(torch.empty(B, H, DV, DH, **f32)) for name in ("w", "w_open", "d", "d_prev")}
+    ends["u"] = u0.float().contiguous().clone()
+    Wc = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=phi_q.dtype))
+    momentum = m is not None
+    m_arg = m.float().contiguous() if momentum else U
+    d_arg = d_in.float().contiguous() if momentum else U
+    block = 1024
+    _chunk_scan_kernel[(B * H, cdiv(DV * DH, block))](U, ends["u"], w1.float().contiguous(), d_arg, m_arg, Wc,
+                                                      ends["w"], ends["w_open"], ends["d"], ends["d_prev"], N,
+                                                      DV * DH, MOMENTUM=momentum, BLOCK=block)
+    out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
+    bt = _token_tile(chunk)
+    grid = lambda meta: (B * H * N * (chunk // bt), cdiv(DV, meta["BV"]))  # noqa: E731
+    _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=prec, BT=bt)
+    return out, ends
+
+
+@triton.jit
+def _decode_step_kernel(q_ptr, k_ptr, v_ptr, w_ptr, g_ptr, d_ptr, m_ptr, o_ptr, DV, DH,
+                        COMMIT: tl.constexpr, MOMENTUM: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
+    """One (sequence, head), BV rows of the state: reads W once, G once, writes G (and at a commit W
+    and D)."""
+    bh, pv = tl.program_id(0), tl.program_id(1)
+    cv = pv * BV + tl.arange(0, BV)
+    ck = tl.arange(0, BK)
+    v_ok, k_ok = cv < DV, ck < DH
+    mask = v_ok[:, None] & k_ok[None, :]
+    q = tl.load(q_ptr + bh * DH + ck, mask=k_ok, other=0.0).to(tl.float32)
+    key = tl.load(k_ptr + bh * DH + ck, mask=k_ok, other=0.0).to(tl.float32)
+    val = tl.load(v_ptr + bh * DV + cv, mask=v_ok, other=0.0).to(tl.float32)
+    offs = (bh * DV + cv[:, None]) * DH + ck[None, :]
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    g = tl.load(g_ptr + offs, mask=mask, other=0.0) + val[:, None] * key[None, :]
+    tl.store(o_ptr + bh * DV + cv, tl.sum(w * q[None, :], axis=1).to(o_ptr.dtype.element_ty), mask=v_ok)
+    if COMMIT:
+        d = g
+        if MOMENTUM:
+            d = g + tl.load(m_ptr + bh) * tl.load(d_ptr + offs, mask=mask, other=0.0)
+            tl.store(d_ptr + offs, d, mask=mask)
+        tl.store(w_ptr + offs, w + d, mask=mask)
+        g = g * 0.0
+    tl.store(g_ptr + offs, g, mask=mask)
+
+
+def decode_step(phi_q, key, v, w1, g1, d, m, commit: bool):
+    B, H, DH = phi_q.shape
+    DV = v.shape[-1]
+    for t in (phi_q, key, v, w1, g1) + ((d, m) if m is not None else ()):
+        assert t.is_contiguous(), "decode_step needs contiguous tensors"
+    out = fresh(torch.empty(B, H, DV, device=v.device, dtype=v.dtype))
+    bk = triton.next_power_of_2(DH)
+    bv = max(1, min(triton.next_power_of_2(DV), 4096 // bk))
+    momentum = m is not None
+    _decode_step_kernel[(B * H, cdiv(DV, bv))](phi_q, key, v, w1, g1, d if momentum else g1, m if momentum else g1,
+                                               out, DV, DH, COMMIT=commit, MOMENTUM=momentum, BV=bv, BK=bk)
+    return out
