@@ -25,14 +25,13 @@ from torch import nn
 
 from . import linear_attention as la
 from .config import ModelConfig
-from .errors import EdgetttError
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
-from .quant.state_formats import state_format
+from .quant.state_scales import StateScales
 
 
-class LinearAttentionLayer(MixerBase):
+class LinearAttentionLayer(StateScales, MixerBase):
     def __init__(self, config: ModelConfig):
         super().__init__(config)
         H, d, C, inner = self.num_heads, self.head_dim, config.hidden_size, config.inner_dim
@@ -49,53 +48,6 @@ class LinearAttentionLayer(MixerBase):
         self.mask_eta = nn.Parameter(torch.ones(config.mini_batch_size))
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
-
-    def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
-        """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
-        `bucket_tokens` positions) | int8-tensor (same buffers)."""
-        self._check_scales(fmt, scales or [], bucket_tokens)
-        self.state_format = fmt
-        for level, scale in enumerate(scales or [], start=1):
-            self.register_buffer(f"state_scale_{level}", scale.float().clone())
-        if scales and scales[0].dim() == 3 and scales[0].shape[0] > 1:
-            self.register_buffer("state_bucket_tokens", torch.tensor([int(bucket_tokens)]))  # saved with the model
-            self.bucket_tokens = int(bucket_tokens)  # read as an int (an exported graph must not read the buffer)
-        elif hasattr(self, "state_bucket_tokens"):  # one scale for all positions now: nothing stale to save
-            del self.state_bucket_tokens, self.bucket_tokens
-
-    def _check_scales(self, fmt: str, scales: list[torch.Tensor], bucket_tokens: int) -> None:
-        """One table per level, [buckets, H, Dk] or [H, Dk] as the initial state's rows, positive."""
-        rows = [tuple(s0.shape[:2]) for s0 in self.initial_states()]
-        if state_format(fmt).int8 and len(scales) != len(rows):
-            raise EdgetttError(f"state format {fmt}: {len(scales)} scale tables for {len(rows)} state levels; "
-                               "calibrate and quantize the model again")
-        for level, (scale, want) in enumerate(zip(scales, rows), start=1):
-            if scale.dim() not in (2, 3) or tuple(scale.shape[-2:]) != want:
-                raise EdgetttError(f"state_scale_{level} is {tuple(scale.shape)}, expected [buckets, {want[0]}, "
-                                   f"{want[1]}]; calibrate and quantize the model again")
-            if scale.device.type != "meta" and not (torch.isfinite(scale).all() and (scale > 0).all()):
-                raise EdgetttError(f"state_scale_{level} holds scales that are not positive and finite; "
-                                   "calibrate and quantize the model again")
-            if scale.dim() == 3 and scale.shape[0] > 1 and int(bucket_tokens) < 1:
-                raise EdgetttError(f"state_scale_{level} has {scale.shape[0]} position buckets but no bucket "
-                                   "width; calibrate and quantize the model again")
-
-    def state_scale(self, level: int, position) -> torch.Tensor:
-        """[H, Dk]: the row scales of the state committed at `position` (tokens seen; an int, or a
-        0-d tensor in an exported graph)."""
-        table = getattr(self, f"state_scale_{level}")
-        if table.dim() == 2 or table.shape[0] == 1:
-            return table.reshape(table.shape[-2:])
-        last = table.shape[0] - 1
-        if torch.is_tensor(position):
-            bucket = torch.clamp(position // self.bucket_tokens, max=last)
-            return table.index_select(0, bucket.reshape(1))[0]
-        return table[min(position // self.bucket_tokens, last)]
-
-    def requantizer(self, level: int):
-        """None, or S, position -> S as stored after a commit at `position`."""
-        return state_format(self.state_format).requantizer(self.initial_states()[level - 1].detach(),
-                                                           lambda position: self.state_scale(level, position))
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]

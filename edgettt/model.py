@@ -114,6 +114,12 @@ class LanguageModel(nn.Module):
     family's."""
 
     EMBEDDING_KEY = "model.embed_tokens.weight"
+    STATE_LAYER = "seq_modeling_block"  # each block's module that keeps a state (`quant.state_scales.StateScales`)
+
+    def state_layers(self) -> list[tuple[str, nn.Module]]:
+        """(name, module) of each block's state-keeping layer, in order."""
+        return [(f"model.layers.{i}.{self.STATE_LAYER}", getattr(layer, self.STATE_LAYER))
+                for i, layer in enumerate(self.model.layers)]
 
     def embedding(self) -> nn.Module:
         return self.get_submodule(self.EMBEDDING_KEY.rsplit(".", 1)[0])

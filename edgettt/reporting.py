@@ -75,12 +75,6 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form);
     with `keep_exports`, each variant's export stays in that folder. A variant that fails is listed
     under "failed" with its error; the rows finished before and after it are kept."""
-    if source.config.family == "lact":  # weights only, no calibration, for this family so far
-        unbuilt = [v.name for v in variant_list if v.state != "fp32" or v.config().needs_calibration()]
-        if unbuilt:
-            raise EdgetttError(f"{source_name}: variants {', '.join(unbuilt)} need a calibration or a quantized state, "
-                               "not built for LaCT models yet; pass --weights with rtn formats (e.g. int8,int4) and "
-                               "--state fp32")
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
     for v in variant_list:  # a format that cannot take a layer, with fallback "refuse": before any work
@@ -97,10 +91,8 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     ref_logits = collect_logits(converted, windows, desc="reference")
     orig_ppl = metrics.perplexity(collect_logits(original, windows, desc="original"), targets, n_bytes) \
         if original is not converted else None
-    cal = None
-    if converted.config.family != "lact":
-        log(f"calibrating on {calib_text.name} ({calib_samples} x {ctx} tokens)")
-        cal = calibrate(converted, calib_text, seq_len=ctx, samples=calib_samples)
+    log(f"calibrating on {calib_text.name} ({calib_samples} x {ctx} tokens)")
+    cal = calibrate(converted, calib_text, seq_len=ctx, samples=calib_samples)
     rows = [_row("float (converted)", "float", "fp32", model_facts(converted, "ref"),
                  metrics.drift(ref_logits, ref_logits, targets, n_bytes), None)]
     keep = (lambda name: keep_exports / name.replace(" ", "_")) if keep_exports else (lambda name: None)

@@ -95,10 +95,13 @@ def state_names(config) -> list[str]:
     return names
 
 
-def finish_chunk(st: dict, config, norms: dict) -> None:
-    """End of a chunk: momentum, Muon, update, weight norm; clears the running sums (in `st`)."""
+def finish_chunk(st: dict, config, norms: dict, rounding=None) -> None:
+    """End of a chunk: momentum, Muon, update, weight norm; clears the running sums (in `st`).
+    `rounding(level, weights)` (a quantized state, levels 1.. in `learned` order) rounds the weights
+    kept between chunks (the unnormalised sum with `ttt_prenorm`) as they are stored."""
     gate = st["gate"] / config.lact_chunk_size if config.use_momentum else None
-    for i in learned(config):
+    for level, i in enumerate(learned(config), start=1):
+        kept = (lambda w: w) if rounding is None else (lambda w, level=level: rounding(level, w))
         d = st[f"g{i}"]
         if gate is not None:
             d = d + st[f"m{i}"] * gate[..., None, None]
@@ -106,21 +109,24 @@ def finish_chunk(st: dict, config, norms: dict) -> None:
         if config.use_muon:
             d = newton_schulz(d)
         if not config.lact_weight_norm:
-            st[f"w{i}"] = st[f"w{i}"] + d
+            st[f"w{i}"] = kept(st[f"w{i}"] + d)
         elif config.ttt_prenorm:
-            st[f"p{i}"] = st[f"p{i}"] + d
+            st[f"p{i}"] = kept(st[f"p{i}"] + d)
             st[f"w{i}"] = l2_normalize(st[f"p{i}"]) * norms[i]
         else:
-            st[f"w{i}"] = l2_normalize(st[f"w{i}"] + d) * norms[i]
+            st[f"w{i}"] = kept(l2_normalize(st[f"w{i}"] + d) * norms[i])
         st[f"g{i}"] = torch.zeros_like(st[f"g{i}"])
     if gate is not None:
         st["gate"] = torch.zeros_like(st["gate"])
 
 
-def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start: int):
+def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start: int, rounding=None,
+          observer=None):
     """The chunk-recurrent computation over tokens start.. (cut at chunk boundaries): outputs
     [B, H, T, d]; `st` (the decode state) is updated in place. `fixed`: the weights that never change
-    (W0, W2 of the W1-only variant), by index."""
+    (W0, W2 of the W1-only variant), by index. `rounding(level, weights, position)`: a quantized
+    state's rounding at each chunk end (position: tokens seen); `observer(st, count)`: calibration,
+    called after each piece of `count` tokens with the state kept after it."""
     from ..ops import segments
 
     outs = []
@@ -129,7 +135,11 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
         outs.append(read_and_add(st, fixed, config, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl],
                                  None if gates is None else gates[:, :, sl]))
         if inner + count == config.lact_chunk_size:
-            finish_chunk(st, config, norms)
+            position = start + offset + count
+            finish_chunk(st, config, norms, None if rounding is None else
+                         (lambda level, w, position=position: rounding(level, w, position)))
+        if observer is not None:
+            observer(st, count)
     return torch.cat(outs, dim=2)
 
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import LanguageModel, RMSNorm, State, SwiGLU
+from ..quant.state_scales import StateScales
 from . import fast_weights as fw
 from . import linear_attention
 from .config import LaCTConfig
@@ -53,10 +54,17 @@ class LowRankFastWeight(nn.Module):
         return W + 0.5 * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
 
 
-class LaCTLayer(nn.Module):
+class LaCTLayer(StateScales, nn.Module):
+    """A quantized fast-weight state (`set_state_format`, `quant/state_scales.py`) rounds the weights kept
+    between chunks at every chunk end, relative to the initial weights (`initial_states`); the running
+    sums and the momentum stay float. With one, or a calibration observer, both forms run the
+    chunk-recurrent computation (the rounding is sequential; for the W1-only variant it equals the
+    parallel form in float)."""
+
     def __init__(self, config: LaCTConfig):
         super().__init__()
         self.config = config
+        self.observer = None  # calibration: called as observer(state, tokens) after each piece
         C, nh = config.hidden_size, config.num_lact_heads
         d, dh = config.fw_head_dim, config.fw_hidden_dim
         self.qkv = nn.Linear(C, 3 * C, bias=config.qkv_bias)
@@ -85,12 +93,28 @@ class LaCTLayer(nn.Module):
         w2 = self.w2() if isinstance(self.w2, LowRankFastWeight) else self.w2
         return {"0": w0, "1": self.w1, "2": w2}
 
+    def initial_states(self) -> list[torch.Tensor]:
+        """The initial weights of the fast weights that learn, one a state level (W1 alone in the W1-only
+        variant): what a quantized state is taken relative to."""
+        initial = self.initial_weights()
+        return [initial[i] for i in fw.learned(self.config)]
+
+    def _rounding(self):
+        """None, or (level, weights, position) -> the weights as a quantized state keeps them."""
+        if self.state_format == "fp32":
+            return None
+        rounders = [self.requantizer(level) for level in range(1, len(fw.learned(self.config)) + 1)]
+        return lambda level, w, position: rounders[level - 1](w, position)
+
     def init_state(self, batch_size: int) -> dict:
         c = self.config
         initial = self.initial_weights()
+        rounding = self._rounding()
         state = {}
-        for i in fw.learned(c):
+        for level, i in enumerate(fw.learned(c), start=1):
             state[f"w{i}"] = initial[i].unsqueeze(0).repeat(batch_size, 1, 1, 1)
+            if rounding is not None:
+                state[f"w{i}"] = rounding(level, state[f"w{i}"], 0)
             state[f"g{i}"] = torch.zeros_like(state[f"w{i}"])
             if c.ttt_prenorm and c.lact_weight_norm:
                 state[f"p{i}"] = state[f"w{i}"].clone()
@@ -153,11 +177,13 @@ class LaCTLayer(nn.Module):
         initial = self.initial_weights()
         fixed = {i: w for i, w in initial.items() if i not in fw.learned(c)}
         norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
+        rounding = self._rounding()
         if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
-            compute = fw.step
+            out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start)
+        elif c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
+            out = linear_attention.chunk(state, fixed, c, norms, q, k, v, lr, gates, start)
         else:
-            compute = linear_attention.chunk if c.form == "parallel" and T > 1 else fw.exact
-        out = compute(state, fixed, c, norms, q, k, v, lr, gates, start)
+            out = fw.exact(state, fixed, c, norms, q, k, v, lr, gates, start, rounding, self.observer)
         out = self.ttt_norm(out)
         if c.learnable_ttt_scale:
             out = out * F.silu(self.ttt_scale_proj(x)).transpose(1, 2)[..., None]
@@ -187,6 +213,7 @@ class LaCTBackbone(nn.Module):
 
 class LaCTForCausalLM(LanguageModel):
     EMBEDDING_KEY = "model.embeddings.weight"
+    STATE_LAYER = "attn"
 
     def __init__(self, config: LaCTConfig):
         super().__init__()
@@ -200,9 +227,17 @@ class LaCTForCausalLM(LanguageModel):
         return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])
 
     def decode_state_bytes(self) -> int:
-        """Bytes of one sequence's decode state: the fast weights, their running sums and momentum,
-        the window's keys and values (all as computed: float)."""
-        return sum(t.numel() * t.element_size() for layer in self.init_state(1).layers for t in layer.values())
+        """Bytes of one sequence's decode state: the fast weights (as the state format stores them), their
+        running sums and momentum, the window's keys and values (float)."""
+        from ..quant.state_formats import state_format
+
+        total = 0
+        for (_, layer), state in zip(self.state_layers(), self.init_state(1).layers):
+            kept = state_format(layer.state_format).bytes_per_element
+            for name, t in state.items():
+                per = kept if kept is not None and name[0] in "wp" and name[1:].isdigit() else t.element_size()
+                total += t.numel() * per
+        return total
 
 
 def converted_copy(model: LaCTForCausalLM, form: str) -> LaCTForCausalLM:

@@ -154,6 +154,11 @@ def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
         raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches (chunks) and has no "
                            "parallel prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export "
                            "that")
+    if model.config.family == "lact":
+        kept = [name for name, layer in model.state_layers() if layer.state_format != "fp32"]
+        if kept:
+            raise EdgetttError(f"{kept[0]}: a quantized fast-weight state ({model.state_layers()[0][1].state_format}) "
+                               "is not in LaCT's ONNX graphs yet; export the model quantized with --state fp32")
     model = copy.deepcopy(model).float().eval()
     fuse_input_projections(model, activations)
     for name, module in list(model.named_modules()):

@@ -95,13 +95,10 @@ def tie_quantized_embedding(model: nn.Module) -> None:
 def apply_state_format(model: nn.Module, name: str, calibration=None) -> None:
     """Set every converted layer's state format, with the scales the format takes (the calibration's
     for int8)."""
-    if model.config.family == "lact":  # its fast weights stay float (quantize_model refuses other formats)
-        return
     fmt = state_format(name)
-    for i, layer in enumerate(model.model.layers):
-        mixer = layer.seq_modeling_block
-        scales, bucket_tokens = fmt.initial_scales(mixer.initial_states(), calibration, i)
-        mixer.set_state_format(name, scales, bucket_tokens)
+    for i, (_, layer) in enumerate(model.state_layers()):
+        scales, bucket_tokens = fmt.initial_scales(layer.initial_states(), calibration, i)
+        layer.set_state_format(name, scales, bucket_tokens)
 
 
 def skip_patterns(extra=(), quantize_lm_head: bool = False) -> tuple[str, ...]:
@@ -134,9 +131,6 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
     before any layer changes: the model's form, that it is not quantized yet, that `calibration` holds
     what GPTQ and the int8 state read, and (in `quantize_`, first) that each layer has a format that fits.
     Returns one row per layer (name, shape, format, fallback, bytes before and after)."""
-    if model.config.family == "lact" and config.state != "fp32":
-        raise EdgetttError(f"{name}: a quantized fast-weight state is not built for LaCT models yet; quantize "
-                           "their weights with the state in fp32")
     if model.form == "ttt":
         raise EdgetttError(f"{name}: an original TTT model; quantize a converted one (edgettt.convert / "
                            "`edgettt convert`)")
@@ -165,14 +159,12 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
                                                 config.group_size, tensors))
     tie_quantized_embedding(model)
-    if model.config.family == "lact":  # float fast weights: no state format to set
-        return
-    for i, layer in enumerate(model.model.layers):
-        prefix = f"model.layers.{i}.seq_modeling_block.state_scale_"
+    for i, (layer_name, layer) in enumerate(model.state_layers()):
+        prefix = f"{layer_name}.state_scale_"
         scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
-        bucket_tokens = weights.get(f"model.layers.{i}.seq_modeling_block.state_bucket_tokens", torch.tensor(0))
+        bucket_tokens = weights.get(f"{layer_name}.state_bucket_tokens", torch.tensor(0))
         try:
-            layer.seq_modeling_block.set_state_format(
+            layer.set_state_format(
                 config.state, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
         except EdgetttError as exc:
             raise EdgetttError(f"{source}: layer {i}: {exc}") from None

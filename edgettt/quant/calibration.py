@@ -9,7 +9,8 @@
   stores S - S0, not S: S0 is a model constant, and the part that moves is several times smaller than S, so the
   rounding step is too. S - S0 grows along the text (about as the square root of the position in
   the exact form of the shipped models, far faster in a parallel form) and the rounding errors of
-  all commits add up: per-bucket scales make the early steps finer.
+  all commits add up: per-bucket scales make the early steps finer. LaCT: per layer and fast weight
+  that learns (a level), |W - W_init| of the weights kept between chunks, recorded once a token.
 
 The calibration file (safetensors) records the model's and the text's fingerprints; `quantize`
 refuses a calibration made for another model.
@@ -26,7 +27,7 @@ from torch import nn
 from .. import linear_attention as la
 from ..checkpoint import model_fingerprint
 from ..data import Text, token_windows
-from ..errors import EdgetttError, refuse_lact
+from ..errors import EdgetttError
 from ..evaluation import encode
 from ..model import CausalLM
 from ..outputs import as_output
@@ -154,8 +155,8 @@ class Calibration:
                 raise EdgetttError(f"{source}: hessian/{name} is {tuple(h.shape)} ({want}); the file does not fit "
                                    "this model; run `edgettt calibrate` on it")
         expected = {f"{i}.{level}": tuple(s0.shape[:2])
-                    for i, layer in enumerate(model.model.layers)
-                    for level, s0 in enumerate(layer.seq_modeling_block.initial_states(), start=1)}
+                    for i, (_, layer) in enumerate(model.state_layers())
+                    for level, s0 in enumerate(layer.initial_states(), start=1)}
         for key, table in self.state_scales.items():
             if key not in expected:
                 raise EdgetttError(f"{source}: state_scale/{key}: the model has no such layer level; the file does "
@@ -189,7 +190,6 @@ class Calibration:
 def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8, seed: int = 0,
               percentile: float = 99.99) -> Calibration:
     """Run `samples` windows of `seq_len` tokens (drawn with `seed`) and collect the statistics."""
-    refuse_lact(model, "model", "calibration")
     if model.form == "ttt":
         raise EdgetttError("calibration needs a converted model (the linear-attention state); "
                            "run `edgettt convert` first")
@@ -202,9 +202,10 @@ def calibrate(model: CausalLM, text: Text, seq_len: int = 2048, samples: int = 8
         if isinstance(module, nn.Linear) and module.bias is None and name != "lm_head":
             hooks.append(module.register_forward_pre_hook(_hessian_hook(name, hessians, counts)))
     rowmax: dict[str, list[torch.Tensor]] = {}
-    mixers = [layer.seq_modeling_block for layer in model.model.layers]
+    mixers = [layer for _, layer in model.state_layers()]
+    observer = _fast_weight_observer if model.config.family == "lact" else _state_observer
     for i, mixer in enumerate(mixers):
-        mixer.observer = _state_observer(i, mixer, rowmax)
+        mixer.observer = observer(i, mixer, rowmax)
     try:
         for w in bar(windows, desc="calibrate", unit="window"):
             model(w[None])
@@ -234,6 +235,21 @@ def _state_observer(layer: int, mixer, rowmax: dict):
             per_row = x.abs().amax(-1).amax(0).transpose(1, 2)  # [H, Dk, T]
             key = f"{layer}.{level}.{kind}"
             rowmax.setdefault(key, []).append(per_row)
+    return observe
+
+
+def _fast_weight_observer(layer: int, lact_layer, rowmax: dict):
+    """LaCT: after each piece of `count` tokens, each (head, row)'s max |W - W_init| of the weights kept
+    between chunks, once a token of the piece ([H, rows, count]; the weights change only at chunk ends)."""
+    from ..lact.fast_weights import learned
+
+    c = lact_layer.config
+    kept = "p" if c.ttt_prenorm and c.lact_weight_norm else "w"
+
+    def observe(st, count):
+        for level, (i, w0) in enumerate(zip(learned(c), lact_layer.initial_states()), start=1):
+            per_row = (st[f"{kept}{i}"] - w0.detach()).abs().amax(-1).amax(0)  # [H, rows]
+            rowmax.setdefault(f"{layer}.{level}.dS", []).append(per_row[..., None].expand(*per_row.shape, count))
     return observe
 
 
