@@ -430,3 +430,19 @@ def test_the_report_measures_lact_weight_variants(tmp_path):
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
     assert [r["weights"] for r in rows] == ["float", "int8"] and 0 < rows[1]["kld_mean"] < 2e-3
+
+
+def test_gptq_int4_beats_round_to_nearest_on_a_lact_model():
+    """GPTQ's error feedback on the calibration's input statistics, int4 g32 on lact-w1-tiny: a lower
+    held-out KLD to the float model than plain rounding (measured 0.0236 against 0.0289 here; lact-tiny
+    at 2048 tokens 0.0150 against 0.0291, README)."""
+    import edgettt
+    from edgettt.quant.config import QuantConfig
+
+    model = edgettt.load("lact-w1-tiny")
+    cal = edgettt.calibrate(model, seq_len=512, samples=2)
+    kld = {}
+    for method in ("rtn", "gptq"):
+        q = edgettt.quantize(model, QuantConfig("int4", 32, method=method), calibration=cal)
+        kld[method] = edgettt.evaluate(q, "python-docs:test", ctx=512, max_tokens=2048, ref=model).drift["kld_mean"]
+    assert 0 < kld["gptq"] < 0.9 * kld["rtn"] < 0.05, kld
