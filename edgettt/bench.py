@@ -15,8 +15,10 @@ bandwidth measured in the same run, and a ratio against named references of the 
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
+import os
 import platform
 import statistics
 import sys
@@ -295,20 +297,18 @@ def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
     return q, k, v, lr, gates, {"0": w0, "1": w1, "2": w2}
 
 
-class kernels_off:
+@contextlib.contextmanager
+def kernels_off():
     """Within: the plain-torch references instead of the kernels (EDGETTT_KERNELS=0)."""
-
-    def __enter__(self):
-        import os
-        self.before = os.environ.get("EDGETTT_KERNELS")
-        os.environ["EDGETTT_KERNELS"] = "0"
-
-    def __exit__(self, *exc):
-        import os
-        if self.before is None:
+    before = os.environ.get("EDGETTT_KERNELS")
+    os.environ["EDGETTT_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
             os.environ.pop("EDGETTT_KERNELS", None)
         else:
-            os.environ["EDGETTT_KERNELS"] = self.before
+            os.environ["EDGETTT_KERNELS"] = before
 
 
 def load_public_lact(path):
