@@ -207,14 +207,18 @@ def create(out, family, preset, hidden_size, layers, heads, intermediate_size, v
               help="Also end the distillation after this many minutes (the learning-rate schedule follows the clock).")
 @click.option("--lr", default=1e-3, show_default=True, type=FiniteFloat(min=0, min_open=True),
               help="Distillation learning rate.")
-@click.option("--batch", default=32, show_default=True, type=click.IntRange(1), help="Distillation windows a step.")
+@click.option("--batch", default=32, show_default=True, type=click.IntRange(1),
+              help="Distillation windows a step (of the longest --distill-ctx; shorter ones get as many tokens).")
+@click.option("--distill-ctx", default=None, callback=lambda c, p, v: None if v is None else int_list(c, p, v),
+              help="Distillation window lengths, comma-separated, trained at in turn (mixed lengths: one model for "
+                   "every context) [default: --ctx].")
 @click.option("--hard-weight", default=0.0, show_default=True, type=FiniteFloat(0, 1),
               help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, hard_weight,
-            no_report, as_json, force):
+def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, distill_ctx,
+            hard_weight, no_report, as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -240,11 +244,13 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     if distill:
         from .distill import distill as run_distill
 
-        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr, ctx=ctx,
-                             batch=batch, hard_weight=hard_weight, minutes=minutes)
-        converted.config.extra["distilled_ctx"] = ctx  # the context it is good for (config.json: kept by quantize, export)
+        lengths = distill_ctx or [ctx]
+        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr,
+                             ctx=lengths, batch=batch, hard_weight=hard_weight, minutes=minutes)
+        # the longest context it was tuned at (config.json: kept by quantize, export)
+        converted.config.extra["distilled_ctx"] = max(lengths)
         distilled = {"train_text": train_text.fingerprint(), "steps_asked": steps, "minutes": minutes,
-                     "steps": len(losses), "lr": lr, "ctx": ctx,  # fewer steps than asked when --minutes ended it
+                     "steps": len(losses), "lr": lr, "ctx": lengths if len(lengths) > 1 else ctx,  # fewer steps than asked when --minutes ended it
                      "batch": batch, "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:

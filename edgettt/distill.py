@@ -33,17 +33,27 @@ def next_token_loss(student_logits: torch.Tensor, ids: torch.Tensor) -> torch.Te
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
 
+def window_plan(ctx: int | list[int], batch: int, available: int) -> list[tuple[int, int]]:
+    """(window length, windows) of each step in turn: one length, or several drawn in turn (mixed
+    lengths, so that one model fits every context it is trained at), each with as many tokens a step
+    as `batch` windows of the longest (at least one window). Lengths are cut to the text."""
+    lengths = sorted({min(n, available - 1) for n in (ctx if isinstance(ctx, (list, tuple)) else [ctx])})
+    longest = lengths[-1]
+    return [(n, max(1, batch * longest // n)) for n in lengths]
+
+
 def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int = 300, batch: int = 32,
-            ctx: int = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
+            ctx: int | list[int] = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
             hard_weight: float = 0.0, minutes: float | None = None) -> list[float]:
     """Tune `student` in place; returns the loss of every step, (1 - hard_weight) * KL + hard_weight *
     next-token loss. Batches are random windows of `tokens`, as long as the context the model is
     measured at: the parallel form drifts more with position, so training on shorter windows leaves
-    the late positions untuned. With `minutes`, the run also ends when that time is up: the cosine
-    schedule follows whichever of steps and time is further along, so a cut run still ends cooled."""
+    the late positions untuned; a list of lengths trains at each in turn (`window_plan`). With
+    `minutes`, the run also ends when that time is up: the cosine schedule follows whichever of steps
+    and time is further along, so a cut run still ends cooled."""
     device = device or best_device()
     data = torch.tensor(tokens, dtype=torch.int64)
-    ctx = min(ctx, data.numel() - 1)
+    plan = window_plan(ctx, batch, data.numel())
     gen = torch.Generator().manual_seed(seed)
     teacher.to(device).eval()
     student.to(device).train()
@@ -59,8 +69,9 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
                 break
         for group in opt.param_groups:  # cosine decay
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done))
-        starts = torch.randint(0, data.numel() - ctx, (batch,), generator=gen).tolist()
-        ids = torch.stack([data[s:s + ctx] for s in starts]).to(device)
+        length, windows = plan[step % len(plan)]
+        starts = torch.randint(0, data.numel() - length, (windows,), generator=gen).tolist()
+        ids = torch.stack([data[s:s + length] for s in starts]).to(device)
         with torch.no_grad():
             target = teacher(ids)
         logits = student(ids)

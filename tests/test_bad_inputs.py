@@ -460,6 +460,8 @@ CASES = [
     c("convert-lr-zero", lambda w: ["convert", w / "ttt", w / "o", "--lr", 0], USAGE, "--lr"),
     c("convert-minutes-zero", lambda w: ["convert", w / "ttt", w / "o", "--minutes", 0], USAGE, "--minutes"),
     c("convert-batch-zero", lambda w: ["convert", w / "ttt", w / "o", "--batch", 0], USAGE, "--batch"),
+    c("convert-distill-ctx-zero", lambda w: ["convert", w / "ttt", w / "o", "--distill", "--distill-ctx", "512,0"], USAGE,
+      "--distill-ctx"),
     c("convert-form", lambda w: ["convert", w / "ttt", w / "o", "--form", "fast"], USAGE, "--form"),
     c("calibrate-seq-len-zero", lambda w: ["calibrate", w / "par", "-o", w / "c.st", "--seq-len", 0], USAGE,
       "--seq-len"),

@@ -180,6 +180,16 @@ def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     assert "before distillation" in result.output and "after 3 distillation steps" in result.output
 
 
+def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
+    """--distill-ctx 16,48: both lengths in turn; config.json keeps the longest as the context it is good for."""
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "2", "--batch", "1",
+                 "--distill-ctx", "16,48", "--data", "python-docs-sample", "--no-report")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
+    assert report["distill"]["ctx"] == [16, 48] and report["distill"]["steps"] == 2
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 48
+
+
 def test_convert_distillation_ends_on_the_clock_with_minutes(ckpt, tmp_path, monkeypatch):
     """--minutes 0.05 (3 s) on a fake clock that ticks 1 s a reading: 2 of the 50 steps asked."""
     clock = iter(range(1000))

@@ -61,3 +61,23 @@ def test_minutes_end_the_distillation_early(tiny_model, monkeypatch):
     train = torch.randint(0, 256, (500,), generator=torch.Generator().manual_seed(1)).tolist()
     losses = distill(teacher, student, train, steps=50, batch=2, ctx=8, device="cpu", minutes=3 / 60)
     assert len(losses) == 2  # clock reads 0 at the start, 1 and 2 before steps 0 and 1, 3 (the end) before step 2
+
+
+def test_window_plan_mixes_lengths_at_equal_tokens_a_step():
+    from edgettt.distill import window_plan
+
+    assert window_plan(512, 8, 10_000) == [(512, 8)]
+    assert window_plan([2048, 512, 8192], 2, 100_000) == [(512, 32), (2048, 8), (8192, 2)]
+    assert window_plan([64, 5000], 1, 1000) == [(64, 15), (999, 1)]  # cut to the text
+
+
+def test_mixed_length_distillation_trains_at_each_length_in_turn(tiny_model, monkeypatch):
+    """A list of window lengths: the student sees each in turn, as many tokens a step."""
+    teacher = tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4)
+    student = convert(teacher, "parallel")
+    seen = []
+    forward = type(student).forward
+    monkeypatch.setattr(type(student), "forward", lambda self, ids: seen.append(tuple(ids.shape)) or forward(self, ids))
+    train = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1)).tolist()
+    distill(teacher, student, train, steps=4, batch=2, ctx=[8, 32], device="cpu")
+    assert seen == [(8, 8), (8, 8), (2, 32), (2, 32)] * 2  # each step: the teacher's forward, then the student's
