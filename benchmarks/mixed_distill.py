@@ -1,0 +1,61 @@
+"""Continue a shipped parallel form's distillation at mixed window lengths, and measure bits per byte at
+each length before and after (issue 23, item 1; `edgettt convert --distill --distill-ctx` does the same
+from a fresh conversion).
+
+    python benchmarks/mixed_distill.py --teacher ttt-mlp-tiny --student ttt-mlp-tiny-parallel \
+        --lengths 512,2048,8192 --steps 36 --lr 1e-4 --json benchmarks/results/mixed_distill_cpu.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+import edgettt
+from edgettt.data import read_text
+from edgettt.distill import distill
+from edgettt.evaluation import encode
+
+
+def bits_per_byte(model, lengths, text, max_tokens):
+    runs = edgettt.evaluate(model, text, ctx=lengths, max_tokens=max_tokens)
+    return {n: e.bits_per_byte for n, e in zip(lengths, runs)}
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--teacher", default="ttt-mlp-tiny")
+    p.add_argument("--student", default="ttt-mlp-tiny-parallel")
+    p.add_argument("--lengths", default="512,2048,8192")
+    p.add_argument("--steps", type=int, default=36)
+    p.add_argument("--batch", type=int, default=1, help="windows of the longest length a step")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--data", default="python-docs:train")
+    p.add_argument("--eval-data", default="python-docs:test")
+    p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--json")
+    args = p.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    teacher, student = edgettt.load(args.teacher), edgettt.load(args.student)
+    result = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
+              "teacher": bits_per_byte(teacher, lengths, args.eval_data, args.max_tokens),
+              "before": bits_per_byte(student, lengths, args.eval_data, args.max_tokens)}
+    t0 = time.time()
+    result["losses"] = distill(teacher, student, encode(teacher, read_text(args.data)), steps=args.steps,
+                               batch=args.batch, ctx=lengths, lr=args.lr)
+    result["minutes"] = (time.time() - t0) / 60
+    result["after"] = bits_per_byte(student, lengths, args.eval_data, args.max_tokens)
+    for when in ("before", "after"):
+        ratios = " / ".join(f"{result[when][n] / result['teacher'][n]:.3f}" for n in lengths)
+        print(f"{when:6s} bits per byte ratio to the teacher at {args.lengths}: {ratios}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
