@@ -18,7 +18,7 @@ with the same signature.
         phi_q, key [B, H, dh]; v [B, H, dv]; w1, g1 [B, H, dv, dh] float32; d [B, H, dv, dh] and
         m [B, H] float32, or None (no momentum: D = G)
 
-The prefill is four launches (the feature map twice, then three passes of the chunk-exclusive
+The prefill is five launches (the feature map twice, then three passes of the chunk-exclusive
 attention): the per-chunk sums U (every chunk at once: a batched GEMM over the chunk's tokens), the
 scan over chunks (each program owns a block of state elements and walks the N chunks: the only
 sequential part, N = T / 2048 steps at the paper's shape) and the output (a GEMM of each chunk's
