@@ -309,9 +309,10 @@ def format_conversion_report(r: dict) -> str:
 @click.option("-o", "--output", required=True, type=click.Path(), help="Calibration file to write.")
 @click.option("--force", is_flag=True, help="Overwrite the output.")
 def calibrate(model_path, data, seq_len, samples, seed, percentile, output, force):
-    """Record what quantization needs from a converted MODEL on sample text: the input statistics of
-    every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes along the
-    positions, with the chosen int8 state scales."""
+    """Record what quantization needs from a converted MODEL (or a LaCT model) on sample text: the input
+    statistics of every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes
+    along the positions (LaCT: how far the fast weights kept between chunks move from their initial
+    values), with the chosen int8 state scales."""
     from . import load
     from .quant.calibration import calibrate as run_calibration
     from .data import read_text
