@@ -66,3 +66,25 @@ def test_lact_rows_compute_the_same_operator():
         assert rel_err(kernel, runs["exact torch, W1-only (fp32)"]()) < 1e-5
         out, _ = runs["parallel kernels, attention alone (features given)"]()
         assert out.shape == kernel.shape and torch.isfinite(out).all()
+
+
+def test_the_public_layer_row_gets_the_operator_inputs_in_its_layout(tmp_path):
+    """The row of the public code's layer (`--lact-code`) feeds it the same q, k, v, rates, gates and
+    weights in its [B * heads, T, d] layout: a stand-in file whose `block_causal_lact_swiglu` is the
+    tests' transcription of the public code, told to update W1 alone, computes the W1-only row's output."""
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    code = tmp_path / "ttt_operation.py"
+    code.write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nfrom lact_reference import block_causal\n\n\n"
+                    "def block_causal_lact_swiglu(w0, w1, w2, q, k, v, lr0, lr1, lr2, chunk_size, use_muon, momentum):\n"
+                    "    return block_causal(w0, w1, w2, q, k, v, lr0, lr1, lr2, chunk_size, use_muon, momentum, False,\n"
+                    "                        update_w0_w2=False, weight_norm=False)\n")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    B, T = 2, 40
+    runs = bench.lact_runs(B, T, torch.float32, lact_code=code, device=device, hidden_size=64, num_attn_heads=4,
+                           num_lact_heads=2, lact_chunk_size=16, window_size=16)
+    with torch.no_grad():
+        public = runs["public LaCT torch layer (full update, compiled)"]()
+        ours = runs["exact torch, W1-only (fp32)"]()
+    assert rel_err(public.reshape(ours.shape), ours) < 1e-5
