@@ -116,6 +116,14 @@ class LanguageModel(nn.Module):
     EMBEDDING_KEY = "model.embed_tokens.weight"
     STATE_LAYER = "seq_modeling_block"  # each block's module that keeps a state (`quant.state_scales.StateScales`)
 
+    def __init__(self, config, backbone: nn.Module):
+        super().__init__()
+        self.config = config
+        self.model = backbone
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+        self.tokenizer = None  # set by `load`
+
     def state_layers(self) -> list[tuple[str, nn.Module]]:
         """(name, module) of each block's state-keeping layer, in order."""
         return [(f"model.layers.{i}.{self.STATE_LAYER}", getattr(layer, self.STATE_LAYER))
@@ -168,26 +176,22 @@ class LanguageModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(t.numel() for t in self.weights().values())
 
+    def decode_state_bytes(self) -> int:
+        """Bytes of one sequence's decode state as stored: the tensors a state format keeps (the layer's
+        `formatted_state_names`: TTT's S, LaCT's fast weights) in its bytes (int8: 1, fp16: 2),
+        everything else (A, running sums, conv tails, window keys and values, an original layer's W) as it is."""
+        total = 0
+        for (_, layer), tensors in zip(self.state_layers(), self.init_state(1).layers):
+            stored = state_format(getattr(layer, "state_format", "fp32")).bytes_per_element
+            kept = layer.formatted_state_names() if stored is not None else ()
+            total += sum(t.numel() * (stored if name in kept else t.element_size()) for name, t in tensors.items())
+        return total
+
 
 class CausalLM(LanguageModel):
     def __init__(self, config: ModelConfig):
-        super().__init__()
-        self.config = config
-        self.model = Backbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-        self.tokenizer = None  # set by `load`
+        super().__init__(config, Backbone(config))
 
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.init_state(batch_size) for layer in self.model.layers])
 
-    def decode_state_bytes(self) -> int:
-        """Bytes of one sequence's decode state as stored: S in its state format (int8: 1 byte,
-        fp16: 2), everything else (A, conv tails, the original layer's W and sums) as it is."""
-        total = 0
-        for layer, tensors in zip(self.model.layers, self.init_state(1).layers):
-            fmt = state_format(getattr(layer.seq_modeling_block, "state_format", "fp32"))
-            for name, t in tensors.items():
-                size = (fmt.bytes_per_element or t.element_size()) if name.startswith("S") else t.element_size()
-                total += t.numel() * size
-        return total

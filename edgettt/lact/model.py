@@ -99,6 +99,10 @@ class LaCTLayer(StateScales, nn.Module):
         initial = self.initial_weights()
         return [initial[i] for i in fw.learned(self.config)]
 
+    def formatted_state_names(self) -> set[str]:
+        """The weights kept between chunks (and their prenorm sums): the running sums and momentum stay float."""
+        return {f"{kind}{i}" for kind in "wp" for i in fw.learned(self.config)}
+
     def _rounding(self):
         """None, or (level, weights, position) -> the weights as a quantized state keeps them."""
         if self.state_format == "fp32":
@@ -216,28 +220,11 @@ class LaCTForCausalLM(LanguageModel):
     STATE_LAYER = "attn"
 
     def __init__(self, config: LaCTConfig):
-        super().__init__()
-        self.config = config
-        self.model = LaCTBackbone(config)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self.tie_weights()
-        self.tokenizer = None
+        super().__init__(config, LaCTBackbone(config))
 
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])
 
-    def decode_state_bytes(self) -> int:
-        """Bytes of one sequence's decode state: the fast weights (as the state format stores them), their
-        running sums and momentum, the window's keys and values (float)."""
-        from ..quant.state_formats import state_format
-
-        total = 0
-        for (_, layer), state in zip(self.state_layers(), self.init_state(1).layers):
-            kept = state_format(layer.state_format).bytes_per_element
-            for name, t in state.items():
-                per = kept if kept is not None and name[0] in "wp" and name[1:].isdigit() else t.element_size()
-                total += t.numel() * per
-        return total
 
 
 def converted_copy(model: LaCTForCausalLM, form: str) -> LaCTForCausalLM:

@@ -150,15 +150,15 @@ def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
     if model.form != "parallel":
-        first = "model.layers.0." + ("attn" if model.config.family == "lact" else "seq_modeling_block")
+        first = model.state_layers()[0][0]
         raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches (chunks) and has no "
                            "parallel prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export "
                            "that")
     if model.config.family == "lact":
-        kept = [name for name, layer in model.state_layers() if layer.state_format != "fp32"]
-        if kept:
-            raise EdgetttError(f"{kept[0]}: a quantized fast-weight state ({model.state_layers()[0][1].state_format}) "
-                               "is not in LaCT's ONNX graphs yet; export the model quantized with --state fp32")
+        for name, layer in model.state_layers():
+            if layer.state_format != "fp32":
+                raise EdgetttError(f"{name}: a quantized fast-weight state ({layer.state_format}) is not in LaCT's "
+                                   "ONNX graphs yet; export the model quantized with --state fp32")
     model = copy.deepcopy(model).float().eval()
     fuse_input_projections(model, activations)
     for name, module in list(model.named_modules()):
@@ -175,8 +175,8 @@ def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
 def state_specs(model: CausalLM) -> list[dict]:
     """Every decode-state tensor, in graph order: name, per-sequence shape, dtype and quantization."""
     specs = []
-    for i, (layer, tensors) in enumerate(zip(model.model.layers, model.init_state(1).layers)):
-        fmt = state_format(getattr(getattr(layer, "seq_modeling_block", None), "state_format", "fp32"))
+    for i, ((_, layer), tensors) in enumerate(zip(model.state_layers(), model.init_state(1).layers)):
+        fmt = state_format(getattr(layer, "state_format", "fp32"))
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
             if name.startswith("S") and fmt.int8:  # the scales (and S0) are inside the graphs
@@ -193,7 +193,7 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
     for spec in specs:
         if spec["dtype"] != "int8":
             continue
-        mixer = model.model.layers[spec["layer"]].seq_modeling_block
+        mixer = model.state_layers()[spec["layer"]][1]
         level = int(spec["tensor"][1:])
         S0 = mixer.initial_states()[level - 1].detach().float()
         scale_of = functools.partial(mixer.state_scale, level)

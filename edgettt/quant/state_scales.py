@@ -20,6 +20,10 @@ class StateScales:
     def initial_states(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def formatted_state_names(self) -> set[str]:
+        """The decode-state tensors the state format keeps (the rest stay float): S1, S2, .. a level."""
+        return {f"S{level}" for level in range(1, len(self.initial_states()) + 1)}
+
     def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
         """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
         `bucket_tokens` positions) | int8-tensor (same buffers)."""
