@@ -104,13 +104,13 @@ def row(group: str, name: str, ms: float, moved: int, ceiling: float, tokens: in
             "GBps": moved / (ms * 1e-3) / 1e9, "fraction_of_copy": moved / (ms * 1e-3) / ceiling, **extra}
 
 
-def add_ratios(rows: list[dict], references: list[str]) -> None:
-    """rows[i]['x_<ref>'] = reference time / row time (> 1: faster than the reference)."""
+def add_ratios(rows: list[dict], references: list[str], key: str = "ms", prefix: str = "x ") -> None:
+    """rows[i]['x <ref>'] = reference time / row time (> 1: faster than the reference), times under `key`."""
     by_name = {r["name"]: r for r in rows}
     for r in rows:
         for ref in references:
-            if ref in by_name:
-                r[f"x {ref}"] = by_name[ref]["ms"] / r["ms"]
+            if key in r and key in by_name.get(ref, {}):
+                r[f"{prefix}{ref}"] = by_name[ref][key] / r[key]
 
 
 # ---- prefill --------------------------------------------------------------------------------------
@@ -272,7 +272,8 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
 # ---- LaCT: the W1-only parallel form at the paper's layer shape --------------------------------------------
 
 LACT_760M = dict(hidden_size=1536, num_attn_heads=24, num_lact_heads=4, inter_multi=1, lact_chunk_size=2048,
-                 window_size=2048, use_momentum=True, lr_dim=1, use_muon=False)  # the public 760M config's layer
+                 window_size=2048, use_momentum=True, lr_dim=1, use_muon=False, w0_w2_low_rank=32,
+                 fw_init_gain=0.5)  # the public 760M config's layer
 
 
 def lact_config(**changes):
@@ -284,7 +285,8 @@ def lact_config(**changes):
 
 def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
     """The fast-weight operator's inputs as the layer hands them over: q, k through silu and the l2 norm,
-    heads of [B, T, C] tensors; three learning rates a token; momentum gates; the initial weights."""
+    heads of [B, T, C] tensors; three learning rates a token; momentum gates; the initial weights (W0, W2
+    as `LowRank` factors when the config's are low-rank)."""
     H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
     heads = lambda x: x.reshape(B, T, H, d).transpose(1, 2)  # noqa: E731
     q, k = (heads(torch.nn.functional.normalize(torch.nn.functional.silu(torch.randn(B, T, H, d, device=device)), dim=-1)
@@ -292,9 +294,35 @@ def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
     v = heads(torch.randn(B, T, H * d, device=device).to(dtype))
     lr = torch.rand(B, H, T, 3, 1, device=device) * 2e-3
     gates = torch.sigmoid(torch.randn(B, H, T, device=device))
-    w0, w2 = (torch.randn(H, dh, d, device=device) / math.sqrt(d) for _ in range(2))
+    w0, w2 = (initial_w0_w2(config, device) for _ in range(2))
     w1 = torch.randn(H, d, dh, device=device) / math.sqrt(dh)
     return q, k, v, lr, gates, {"0": w0, "1": w1, "2": w2}
+
+
+def initial_w0_w2(config, device):
+    """A random initial W0 or W2 as the model draws it: dense, or low-rank factors."""
+    from .kernels.lact import LowRank
+
+    H, d, dh, r, gain = (config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim, config.w0_w2_low_rank,
+                         config.fw_init_gain)
+    if r <= 0:
+        return torch.randn(H, dh, d, device=device) / math.sqrt(d)
+    return LowRank(torch.randn(H, dh, r, device=device) * gain / math.sqrt(r),
+                   torch.randn(H, r, d, device=device) * gain / math.sqrt(d))
+
+
+def dense(w):
+    """A fast weight as a matrix (`LowRank` factors multiplied out)."""
+    return w.dense() if hasattr(w, "dense") else w
+
+
+def cast(w, dtype):
+    """A fast weight (or its `LowRank` factors) in `dtype`."""
+    return type(w)(w.left.to(dtype), w.right.to(dtype)) if hasattr(w, "dense") else w.to(dtype)
+
+
+def weight_bytes(w) -> int:
+    return w.left.nbytes + w.right.nbytes if hasattr(w, "dense") else w.nbytes
 
 
 @contextlib.contextmanager
@@ -334,7 +362,8 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
     config = lact_config(**shape)
     q, k, v, lr, gates, weights = lact_inputs(config, B, T, dtype, device)
     H = config.num_lact_heads
-    fixed = {"0": weights["0"], "2": weights["2"]}
+    fixed = {i: cast(weights[i], dtype) for i in "02"}  # (W0, W2 as a model in `dtype` holds them)
+    fixed_dense = {i: dense(w) for i, w in fixed.items()}  # (the product formed: what a full-rank config runs)
 
     def state():
         w1 = weights["1"][None].expand(B, -1, -1, -1).contiguous()
@@ -346,16 +375,20 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
     phi_q, keys = lact_kernels.features(q, fixed["0"], fixed["2"]), lact_kernels.features(k, fixed["0"], fixed["2"], lr[..., 1, :])
     m = torch.rand(B, H, lact_kernels.chunk_count(0, T, config.lact_chunk_size), device=device) * 0.9 + 0.05
     st = state()
-    runs = {"parallel kernels (W1-only)": parallel,
-            "parallel kernels, attention alone (features given)":
-                lambda: lact_kernels.chunk_attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"], m, config.lact_chunk_size)}
+    runs = {"parallel kernels (W1-only)": parallel}  # (low-rank W0, W2 as their factors: the config's)
+    if config.w0_w2_low_rank > 0:  # the same with the product formed: what a full-rank config costs
+        runs["parallel kernels (W1-only), dense W0/W2"] = \
+            lambda: linear_attention.chunk(state(), fixed_dense, config, None, q, k, v, lr, gates, 0)
+    runs["parallel kernels, attention alone (features given)"] = \
+        lambda: lact_kernels.chunk_attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"], m, config.lact_chunk_size)
     if references:
         def parallel_torch():
             with kernels_off():
                 return linear_attention.chunk(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
 
         def exact_torch():
-            return fast_weights.exact(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
+            fixed32 = {i: w.float() for i, w in fixed_dense.items()}
+            return fast_weights.exact(state(), fixed32, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
         runs["parallel torch (fp32)"] = parallel_torch
         runs["exact torch, W1-only (fp32)"] = exact_torch
     if lact_code is not None:
@@ -363,7 +396,8 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
         pq, pk, pv = (x.contiguous().reshape(B * H, T, -1) for x in (q, k, v))  # its [B * heads, T, d]
         lrs = [lr[..., i, :].reshape(B * H, T, 1).contiguous() for i in range(3)]
         mom = gates.reshape(B * H, T, 1).contiguous()
-        w = {i: weights[i][None].expand(B, -1, -1, -1).reshape(B * H, *weights[i].shape[1:]).contiguous() for i in "012"}
+        w = {i: dense(weights[i]) for i in "012"}
+        w = {i: w[i][None].expand(B, -1, -1, -1).reshape(B * H, *w[i].shape[1:]).contiguous() for i in "012"}
         runs["public LaCT torch layer (full update, compiled)"] = lambda: public.block_causal_lact_swiglu(
             w["0"], w["1"], w["2"], pq, pk, pv, *lrs, chunk_size=config.lact_chunk_size, use_muon=False, momentum=mom)
     if device == "cuda" and (fla := fla_lact_functions()) is not None:
@@ -399,9 +433,13 @@ def lact_rows(B: int, T: int, dtype, ceiling, lact_code=None, references=True) -
             except Exception as err:  # a reference that cannot run this shape: say so in the table
                 rows.append({"group": "LaCT layer", "name": name, "error": str(err).splitlines()[0][:200], "B": B, "T": T})
                 continue
-        rows.append(row("LaCT layer", name, ms, io, ceiling, B * T, B=B, T=T, H=H, d=d, dtype=dtype_name(dtype)))
-    add_ratios([r for r in rows if "ms" in r], ["public LaCT torch layer (full update, compiled)",
-                                                "fla chunk_linear_attn (same dims)", "parallel torch (fp32)"])
+            rows.append(row("LaCT layer", name, ms, io, ceiling, B * T, B=B, T=T, H=H, d=d, dtype=dtype_name(dtype)))
+            if "(fp32)" not in name:  # the GPU's time alone: replays of a captured CUDA graph (no launch gaps)
+                rows[-1]["graph_ms"] = time_ms(fn, graph=True)
+    references = ["public LaCT torch layer (full update, compiled)", "fla chunk_linear_attn (same dims)",
+                  "parallel torch (fp32)"]
+    add_ratios(rows, references)
+    add_ratios(rows, references[:2], key="graph_ms", prefix="graph x ")
     return rows
 
 
@@ -414,6 +452,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
     config = lact_config()
     H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
     q, k, v, lr, gates, weights = lact_inputs(config, B, 1, dtype)
+    weights = {i: cast(weights[i], dtype) for i in "02"}  # (as a model in `dtype` holds them)
     phi_q, key = (lact_kernels.features(x, weights["0"], weights["2"])[:, :, 0].contiguous() for x in (q, k))
     v1 = v[:, :, 0].contiguous()
     m = torch.rand(B, H, device="cuda")
@@ -432,7 +471,8 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
         return lact_kernels.decode_step(phi_q, key, v1, s[0], s[1], s[2], m, commit)
     for commit in (False, True):
         ms, timing = time_rotating_ms([lambda s=s: whole_step(s, commit) for s in sets])
-        moved = elements * 4 * (6 if commit else 3) + 2 * H * d * dh * 4 + B * H * (4 * dh + 3 * d) * dtype.itemsize
+        moved = (elements * 4 * (6 if commit else 3) + weight_bytes(weights["0"]) + weight_bytes(weights["2"])
+                 + B * H * (4 * dh + 3 * d) * dtype.itemsize)
         rows.append(row("LaCT decode state", "feature maps + state step" + (" commit" if commit else ""), ms, moved,
                         ceiling, B, B=B, H=H, d=d, bytes_per_token=moved / B, timing=timing))
     del sets
@@ -550,16 +590,18 @@ def table(result: dict) -> str:
     groups = list(dict.fromkeys(r["group"] for r in result["rows"]))
     for group in groups:
         rows = [r for r in result["rows"] if r["group"] == group]
-        ratio_cols = list(dict.fromkeys(c for r in rows for c in r if c.startswith("x ")))
+        ratio_cols = list(dict.fromkeys(c for r in rows for c in r if c.startswith(("x ", "graph x "))))
         shape_cols = [c for c in ("T", "B", "N", "K") if c in rows[0]]
-        head = shape_cols + ["name", "ms", "tokens/s", "GB/s", "of copy"] + ratio_cols
+        graph_col = ["graph ms"] if any("graph_ms" in r for r in rows) else []
+        head = shape_cols + ["name", "ms"] + graph_col + ["tokens/s", "GB/s", "of copy"] + ratio_cols
         lines += [f"\n### {group}\n", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         for r in rows:
             if "error" in r:
                 lines.append("| " + " | ".join([str(r.get(c, "")) for c in shape_cols] + [r["name"], "failed: " + r["error"]]) + " |")
                 continue
-            cells = [str(r[c]) for c in shape_cols] + [r["name"], f"{r['ms']:.4g}", f"{r['tokens_per_s']:.3g}",
-                                                       f"{r['GBps']:.0f}", f"{r['fraction_of_copy']:.1%}"]
+            graph = [f"{r['graph_ms']:.4g}" if "graph_ms" in r else ""] if graph_col else []
+            cells = [str(r[c]) for c in shape_cols] + [r["name"], f"{r['ms']:.4g}"] + graph + [
+                f"{r['tokens_per_s']:.3g}", f"{r['GBps']:.0f}", f"{r['fraction_of_copy']:.1%}"]
             cells += [f"{r[c]:.2f}x" if c in r else "" for c in ratio_cols]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

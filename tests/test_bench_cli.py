@@ -35,6 +35,11 @@ def test_ratios_and_tables():
     assert rows[0]["tokens_per_s"] == pytest.approx(2e6)
     text = bench.table({"rows": rows})
     assert "### prefill" in text and "| 8 | ours | 0.5 |" in text and "4.00x" in text
+    rows[0]["graph_ms"], rows[1]["graph_ms"] = 0.25, 1.5  # the GPU's time alone, where measured
+    bench.add_ratios(rows, ["theirs"], key="graph_ms", prefix="graph x ")
+    assert rows[0]["graph x theirs"] == pytest.approx(6.0)
+    text = bench.table({"rows": rows})
+    assert "| graph ms |" in text and "| 8 | ours | 0.5 | 0.25 |" in text and "6.00x" in text
 
 
 def test_rotation_covers_several_l2s():
@@ -64,6 +69,7 @@ def test_lact_rows_compute_the_same_operator():
         kernel = runs["parallel kernels (W1-only)"]()
         assert rel_err(kernel, runs["parallel torch (fp32)"]()) < 1e-5
         assert rel_err(kernel, runs["exact torch, W1-only (fp32)"]()) < 1e-5
+        assert rel_err(kernel, runs["parallel kernels (W1-only), dense W0/W2"]()) < 1e-5
         out, _ = runs["parallel kernels, attention alone (features given)"]()
         assert out.shape == kernel.shape and torch.isfinite(out).all()
 

@@ -181,6 +181,22 @@ def test_naive_chunk_and_recurrent_agree_on_one_layer(momentum):
     assert relative_error(outs[1], outs[2]) < 1e-5
 
 
+@pytest.mark.parametrize("complete", [False, True])
+def test_the_state_carried_out_is_the_same_chosen_on_the_host_or_in_the_graph(complete):
+    """The kernels' path picks the ends with a Python bool, the exported one with a 0-d tensor."""
+    g = torch.Generator().manual_seed(0)
+    ends = {name: torch.randn(2, 3, 4, 5, generator=g) for name in ("w", "w_open", "u", "d", "d_prev")}
+    last_gate = torch.rand(2, 3, generator=g)
+    before = {"w1": torch.randn(2, 3, 4, 5), "g1": torch.randn(2, 3, 4, 5), "m1": torch.randn(2, 3, 4, 5),
+              "gate": torch.rand(2, 3)}
+    host, graph = dict(before), dict(before)
+    linear_attention._carry(host, ends, last_gate, complete, momentum=True)
+    linear_attention._carry(graph, ends, last_gate, torch.tensor(complete), momentum=True)
+    assert host.keys() == graph.keys() and all(torch.equal(host[k], graph[k]) for k in host)
+    assert torch.equal(host["w1"], ends["w" if complete else "w_open"])
+    assert torch.equal(host["gate"], torch.zeros(2, 3) if complete else last_gate)
+
+
 def test_parallel_form_needs_the_w1_only_variant():
     with pytest.raises(EdgetttError, match="W1-only"):
         LaCTConfig(**SMALL, form="parallel").validate()

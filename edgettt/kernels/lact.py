@@ -3,7 +3,9 @@ chunk-exclusive mask, DESIGN section 4.1) and of its decode step, each beside it
 with the same signature.
 
     features(x, w0, w2, rate)       phi = silu(x W0^T) * (x W2^T) * rate
-        x [B, H, T, d] (last dim contiguous); w0, w2 [H, dh, d]; rate None, [B, H, T, 1] or [B, H, T, dh]
+        x [B, H, T, d] (last dim contiguous); w0, w2 [H, dh, d], or both `LowRank` (W = left right + I / 2,
+        LaCT's low-rank initial weights: the product is never formed, x right^T left^T costs 2 r (d + dh)
+        a token instead of 2 d dh); rate None, [B, H, T, 1] or [B, H, T, dh]
         returns phi [B, H, T, dh] in x's dtype
     chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk, front)
         the padded text is `front` empty slots, then the T tokens, then empty slots up to N whole chunks;
@@ -13,13 +15,17 @@ with the same signature.
         float32, or None (no momentum: D_n = U_n, and d_in is not read)
         returns out [B, H, T, dv] (v's dtype) and the ends {"w": W_N (every chunk added), "w_open":
         W_{N-1}, "u": U_{N-1}, "d": D_{N-1}, "d_prev": D_{N-2} (d_in when N = 1)}, float32
+    chunk_momenta(gates, gate_in, chunk, front)
+        m [B, H, N]: each chunk's mean momentum gate (the gate sum carried in, gate_in [B, H], joins chunk
+        0), and the last chunk's gate sum [B, H] (what the decode state carries); gates [B, H, T] float32
     decode_step(phi_q, key, v, w1, g1, d, m, commit)
         out = W1 phi_q;  G += v key^T;  if commit: D = G + m D; W1 += D; G = 0  (W1, G, D updated in place)
         phi_q, key [B, H, dh]; v [B, H, dv]; w1, g1 [B, H, dv, dh] float32; d [B, H, dv, dh] and
         m [B, H] float32, or None (no momentum: D = G)
 
-The prefill is five launches (the feature map twice, then three passes of the chunk-exclusive
-attention): the per-chunk sums U (every chunk at once: a batched GEMM over the chunk's tokens), the
+The prefill is six launches (the feature map twice, the chunks' momenta, then three passes of the
+chunk-exclusive attention), few small tensor operations around them (the host's time per launch is
+comparable to a pass's GPU time at the paper's shape): the per-chunk sums U (every chunk at once: a batched GEMM over the chunk's tokens), the
 scan over chunks (each program owns a block of state elements and walks the N chunks: the only
 sequential part, N = T / 2048 steps at the paper's shape) and the output (a GEMM of each chunk's
 features against its chunk's weights). Only the scan keeps float32 state; the per-chunk weights it
@@ -28,19 +34,45 @@ hands the output pass are in the inputs' dtype (the tensor cores' input).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import autotune_configs, cdiv, fresh
+from . import autotune_configs, cdiv, fresh, next_power_of_2
 
 
 # ---- references ------------------------------------------------------------------------------------
 
+@dataclass
+class LowRank:
+    """A fast weight W = left @ right + IDENTITY * I (the rectangular identity), [H, rows, cols]: LaCT's
+    low-rank initial W0 and W2 (`w0_w2_low_rank`), kept as factors. left [H, rows, r], right [H, r, cols]."""
+
+    left: torch.Tensor
+    right: torch.Tensor
+    IDENTITY = 0.5
+
+    def dense(self) -> torch.Tensor:
+        W = self.left @ self.right
+        rows, cols = W.shape[-2:]
+        return W + self.IDENTITY * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
+
+
+def project_ref(xf, w):
+    """x W^T for a dense W or a `LowRank` one (float32)."""
+    if not isinstance(w, LowRank):
+        return xf @ w.float().transpose(-1, -2)
+    rows, cols = w.left.shape[-2], xf.shape[-1]
+    own = xf[..., :rows] if rows <= cols else F.pad(xf, (0, rows - cols))  # x I^T (rows beyond cols: 0)
+    return (xf @ w.right.float().transpose(-1, -2)) @ w.left.float().transpose(-1, -2) + LowRank.IDENTITY * own
+
+
 def features_ref(x, w0, w2, rate=None):
     xf = x.float()
-    phi = F.silu(xf @ w0.float().transpose(-1, -2)) * (xf @ w2.float().transpose(-1, -2))
+    phi = F.silu(project_ref(xf, w0)) * project_ref(xf, w2)
     return (phi if rate is None else phi * rate.float()).to(x.dtype)
 
 
@@ -52,6 +84,14 @@ def momentum_coefficients(m: torch.Tensor):
     upper = torch.triu(torch.ones(N, N, dtype=torch.bool, device=m.device))  # n >= i
     E = torch.where(upper, torch.exp((logs[..., None, :] - logs[..., :, None]).clamp(max=0)), 0.0)
     return E, torch.exp(logs)
+
+
+def chunk_momenta_ref(gates, gate_in, chunk: int, front: int = 0):
+    B, H, T = gates.shape
+    N = chunk_count(front, T, chunk)
+    G = F.pad(gates.float(), (front, N * chunk - front - T)).reshape(B, H, N, chunk).sum(-1)
+    G = torch.cat((G[:, :, :1] + gate_in[:, :, None], G[:, :, 1:]), dim=2)
+    return G / chunk, G[:, :, -1]
 
 
 def chunk_count(front: int, T: int, chunk: int) -> int:
@@ -156,21 +196,84 @@ def _features_kernel(x_ptr, w0_ptr, w2_ptr, r_ptr, o_ptr, ROWS, T, H, D, DH, sxb
              mask=r_ok[:, None] & n_ok[None, :])
 
 
+LOW_RANK_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+                    for bt, bn, bk, w, s in [(64, 64, 64, 4, 2), (128, 64, 64, 4, 2), (128, 128, 64, 8, 2),
+                                             (64, 128, 128, 4, 2), (128, 64, 128, 8, 2), (32, 128, 64, 4, 2),
+                                             (64, 64, 64, 2, 2), (128, 128, 128, 8, 1), (64, 128, 128, 8, 2),
+                                             (64, 64, 128, 4, 3), (32, 64, 128, 2, 2)]]
+
+
+@triton.autotune(configs=_configs(LOW_RANK_CONFIGS, BT=16, BN=16, BK=16), key=["ROWS", "D", "DH", "R", "RATE"])
+@triton.jit
+def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_ptr, ROWS, T, H, D, DH, R,
+                              sxb, sxh, sxt, srb, srh, srt, RATE: tl.constexpr, PREC: tl.constexpr,
+                              BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """BT rows of one head, every feature: y = x right^T for both weights (r columns, once), then a tile
+    of BN features at a time, y left^T + x / 2, the SwiGLU and the rate."""
+    pid = tl.program_id(0)
+    tiles = tl.cdiv(ROWS, BT)
+    h, tb = pid // tiles, pid % tiles
+    r = tb * BT + tl.arange(0, BT)
+    r_ok = r < ROWS
+    b, t = r // T, r % T
+    x_row = x_ptr + b * sxb + h * sxh + t * sxt
+    j = tl.arange(0, BR)
+    j_ok = j < R
+    y0 = tl.zeros([BT, BR], dtype=tl.float32)
+    y2 = tl.zeros([BT, BR], dtype=tl.float32)
+    for k0 in range(0, D, BK):
+        k = k0 + tl.arange(0, BK)
+        k_ok = k < D
+        x = tl.load(x_row[:, None] + k[None, :], mask=r_ok[:, None] & k_ok[None, :], other=0.0)
+        right = h * R * D + j[None, :] * D + k[:, None]  # [BK, BR]: right^T
+        mask = k_ok[:, None] & j_ok[None, :]
+        y0 = tl.dot(x, tl.load(r0_ptr + right, mask=mask, other=0.0), y0, input_precision=PREC)
+        y2 = tl.dot(x, tl.load(r2_ptr + right, mask=mask, other=0.0), y2, input_precision=PREC)
+    y0, y2 = y0.to(x_ptr.dtype.element_ty), y2.to(x_ptr.dtype.element_ty)
+    r_row = rt_ptr + b * srb + h * srh + t * srt
+    for n0 in range(0, DH, BN):
+        n = n0 + tl.arange(0, BN)
+        n_ok = n < DH
+        left = h * DH * R + n[None, :] * R + j[:, None]  # [BR, BN]: left^T
+        mask = j_ok[:, None] & n_ok[None, :]
+        own = tl.load(x_row[:, None] + n[None, :], mask=r_ok[:, None] & (n < D)[None, :], other=0.0).to(tl.float32)
+        gate = tl.dot(y0, tl.load(l0_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
+        up = tl.dot(y2, tl.load(l2_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
+        phi = gate * tl.sigmoid(gate) * up
+        if RATE == 1:
+            phi = phi * tl.load(r_row, mask=r_ok, other=0.0).to(tl.float32)[:, None]
+        if RATE == 2:
+            phi = phi * tl.load(r_row[:, None] + n[None, :], mask=r_ok[:, None] & n_ok[None, :],
+                                other=0.0).to(tl.float32)
+        tl.store(o_ptr + ((b * H + h) * T + t)[:, None] * DH + n[None, :], phi.to(o_ptr.dtype.element_ty),
+                 mask=r_ok[:, None] & n_ok[None, :])
+
+
 def features(x, w0, w2, rate=None):
     B, H, T, D = x.shape
-    DH = w0.shape[1]
+    low_rank = isinstance(w0, LowRank)
+    assert low_rank == isinstance(w2, LowRank), "features takes W0 and W2 both dense or both LowRank"
+    DH = (w0.left if low_rank else w0).shape[1]
     if x.stride(-1) != 1:
         x = x.contiguous()
-    w0, w2 = w0.to(x.dtype).contiguous(), w2.to(x.dtype).contiguous()  # (the tensor cores' input dtype)
     out = fresh(torch.empty(B, H, T, DH, device=x.device, dtype=x.dtype))
     kind = 0 if rate is None else (1 if rate.shape[-1] == 1 else 2)
     if rate is not None and rate.stride(-1) != 1:
         rate = rate.contiguous()
     r = rate if rate is not None else x
     rs = rate.stride()[:3] if rate is not None else (0, 0, 0)
+    cast = lambda w: w.to(x.dtype).contiguous()  # noqa: E731  (the tensor cores' input dtype)
+    common = dict(RATE=kind, PREC=_precision(x.dtype))
+    if low_rank:
+        assert LowRank.IDENTITY == 0.5, "the low-rank kernel adds x / 2"
+        R = w0.left.shape[-1]
+        grid = lambda meta: (H * cdiv(B * T, meta["BT"]),)  # noqa: E731
+        _low_rank_features_kernel[grid](x, cast(w0.left), cast(w0.right), cast(w2.left), cast(w2.right), r, out,
+                                        B * T, T, H, D, DH, R, *x.stride()[:3], *rs, BR=max(16, next_power_of_2(R)),
+                                        **common)
+        return out
     grid = lambda meta: (H * cdiv(B * T, meta["BT"]), cdiv(DH, meta["BN"]))  # noqa: E731
-    _features_kernel[grid](x, w0, w2, r, out, B * T, T, H, D, DH, *x.stride()[:3], *rs, RATE=kind,
-                           PREC=_precision(x.dtype))
+    _features_kernel[grid](x, cast(w0), cast(w2), r, out, B * T, T, H, D, DH, *x.stride()[:3], *rs, **common)
     return out
 
 
@@ -226,7 +329,7 @@ def _scan_step(u_ptr, m_ptr, wc_ptr, w, d, u0, bh, n, N, E, e, ok, MOMENTUM: tl.
 
 
 @triton.jit
-def _chunk_scan_kernel(u_ptr, u0_ptr, w_ptr, din_ptr, m_ptr, wc_ptr, w_end_ptr, w_open_ptr, d_end_ptr,
+def _chunk_scan_kernel(u_ptr, u0_ptr, w_ptr, din_ptr, m_ptr, wc_ptr, w_end_ptr, w_open_ptr, u_end_ptr, d_end_ptr,
                        d_prev_ptr, N, E, MOMENTUM: tl.constexpr, BLOCK: tl.constexpr):
     """Walk the chunks for BLOCK elements of one (sequence, head)'s state: D = U + m D, hand each
     chunk the weights from before it, add D."""
@@ -247,7 +350,7 @@ def _chunk_scan_kernel(u_ptr, u0_ptr, w_ptr, din_ptr, m_ptr, wc_ptr, w_end_ptr, 
     w, d, u = _scan_step(u_ptr, m_ptr, wc_ptr, w, d, u0, bh, N - 1, N, E, e, ok, MOMENTUM)
     tl.store(w_end_ptr + state, w, mask=ok)
     tl.store(w_open_ptr + state, w_open, mask=ok)
-    tl.store(u0_ptr + state, u, mask=ok)  # (u0 is the caller's copy: overwritten with U_{N-1})
+    tl.store(u_end_ptr + state, u, mask=ok)
     tl.store(d_end_ptr + state, d, mask=ok)
     tl.store(d_prev_ptr + state, d_prev, mask=ok)
 
@@ -306,21 +409,46 @@ def chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0)
     grid = lambda meta: (B * H * N, cdiv(DV, meta["BV"]), cdiv(DH, meta["BK"]))  # noqa: E731
     _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
                              PREC=prec)
-    ends = {name: fresh(torch.empty(B, H, DV, DH, **f32)) for name in ("w", "w_open", "d", "d_prev")}
-    ends["u"] = u0.float().contiguous().clone()
+    ends = {name: fresh(torch.empty(B, H, DV, DH, **f32)) for name in ("w", "w_open", "u", "d", "d_prev")}
     Wc = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=phi_q.dtype))
     momentum = m is not None
     m_arg = m.float().contiguous() if momentum else U
     d_arg = d_in.float().contiguous() if momentum else U
     block = 1024
-    _chunk_scan_kernel[(B * H, cdiv(DV * DH, block))](U, ends["u"], w1.float().contiguous(), d_arg, m_arg, Wc,
-                                                      ends["w"], ends["w_open"], ends["d"], ends["d_prev"], N,
-                                                      DV * DH, MOMENTUM=momentum, BLOCK=block)
+    _chunk_scan_kernel[(B * H, cdiv(DV * DH, block))](U, u0.float().contiguous(), w1.float().contiguous(), d_arg,
+                                                      m_arg, Wc, *ends.values(), N, DV * DH, MOMENTUM=momentum,
+                                                      BLOCK=block)
     out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
     bt = _token_tile(chunk)
     grid = lambda meta: (B * H * N * (chunk // bt), cdiv(DV, meta["BV"]))  # noqa: E731
     _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=prec, BT=bt)
     return out, ends
+
+
+@triton.jit
+def _chunk_momenta_kernel(g_ptr, gin_ptr, m_ptr, last_ptr, T, FRONT, N, CHUNK: tl.constexpr, BT: tl.constexpr):
+    """One (sequence, head) and chunk: the mean of its gates (with the carried sum in chunk 0)."""
+    bh, n = tl.program_id(0), tl.program_id(1)
+    acc = tl.zeros([BT], dtype=tl.float32)
+    for i in range(0, CHUNK, BT):
+        inner = i + tl.arange(0, BT)
+        row, ok = _token_rows(n * CHUNK + inner, FRONT, T, 1)
+        acc += tl.load(g_ptr + bh * T + row, mask=ok & (inner < CHUNK), other=0.0)
+    total = tl.sum(acc, axis=0) + tl.where(n == 0, tl.load(gin_ptr + bh), 0.0)
+    tl.store(m_ptr + bh * N + n, total / CHUNK)
+    if n == N - 1:
+        tl.store(last_ptr + bh, total)
+
+
+def chunk_momenta(gates, gate_in, chunk: int, front: int = 0):
+    B, H, T = gates.shape
+    N = chunk_count(front, T, chunk)
+    gates, gate_in = gates.float().contiguous(), gate_in.float().contiguous()
+    out = fresh(torch.empty(B * H * (N + 1), device=gates.device))  # (one allocation: the means, the last sum)
+    m, last = out[:B * H * N].view(B, H, N), out[B * H * N:].view(B, H)
+    _chunk_momenta_kernel[(B * H, N)](gates, gate_in, m, last, T, front, N, CHUNK=chunk,
+                                      BT=min(1024, next_power_of_2(chunk)))
+    return m, last
 
 
 @triton.jit

@@ -34,36 +34,38 @@ def _use_kernels(q, fixed, config) -> bool:
     return kernels_enabled(q) and not needs_grad and kernels.chunk_supported(config.lact_chunk_size)
 
 
-def _chunk_momenta(st, gates, front: int, T: int, b: int):
-    """The chunks' mean momentum gates [B, H, N] (the gate sums carried in join chunk 0) and the
-    last chunk's gate sum."""
-    B, H = gates.shape[:2]
-    N = kernels.chunk_count(front, T, b)
-    G = F.pad(gates, (front, N * b - front - T)).reshape(B, H, N, b).sum(-1)
-    G = torch.cat((G[:, :, :1] + st["gate"][:, :, None], G[:, :, 1:]), dim=2)
-    return G / b, G[:, :, -1]
-
-
 def chunk(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
     T, b = q.shape[2], config.lact_chunk_size
     front = start % b
     fast = _use_kernels(q, fixed, config)
     feature_map = kernels.features if fast else kernels.features_ref
     attention = kernels.chunk_attention if fast else kernels.chunk_attention_ref
+    momenta = kernels.chunk_momenta if fast else kernels.chunk_momenta_ref
     phi_q = feature_map(q, fixed["0"], fixed["2"])
     keys = feature_map(k, fixed["0"], fixed["2"], lr[..., 1, :])
     momentum = config.use_momentum
-    m, last_gate = _chunk_momenta(st, gates, front, T, b) if momentum else (None, None)
+    m, last_gate = momenta(gates, st["gate"], b, front) if momentum else (None, None)
     out, ends = attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"] if momentum else None, m, b, front)
-    # the last chunk complete: every chunk committed; else its sums stay unfinished. Chosen with a
-    # tensor, not a Python branch, so that an exported graph keeps both cases
-    complete = F.pad(q.new_ones(T), (front, (-(front + T)) % b))[-1] > 0
-    st["w1"] = torch.where(complete, ends["w"], ends["w_open"])
-    st["g1"] = torch.where(complete, torch.zeros_like(st["g1"]), ends["u"])
-    if momentum:
-        st["m1"] = torch.where(complete, ends["d"], ends["d_prev"])
-        st["gate"] = torch.where(complete, torch.zeros_like(st["gate"]), last_gate)
+    if fast:  # (not traced: the host knows whether the last chunk is complete)
+        complete = (front + T) % b == 0
+    else:  # a tensor, not a Python branch, so that an exported graph keeps both cases
+        complete = F.pad(q.new_ones(T), (front, (-(front + T)) % b))[-1] > 0
+    _carry(st, ends, last_gate, complete, momentum)
     return out.to(q.dtype)
+
+
+def _carry(st: dict, ends: dict, last_gate, complete, momentum: bool):
+    """The state after the text: the last chunk complete, every chunk committed; else its sums stay
+    unfinished. `complete` a bool, or a 0-d bool tensor (chosen in the graph)."""
+    if isinstance(complete, bool):
+        pick = lambda done, open_: done() if complete else open_  # noqa: E731
+    else:
+        pick = lambda done, open_: torch.where(complete, done(), open_)  # noqa: E731
+    st["w1"] = pick(lambda: ends["w"], ends["w_open"])
+    st["g1"] = pick(lambda: torch.zeros_like(st["g1"]), ends["u"])
+    if momentum:
+        st["m1"] = pick(lambda: ends["d"], ends["d_prev"])
+        st["gate"] = pick(lambda: torch.zeros_like(st["gate"]), last_gate)
 
 
 def naive(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.lact import LowRank
 from ..model import LanguageModel, RMSNorm, State, SwiGLU
 from ..quant.state_scales import StateScales
 from . import fast_weights as fw
@@ -48,10 +49,11 @@ class LowRankFastWeight(nn.Module):
         self.w_left = nn.Parameter(torch.randn(heads, rows, rank) * gain / math.sqrt(rank))
         self.w_right = nn.Parameter(torch.randn(heads, rank, cols) * gain / math.sqrt(cols))
 
+    def factors(self) -> LowRank:
+        return LowRank(self.w_left, self.w_right)
+
     def forward(self) -> torch.Tensor:
-        W = self.w_left @ self.w_right
-        rows, cols = W.shape[-2:]
-        return W + 0.5 * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
+        return self.factors().dense()
 
 
 class LaCTLayer(StateScales, nn.Module):
@@ -92,6 +94,12 @@ class LaCTLayer(StateScales, nn.Module):
         w0 = self.w0() if isinstance(self.w0, LowRankFastWeight) else self.w0
         w2 = self.w2() if isinstance(self.w2, LowRankFastWeight) else self.w2
         return {"0": w0, "1": self.w1, "2": w2}
+
+    def _feature_weights(self, fixed: dict) -> dict:
+        """The constant W0, W2 of the parallel form's feature map: low-rank ones as their factors (the
+        feature map never forms the product)."""
+        return {i: (m.factors() if isinstance(m, LowRankFastWeight) else fixed[i])
+                for i, m in (("0", self.w0), ("2", self.w2))}
 
     def initial_states(self) -> list[torch.Tensor]:
         """The initial weights of the fast weights that learn, one a state level (W1 alone in the W1-only
@@ -185,7 +193,7 @@ class LaCTLayer(StateScales, nn.Module):
         if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
             out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start)
         elif c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
-            out = linear_attention.chunk(state, fixed, c, norms, q, k, v, lr, gates, start)
+            out = linear_attention.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
         else:
             out = fw.exact(state, fixed, c, norms, q, k, v, lr, gates, start, rounding, self.observer)
         out = self.ttt_norm(out)

@@ -56,6 +56,8 @@ def test_every_int8_config(monkeypatch, M):
 def test_every_lact_config(monkeypatch):
     for config in each_config(monkeypatch, lact._features_kernel, lact.FEATURE_CONFIGS):
         check_features("cuda", "token", (1, 2, 300, 384, 384), torch.bfloat16)
+    for config in each_config(monkeypatch, lact._low_rank_features_kernel, lact.LOW_RANK_CONFIGS):
+        check_features("cuda", "feature", (1, 2, 300, 384, 384), torch.bfloat16, rank=32)
     for tuner, configs in ((lact._chunk_sums_kernel, lact.SUM_CONFIGS), (lact._chunk_out_kernel, lact.OUT_CONFIGS)):
         for config in each_config(monkeypatch, tuner, configs):
             check_chunk_attention("cuda", True, (1, 2, 300, 136, 200, 128, 5), torch.bfloat16)

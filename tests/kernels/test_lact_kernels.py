@@ -23,18 +23,36 @@ def randn(*shape, device, dtype=torch.float32, seed=0, scale=1.0):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rate", [None, "token", "feature"])
 @pytest.mark.parametrize("shape", [(1, 2, 37, 16, 24), (2, 1, 20, 48, 40)])  # B, H, T, d, dh
-def test_features_match_reference(device, rate, shape):
+@pytest.mark.parametrize("rank", [None, 4, 20])  # dense W0, W2, or low-rank ones (LaCT's w0_w2_low_rank)
+def test_features_match_reference(device, rate, shape, rank):
     for dtype in dtypes(device):
-        check_features(device, rate, shape, dtype)
+        check_features(device, rate, shape, dtype, rank)
 
 
-def check_features(device, rate, shape, dtype):
+def fast_weight(H, dh, d, rank, device, seed):
+    if rank is None:
+        return randn(H, dh, d, device=device, seed=seed, scale=d ** -0.5)
+    return lact.LowRank(randn(H, dh, rank, device=device, seed=seed, scale=rank ** -0.5),
+                        randn(H, rank, d, device=device, seed=seed + 10, scale=d ** -0.5))
+
+
+def as_dtype(w, dtype):
+    """The weights as the kernel reads them (rounded to the inputs' dtype), in float32."""
+    if isinstance(w, lact.LowRank):
+        return lact.LowRank(as_dtype(w.left, dtype), as_dtype(w.right, dtype))
+    return w.to(dtype).float()
+
+
+def check_features(device, rate, shape, dtype, rank=None):
     B, H, T, d, dh = shape
-    w0, w2 = randn(H, dh, d, device=device, seed=1, scale=d ** -0.5), randn(H, dh, d, device=device, seed=2, scale=d ** -0.5)
+    w0, w2 = fast_weight(H, dh, d, rank, device, 1), fast_weight(H, dh, d, rank, device, 2)
     r = None if rate is None else randn(B, H, T, 1 if rate == "token" else dh, device=device, seed=3).abs()
     # x as the model hands it over: heads of a [B, T, H * d] tensor (not contiguous)
     x = randn(B, T, H * d, device=device, dtype=dtype).reshape(B, T, H, d).transpose(1, 2)
-    want = lact.features_ref(x.float(), w0.to(dtype).float(), w2.to(dtype).float(), r)
+    want = lact.features_ref(x.float(), as_dtype(w0, dtype), as_dtype(w2, dtype), r)
+    if rank is not None:  # the factors' reference is the product's
+        dense = lact.features_ref(x.float(), w0.dense(), w2.dense(), r)
+        assert rel_err(lact.features_ref(x.float(), w0, w2, r), dense) < 1e-5
     got = lact.features(x, w0, w2, r)
     assert got.dtype == dtype and got.shape == (B, H, T, dh)
     assert rel_err(got.float(), want) < TOL[dtype], dtype
@@ -72,6 +90,19 @@ def check_chunk_attention(device, momentum, case, dtype):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [(1, 2, 64, 16, 0), (2, 1, 45, 16, 5), (1, 1, 13, 32, 7), (2, 3, 300, 128, 100)])
+def test_chunk_momenta_match_reference(device, case):
+    B, H, T, chunk, front = case
+    gates = torch.rand(B, H, T, generator=torch.Generator().manual_seed(0)).to(device)
+    gate_in = torch.rand(B, H, generator=torch.Generator().manual_seed(1)).to(device) * front
+    want = lact.chunk_momenta_ref(gates, gate_in, chunk, front)
+    got = lact.chunk_momenta(gates, gate_in, chunk, front)
+    assert got[0].shape == want[0].shape == (B, H, lact.chunk_count(front, T, chunk))
+    for a, b in zip(got, want):
+        assert rel_err(a, b) < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("momentum", [False, True])
 @pytest.mark.parametrize("commit", [False, True])
 @pytest.mark.parametrize("dims", [(16, 16), (24, 40)])
@@ -101,14 +132,16 @@ def test_exported_chunk_count_is_a_ceiling():
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("momentum", [False, True])
-def test_the_parallel_form_through_the_kernels_equals_the_references_on_gpu(momentum, monkeypatch):
+@pytest.mark.parametrize("low_rank", [-1, 8])
+def test_the_parallel_form_through_the_kernels_equals_the_references_on_gpu(momentum, low_rank, monkeypatch):
     """A W1-only LaCT model's prefill in pieces (chunk boundaries inside pieces), kernels against
     EDGETTT_KERNELS=0, fp32: outputs and the carried state."""
     import sys
     sys.path.insert(0, __file__.rsplit("/kernels/", 1)[0])
     from test_lact import W1_ONLY, random_model
 
-    model = random_model(**W1_ONLY, use_momentum=momentum, form="parallel", vocab_size=256).cuda()
+    model = random_model(**W1_ONLY, use_momentum=momentum, w0_w2_low_rank=low_rank, form="parallel",
+                         vocab_size=256).cuda()
     ids = torch.randint(0, 256, (2, 77), device="cuda")
 
     def run():
