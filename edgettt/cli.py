@@ -648,8 +648,10 @@ def size_line(c) -> str:
                    "the verification reports); float multiplies in fp32.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def export_cmd(model_path, out, opset, verify_data, no_verify, activations, force):
-    """Export a parallel-form model (float or quantized) for ONNX Runtime: OUT/prefill.onnx (any batch
-    and length, returns logits and the states), OUT/decode.onnx (one token, the states in and out)
+    """Export a parallel-form model or a LaCT model in either form (float or quantized) for ONNX
+    Runtime: OUT/prefill.onnx (any batch and length, returns logits and the states; LaCT's
+    chunk-recurrent form and a quantized fast-weight state as one ONNX Scan over the chunks),
+    OUT/decode.onnx (one token, the states in and out)
     and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
     quantization, source fingerprint, verification).
 

@@ -126,9 +126,13 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
     [B, H, T, d]; `st` (the decode state) is updated in place. `fixed`: the weights that never change
     (W0, W2 of the W1-only variant), by index. `rounding(level, weights, position)`: a quantized
     state's rounding at each chunk end (position: tokens seen); `observer(st, count)`: calibration,
-    called after each piece of `count` tokens with the state kept after it."""
+    called after each piece of `count` tokens with the state kept after it. Exported (ONNX), the loop
+    over chunks is one Scan (`scanned`), for any length."""
     from ..ops import segments
 
+    if torch.compiler.is_exporting():
+        assert observer is None, "calibration does not run in an exported graph"
+        return scanned(st, fixed, config, norms, q, k, v, lr, gates, start, rounding)
     outs = []
     for offset, count, inner in segments(start, q.shape[2], config.lact_chunk_size):
         sl = slice(offset, offset + count)
@@ -141,6 +145,46 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
         if observer is not None:
             observer(st, count)
     return torch.cat(outs, dim=2)
+
+
+def _chunked(x, front: int, N: int, chunk: int):
+    """[B, H, T, ...] -> [B, H, N, chunk, ...]: `front` zeros first, zeros after the last token."""
+    pad = [0, 0] * (x.dim() - 3) + [front, N * chunk - front - x.shape[2]]
+    return F.pad(x, pad).reshape(*x.shape[:2], N, chunk, *x.shape[3:])
+
+
+def scanned(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start: int, rounding=None):
+    """`exact` as one scan over whole chunks (torch's scan operator: an ONNX Scan in an exported graph).
+    The text is padded to whole chunks with zero tokens (zero keys and rates add nothing to the sums);
+    each chunk reads and adds, and commits where it is complete: the last one only if the text fills
+    it, chosen with a 0/1 flag, so that one graph holds both cases."""
+    from torch._higher_order_ops.scan import scan
+
+    from ..kernels.lact import chunk_count
+
+    b = config.lact_chunk_size
+    B, H, T = q.shape[:3]
+    front = start % b
+    N = chunk_count(front, T, b)
+    names = state_names(config)
+    gates = q.new_zeros(B, H, T) if gates is None else gates
+    xs = [_chunked(x, front, N, b) for x in (q, k, v, lr, gates)]
+    complete = _chunked(q.new_ones(1, 1, T), front, N, b)[..., -1]  # [1, 1, N]: the chunk's last slot holds a token
+    ends = (start - front + b * torch.arange(1, N + 1, device=q.device)).reshape(1, 1, N)  # position of each commit
+
+    def one_chunk(carry, x):
+        piece = dict(zip(names, carry))
+        qc, kc, vc, lrc, gc, done, end = x
+        out = read_and_add(piece, fixed, config, qc, kc, vc, lrc, gc if config.use_momentum else None)
+        committed = dict(piece)
+        finish_chunk(committed, config, norms, None if rounding is None else
+                     (lambda level, w: rounding(level, w, end.reshape(()))))
+        flag = done.reshape(()) > 0
+        return [torch.where(flag, committed[n], piece[n]) for n in names], out
+
+    carry, outs = scan(one_chunk, [st[n] for n in names], [*xs, complete, ends], dim=2)
+    st.update(zip(names, carry))
+    return outs.reshape(B, H, N * b, -1)[:, :, front:front + T]
 
 
 def read_and_add(st: dict, fixed: dict, config, q, k, v, lr, gates):
@@ -156,13 +200,14 @@ def read_and_add(st: dict, fixed: dict, config, q, k, v, lr, gates):
     return out
 
 
-def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, position):
+def step(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, position, rounding=None):
     """One token at `position` (a 0-d tensor: an exported decode graph), as `exact` computes it: the
     chunk's end is a 0/1 flag, and the state after a commit is blended in with it, so that one graph
     holds both cases."""
     out = read_and_add(st, fixed, config, q, k, v, lr, gates)
     committed = {name: st[name] for name in state_names(config)}
-    finish_chunk(committed, config, norms)
+    finish_chunk(committed, config, norms, None if rounding is None else
+                 (lambda level, w: rounding(level, w, position + 1)))
     ends = torch.remainder(position + 1, config.lact_chunk_size) == 0
     for name, value in committed.items():
         st[name] = torch.where(ends, value, st[name])

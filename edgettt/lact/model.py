@@ -108,8 +108,14 @@ class LaCTLayer(StateScales, nn.Module):
         return [initial[i] for i in fw.learned(self.config)]
 
     def formatted_state_names(self) -> set[str]:
-        """The weights kept between chunks (and their prenorm sums): the running sums and momentum stay float."""
-        return {f"{kind}{i}" for kind in "wp" for i in fw.learned(self.config)}
+        """The weights kept between chunks (with `ttt_prenorm` and weight norm: their unnormalised sums,
+        of which the applied weights are a float copy): the running sums and momentum stay float."""
+        kind = "p" if self.config.ttt_prenorm and self.config.lact_weight_norm else "w"
+        return {f"{kind}{i}" for i in fw.learned(self.config)}
+
+    def state_level(self, name: str) -> int:
+        """The level (1.., in `fw.learned` order) of a formatted state tensor's name."""
+        return fw.learned(self.config).index(name[1:]) + 1
 
     def _rounding(self):
         """None, or (level, weights, position) -> the weights as a quantized state keeps them."""
@@ -191,7 +197,7 @@ class LaCTLayer(StateScales, nn.Module):
         norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
         rounding = self._rounding()
         if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
-            out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start)
+            out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start, rounding)
         elif c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
             out = linear_attention.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
         else:

@@ -149,16 +149,14 @@ def fuse_input_projections(model: CausalLM, activations: str) -> None:
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
-    if model.form != "parallel":
+    if model.form not in ("parallel", "lact"):
         first = model.state_layers()[0][0]
-        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches (chunks) and has no "
+        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no "
                            "parallel prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export "
                            "that")
-    if model.config.family == "lact":
-        for name, layer in model.state_layers():
-            if layer.state_format != "fp32":
-                raise EdgetttError(f"{name}: a quantized fast-weight state ({layer.state_format}) is not in LaCT's "
-                                   "ONNX graphs yet; export the model quantized with --state fp32")
+    if getattr(model.config, "use_muon", False):
+        raise EdgetttError(f"{model.state_layers()[0][0]}: Muon orthogonalises in bfloat16, which onnxruntime's CPU "
+                           "matmuls do not take; export a model without use_muon")
     model = copy.deepcopy(model).float().eval()
     fuse_input_projections(model, activations)
     for name, module in list(model.named_modules()):
@@ -177,9 +175,10 @@ def state_specs(model: CausalLM) -> list[dict]:
     specs = []
     for i, ((_, layer), tensors) in enumerate(zip(model.state_layers(), model.init_state(1).layers)):
         fmt = state_format(getattr(layer, "state_format", "fp32"))
+        formatted = layer.formatted_state_names()
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
-            if name.startswith("S") and fmt.int8:  # the scales (and S0) are inside the graphs
+            if name in formatted and fmt.int8:  # the scales (and the initial state) are inside the graphs
                 spec["dtype"] = "int8"
                 spec["quantization"] = fmt.describe()
             specs.append(spec)
@@ -194,7 +193,7 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
         if spec["dtype"] != "int8":
             continue
         mixer = model.state_layers()[spec["layer"]][1]
-        level = int(spec["tensor"][1:])
+        level = mixer.state_level(spec["tensor"])
         S0 = mixer.initial_states()[level - 1].detach().float()
         scale_of = functools.partial(mixer.state_scale, level)
         params[spec["name"]] = (state_format(mixer.state_format).offset(S0), scale_of, S0.shape[0] * S0.shape[1])
@@ -287,7 +286,8 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
     chatter = contextlib.redirect_stderr(io_module.StringIO())  # the exporter's progress lines and warnings
     with chatter, warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+        for logger in ("torch.onnx", "torch.export"):  # (the exporter logs what it cannot classify, harmlessly)
+            logging.getLogger(logger).setLevel(logging.CRITICAL)
         program = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset, input_names=names_in,
                                     output_names=names_out, dynamic_shapes=tuple(dynamic), verbose=False,
                                     custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)

@@ -24,6 +24,10 @@ class StateScales:
         """The decode-state tensors the state format keeps (the rest stay float): S1, S2, .. a level."""
         return {f"S{level}" for level in range(1, len(self.initial_states()) + 1)}
 
+    def state_level(self, name: str) -> int:
+        """The level of a formatted state tensor's name ("S2" -> 2)."""
+        return int(name[1:])
+
     def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
         """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
         `bucket_tokens` positions) | int8-tensor (same buffers)."""
