@@ -37,16 +37,21 @@ def main():
     p.add_argument("--data", default="python-docs:train")
     p.add_argument("--eval-data", default="python-docs:test")
     p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--minutes", type=float, default=None, help="also end on the clock (the schedule follows it)")
+    p.add_argument("--save", help="write the distilled student here (a model directory)")
     p.add_argument("--json")
     args = p.parse_args()
     lengths = [int(n) for n in args.lengths.split(",")]
     teacher, student = edgettt.load(args.teacher), edgettt.load(args.student)
+    if teacher.form == "ttt":  # the exact form equals the original to float rounding, and has GPU kernels
+        teacher = edgettt.convert(teacher, "exact")
     result = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
               "teacher": bits_per_byte(teacher, lengths, args.eval_data, args.max_tokens),
               "before": bits_per_byte(student, lengths, args.eval_data, args.max_tokens)}
     t0 = time.time()
     result["losses"] = distill(teacher, student, encode(teacher, read_text(args.data)), steps=args.steps,
-                               batch=args.batch, ctx=lengths, lr=args.lr)
+                               batch=args.batch, ctx=lengths, lr=args.lr, minutes=args.minutes)
+    result["steps_run"] = len(result["losses"])
     result["minutes"] = (time.time() - t0) / 60
     result["after"] = bits_per_byte(student, lengths, args.eval_data, args.max_tokens)
     for when in ("before", "after"):
@@ -55,6 +60,9 @@ def main():
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.save:
+        student.config.extra["distilled_ctx"] = max(lengths)
+        edgettt.save(student.to("cpu"), args.save)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ Options (S0 the learned initial state; `step` the calibrated int8 row step of th
     int8-ef-float     error feedback: the rounding residual added back before the next rounding, the
                       residual kept in float32 (an upper bound on what feedback gives)
     int8-ef-int4      error feedback with the residual itself in 4 bits (steps of step / 16)
+    int8-dynamic-2level  the dynamic row step, the residual in 4 bits kept and read: S = S0 + step (c8 + c4 / 16),
+                      a 12-bit grid in two codes (no memory beside S: the rounding of S itself)
     fp8-e4m3          (S - S0) / (row max / 448) as float8 e4m3, per-row calibrated scales
     fp16              S in half precision (2 bytes)
 A suffix `+kv-bf16` keeps the open mini-batch's keys and values (b x (Dk + Dv) a head) in bfloat16 in
@@ -62,6 +64,10 @@ def option(name: str, S0, scale_of, memory: dict, key):
     def fn(S, position):
         step = rows_steps(scale_of(position), S0)
         d = S - S0
+        if name == "int8-dynamic-2level":  # two levels, both read: S0 + step (c8 + c4 / 16), step = row max / 127
+            dyn = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12).expand_as(d)
+            coarse = int8_round(d, dyn)
+            return S0 + coarse + torch.clamp(torch.round((d - coarse) / (dyn / 16)), -8, 7) * (dyn / 16)
         if name.startswith("int8-dynamic-ef"):
             d = d + memory.get(key, torch.zeros_like(d))
             dyn = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12).expand_as(d)
@@ -102,6 +108,7 @@ def option(name: str, S0, scale_of, memory: dict, key):
 # bytes of S a state element kept between tokens, and the extra an option keeps (per element of S)
 S_BYTES = {"fp32": 4, "int8": 1, "int8-stochastic": 1, "int8-dynamic": 1, "int8-every-4": 4,
            "int8-ef-float": 1 + 4, "int8-ef-int4": 1.5, "int8-ef-int2": 1.25, "int8-dynamic-ef-int4": 1.5,
+           "int8-dynamic-2level": 1.5,
            "fp8-e4m3": 1, "fp16": 2}
 
 
@@ -117,7 +124,7 @@ def state_bytes(model, name: str) -> dict:
              if k.startswith("A"))
     base, _, kv_kind = name.partition("+")
     extra = sum(4 * t.shape[1] * t.shape[2] for layer in layers for k, t in layer.items() if k.startswith("S")) \
-        if base.startswith("int8-dynamic") else 0  # its row scales (a [H, Dk] table a level)
+        if "dynamic" in base else 0  # its row scales (a [H, Dk] table a level)
     fp32 = 4 * (s_elems + a_elems + other)
     kv_bytes = 2 if kv_kind == "kv-bf16" else 4
     with_a = S_BYTES[base] * s_elems + 4 * (a_elems + other) + extra

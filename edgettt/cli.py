@@ -343,7 +343,9 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--method", type=RegistryChoice(_names("weight_formats", "METHODS")), default="rtn", show_default=True,
               help="int4, int8: round to nearest, or GPTQ error feedback (needs --calib).")
 @click.option("--state", type=RegistryChoice(_names("state_formats", "STATE_FORMATS")), default="fp32", show_default=True,
-              help="int8: calibrated per-row scales (needs --calib); int8-tensor: one scale from the initial state.")
+              help="int8: 12 bits a value in two codes (1.5 bytes), a step per row recomputed at every commit; "
+                   "int8-calibrated: 8 bits, calibrated per-row scales (needs --calib); int8-tensor: 8 bits, one "
+                   "scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
               help="Also leave layers whose name matches PATTERN in float (repeatable; added to lm_head, which "
@@ -394,7 +396,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
 @click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn,int4-gptq,nf4", show_default=True,
               help="Comma-separated weight variants: int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
-@click.option("--state", "state_list", default="int8,int8-tensor,fp16", show_default=True,
+@click.option("--state", "state_list", default="int8,int8-calibrated,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
 @click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), default="64", show_default=True)
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,

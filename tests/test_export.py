@@ -43,8 +43,9 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "linear-fp32": ("linear", None, (), {"MatMul", "SimplifiedLayerNormalization", "RotaryEmbedding"}),
     "mlp-fp32": ("mlp", None, (), {"MatMul"}),
     "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4", "--method", "gptq", "--group-size", "32",
-                                         "--state", "int8"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
-    "mlp-int8": ("mlp", ("--weights", "int8",), ("--activations", "float"), {"MatMulNBits"}),
+                                         "--state", "int8-calibrated"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
+    "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int8"), ("--activations", "float"),
+                                 {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
     "linear-int4-head": ("linear", ("--weights", "int4", "--group-size", "32", "--quantize-lm-head"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-int8-head": ("linear", ("--weights", "int8", "--quantize-lm-head"), (),

@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8"),
+@pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8-calibrated"),
                                   ("--weights", "int4", "--method", "gptq", "--group-size", "32"),
                                   ("--weights", "int4", "--group-size", "32", "--state", "fp16"),
                                   ("--weights", "nf4", "--group-size", "32", "--state", "int8-tensor"),
@@ -58,12 +58,12 @@ def test_quantize_bad_inputs(setup, tmp_path):
     la = setup / "la"
     result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--method", "gptq")
     assert result.exit_code == 1 and "needs a calibration" in result.output
-    result = run("quantize", la, tmp_path / "o", "--state", "int8")
+    result = run("quantize", la, tmp_path / "o", "--state", "int8-calibrated")
     assert result.exit_code == 1 and "needs a calibration" in result.output
     # a calibration made for another model
     assert run("create", tmp_path / "t2", "--hidden-size", "64", "--seed", "9").exit_code == 0
     assert run("convert", tmp_path / "t2", tmp_path / "la2", "--no-report").exit_code == 0
-    result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8", "--calib", setup / "cal.st")
+    result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8-calibrated", "--calib", setup / "cal.st")
     assert result.exit_code == 1 and "made for another model" in result.output
     # group size that does not divide the layer (down_proj reads the intermediate 160): refused up front
     result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64", "--fallback", "refuse")
@@ -117,15 +117,35 @@ def test_report_end_to_end(setup, tmp_path):
     assert bad.exit_code == 1 and "unknown variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
 
 
-def test_info_counts_the_int8_state_as_stored(setup, tmp_path):
-    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "int8", "--state", "int8",
+@pytest.mark.parametrize("state", ["int8", "int8-calibrated"])
+def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
+    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "int8", "--state", state,
                "--calib", setup / "cal.st").exit_code == 0
     plain, quant = (json.loads(run("info", p, "--json").output) for p in (setup / "la", tmp_path / "q"))
     layers, H, d, C, K = 2, 4, 16, 64, 4
     s_elems = H * (d + 1) * d  # per layer: S and A of this shape, plus one conv tail (share_qk)
     assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)
-    assert quant["decode_state_bytes_per_sequence"] == layers * (s_elems * (1 + 4) + 4 * (K - 1) * C)
-    assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == "int8"
+    # int8: 1.5 bytes a value and a float32 step a row of S; int8-calibrated: 1 byte (its scales are in the model)
+    s_bytes = s_elems * 1.5 + 4 * H * (d + 1) if state == "int8" else s_elems
+    assert quant["decode_state_bytes_per_sequence"] == layers * (s_bytes + 4 * s_elems + 4 * (K - 1) * C)
+    assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == state
+
+
+def test_a_model_saved_when_int8_named_the_calibrated_state_loads_as_that(setup, tmp_path):
+    """Before 2026-12-02 `--state int8` was the calibrated format: such a directory (config "int8", the
+    scales in its weights) loads as int8-calibrated and computes as it did."""
+    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "none", "--state", "int8-calibrated",
+               "--calib", setup / "cal.st").exit_code == 0
+    config = json.loads((tmp_path / "q" / "config.json").read_text())
+    assert config["quantization"]["state"] == "int8-calibrated"
+    config["quantization"]["state"] = "int8"
+    (tmp_path / "q" / "config.json").write_text(json.dumps(config))
+    old, new = edgettt.load(tmp_path / "q"), edgettt.load(setup / "la")
+    assert {layer.state_format for _, layer in old.state_layers()} == {"int8-calibrated"}
+    assert old.config.quantization["state"] == "int8-calibrated"
+    ids = torch.randint(0, 256, (1, 40))
+    with torch.no_grad():
+        assert 0 < (old(ids) - new(ids)).abs().max() < 0.5  # rounded with the calibrated scales
 
 
 def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_path):

@@ -3,14 +3,24 @@
 A leaf (plain torch, nothing of edgettt): the model, the decode kernel's reference and the ONNX
 graph's state operators all round the state with the formula written here, once.
 
-    fp32         S as it is
-    fp16         S rounded to half precision at every commit
-    int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
-                 (S0: the learned initial state, a model constant; the part that moves is smaller)
-    int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127
-                 (the plain-rounding baseline the calibrated format is measured against)
+    fp32             S as it is
+    fp16             S rounded to half precision at every commit
+    int8             S - S0 in two codes a value, int8 and int4, on a step per sequence, head and row
+                     recomputed from the state at every commit (no calibration, nothing clipped):
+                     1.5 bytes a value and 4 a row (S0: the learned initial state, a model constant;
+                     the part that moves is smaller). The default 8-bit state: issue 23 measured it
+                     against the others (benchmarks/results/state_options.md)
+    int8-calibrated  S - S0 in int8, one calibrated scale per head and row for each position bucket
+    int8-tensor      S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127
+                     (the plain-rounding baseline the calibrated formats are measured against)
 
-The int8 formula, with `scale` [H, Dk] (one per head and state row) and S0 [H, Dk, Dv]:
+The int8 formula, with d = S - S0 and step [..., Dk, 1] = max |d| over the row / 127:
+
+    c8 = round(d / step)  (in [-127, 127]: the step covers the row)
+    c4 = clamp(round((d - c8 step) / (step / 15)), -7, 7)  (the remainder is within step / 2: 7.5 fine steps)
+    S  = S0 + (c8 + c4 / 15) step                          (|error| <= step / 30)
+
+The int8-calibrated formula, with `scale` [H, Dk] (one per head and state row) and S0 [H, Dk, Dv]:
 
     codes = clamp(round((S - S0) / scale), -127, 127)     (round half to even, as torch.round)
     S     = S0 + codes * scale
@@ -47,11 +57,25 @@ def requantize_int8_state(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor
     return int8_state_values(int8_state_codes(S, S0, scale), S0, scale)
 
 
+FINE_STEPS = 15  # the int8 format's second code: steps of step / 15, in [-7, 7] (4 bits, symmetric)
+
+
+def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
+    """S on the int8 format's grid: S0 + (c8 + c4 / 15) step, the step max |S - S0| over each row / 127."""
+    d = S - S0
+    step = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-30)  # (a row that has not moved: 0)
+    coarse = torch.round(d / step)
+    half = FINE_STEPS // 2
+    fine = torch.clamp(torch.round((d - coarse * step) * (FINE_STEPS / step)), -half, half)
+    return S0 + (coarse + fine / FINE_STEPS) * step
+
+
 class StateFormat:
     """One way to keep S. `requantizer` gives the function applied at every mini-batch commit."""
 
     name = "fp32"
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
+    row_bytes = 0  # kept beside the values for each row of S (a step)
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
     rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
@@ -81,10 +105,26 @@ class Float16State(StateFormat):
         return lambda S, position: S.half().to(S.dtype)
 
 
+class Int8TwoLevelState(StateFormat):
+    """S - S0 on a 12-bit grid in two codes (int8 + int4) a value, the step of each row recomputed from
+    the state at every commit. In the ONNX graphs the rounding is inside, and S crosses as float32 (its
+    codes as graph inputs and outputs are not built)."""
+
+    name, bytes_per_element, row_bytes, rounds_at_run_time = "int8", 1.5, 4, True
+
+    def requantizer(self, S0, scale_of):
+        S0 = S0.detach()
+        return lambda S, position: two_level_round(S, S0)
+
+    def describe(self):
+        return {"format": self.name, "scales": "one per sequence, head and row, recomputed at every commit",
+                "dequantize": "S0 + (c8 + c4 / 15) * step[row]; crosses the graphs as float32 values on that grid"}
+
+
 class Int8State(StateFormat):
     """S - S0 with calibrated per-row scales for each position bucket (the commit's position picks it)."""
 
-    name, bytes_per_element, int8, needs_calibration, rounds_at_run_time = "int8", 1, True, True, True
+    name, bytes_per_element, int8, needs_calibration, rounds_at_run_time = "int8-calibrated", 1, True, True, True
 
     def requantizer(self, S0, scale_of):
         offset = self.offset(S0.detach())
@@ -114,7 +154,7 @@ class Int8TensorState(Int8State):
         return {**super().describe(), "dequantize": "q * scale[head, row]"}
 
 
-STATE_FORMATS = {f.name: f for f in (StateFormat(), Float16State(), Int8State(), Int8TensorState())}
+STATE_FORMATS = {f.name: f for f in (StateFormat(), Float16State(), Int8TwoLevelState(), Int8State(), Int8TensorState())}
 
 
 def state_format(name: str) -> StateFormat:
