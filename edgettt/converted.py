@@ -6,7 +6,11 @@ Parameters, beside the shared projections of `MixerBase`:
     state0 [H, d+1, d]                         TTT-Linear initial state S0 = [W1; b1]
     state0_1 [H, d+1, 4d], state0_2 [H, 4d+1, d]  TTT-MLP, one per level
     mask_eta [b]                               eta_tok: the chunk mask coefficients
-Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails.
+Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails. With
+a state format that keeps the open mini-batch's keys and values (`int8`), K1 [B, H, b, Dk] and V1
+[B, H, b, Dv] in float16 take A's place: slot i holds the mini-batch's i-th token's ka and vh, and A
+is their sum of products over the slots filled (b (Dk + Dv) values a head instead of Dk Dv); the
+layer then reads every token's ka and vh rounded to float16, in prefill as in decode.
 
 A quantized state (`set_state_format`, formats in `quant/state_formats.py`) is rounded at every
 mini-batch commit; A keeps full precision inside the mini-batch. The int8 scales are buffers
@@ -21,6 +25,7 @@ Forms: `exact` takes each mini-batch's values at its boundary state (recurrent a
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from . import linear_attention as la
@@ -28,7 +33,10 @@ from .config import ModelConfig
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
+from .quant.state_formats import state_format
 from .quant.state_scales import StateScales
+
+OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
 
 
 class LinearAttentionLayer(StateScales, MixerBase):
@@ -52,13 +60,23 @@ class LinearAttentionLayer(StateScales, MixerBase):
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
 
+    def keeps_keys_and_values(self) -> bool:
+        """Whether the decode state keeps the open mini-batch's keys and values in place of A."""
+        return state_format(self.state_format).keeps_keys_and_values
+
     def init_state(self, batch_size: int) -> dict:
         state = zeros_state(self.conv_state_shapes(), batch_size, self.mask_eta)
+        b = self.config.mini_batch_size
         for level, s0 in enumerate(self.initial_states(), start=1):
             state[f"S{level}"] = s0.unsqueeze(0).repeat(batch_size, 1, 1, 1)  # trainable, as in ttt.py
             if (requant := self.requantizer(level)) is not None:
                 state[f"S{level}"] = requant(state[f"S{level}"], 0)
-            state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
+            if self.keeps_keys_and_values():
+                Dk, Dv = s0.shape[-2:]
+                state[f"K{level}"] = s0.new_zeros(batch_size, s0.shape[0], b, Dk, dtype=OPEN_DTYPE)
+                state[f"V{level}"] = s0.new_zeros(batch_size, s0.shape[0], b, Dv, dtype=OPEN_DTYPE)
+            else:
+                state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
         return state
 
     def learning_rates(self, x: torch.Tensor) -> torch.Tensor:
@@ -130,8 +148,43 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return q + layer_norm(zbar, gamma, beta)
 
     def _attend(self, attend, level, st, qa, ka, vh, start):
-        S, A = f"S{level}", f"A{level}"
+        S = f"S{level}"
+        kv = self.keeps_keys_and_values()
+        if kv:  # every token's ka and vh as the buffer holds them, and A from the buffer
+            ka, vh = ka.to(OPEN_DTYPE).to(qa.dtype), vh.to(OPEN_DTYPE).to(qa.dtype)
+            A = self._open_sum(st, level, start, qa.dtype)
+        else:
+            A = st[f"A{level}"]
         if self.observer is not None:
-            self.observer(level, ka, vh, st[S], st[A], start)
-        zbar, st[S], st[A] = attend(qa, ka, vh, st[S], st[A], self.mask_eta, start, self.requantizer(level))
+            self.observer(level, ka, vh, st[S], A, start)
+        zbar, st[S], A = attend(qa, ka, vh, st[S], A, self.mask_eta, start, self.requantizer(level))
+        if kv:
+            self._keep_open(st, level, ka, vh, start)
+        else:
+            st[f"A{level}"] = A
         return zbar
+
+    def _filled(self, start):
+        """Slots of the open mini-batch that hold a token before position `start` [b] (0/1)."""
+        b = self.config.mini_batch_size
+        front = start % b
+        return (torch.arange(b, device=self.mask_eta.device) < front).to(self.mask_eta.dtype)
+
+    def _open_sum(self, st, level, start, dtype) -> torch.Tensor:
+        """A: the sum of ka^T vh over the open mini-batch's tokens before `start`, from the buffers."""
+        K, V = st[f"K{level}"].to(dtype), st[f"V{level}"].to(dtype)
+        return (K * self._filled(start).to(dtype)[:, None]).transpose(-1, -2) @ V
+
+    def _keep_open(self, st, level, ka, vh, start) -> None:
+        """The buffers after tokens start..: the slots of the mini-batch left open hold its tokens."""
+        b = self.config.mini_batch_size
+        for name, new in ((f"K{level}", ka), (f"V{level}", vh)):
+            old = st[name]
+            if torch.is_tensor(start):  # one token at a tensor position (an exported decode graph)
+                slot = torch.arange(b, device=old.device) == start % b
+                st[name] = torch.where(slot[:, None], new.to(old.dtype), old)
+                continue
+            front, T = start % b, new.shape[2]
+            tokens = torch.cat((old[:, :, :front].to(new.dtype), new), dim=2)  # from the open mini-batch's start
+            done = (front + T) // b * b  # positions in whole mini-batches, committed
+            st[name] = F.pad(tokens[:, :, done:], (0, 0, 0, b - (front + T - done))).to(old.dtype)

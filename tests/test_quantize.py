@@ -201,6 +201,35 @@ def test_the_default_int8_state_drifts_far_less_and_stays_flat_along_the_text(tr
     assert two_level[-512:].mean() < 1e-4
 
 
+@pytest.mark.parametrize("split", [21, 32])  # inside a mini-batch, at a boundary (b = 16)
+def test_the_int8_state_keeps_the_open_mini_batch_in_place_of_a(trained, split):
+    """The int8 state keeps the open mini-batch's keys and values (float16, one slot a token) instead
+    of the float32 sum A: the slots of the tokens seen hold values, the rest zeros; decode and prefill
+    in pieces continue it as one prefill does (up to its run-time rounding, as for the int8 state), and
+    the whole decode state is 36% of the float one's bytes."""
+    model, cal, ids = trained
+    q = quantized(model, QuantConfig("none", state="int8"), cal)
+    ids = ids[:, :70]
+    b = q.config.mini_batch_size
+    with torch.no_grad():
+        full = q(ids)
+        first, state = q.prefill(ids[:, :split])
+        layer = state.layers[0]
+        assert "A1" not in layer and layer["K1"].dtype == layer["V1"].dtype == torch.float16
+        assert layer["K1"].shape[2] == layer["V1"].shape[2] == b
+        filled = split % b
+        assert (layer["K1"][:, :, filled:] == 0).all() and (layer["K1"][:, :, :filled].abs().sum(-1) > 0).all()
+        pieces = [first]
+        second, state = q.prefill(ids[:, split:split + 9], state)
+        pieces.append(second)
+        for t in range(split + 9, ids.shape[1]):
+            step, state = q.step(ids[:, t], state)
+            pieces.append(step[:, None])
+    got = torch.cat(pieces, 1)
+    assert ((got - full).norm() / full.norm()).item() < 1e-3  # measured 1e-5 to 1e-4
+    assert 0.35 < q.decode_state_bytes() / model.decode_state_bytes() < 0.37
+
+
 def test_the_two_level_rounding_is_within_a_30th_of_the_row_step():
     """|S - round(S)| <= step / 30 with step = max |S - S0| over the row / 127 (nothing clipped), the row's
     largest change kept exactly, rows that did not move left at S0, and rounding twice changes nothing."""

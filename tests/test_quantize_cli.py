@@ -125,9 +125,14 @@ def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
     layers, H, d, C, K = 2, 4, 16, 64, 4
     s_elems = H * (d + 1) * d  # per layer: S and A of this shape, plus one conv tail (share_qk)
     assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)
-    # int8: 1.5 bytes a value and a float32 step a row of S; int8-calibrated: 1 byte (its scales are in the model)
-    s_bytes = s_elems * 1.5 + 4 * H * (d + 1) if state == "int8" else s_elems
-    assert quant["decode_state_bytes_per_sequence"] == layers * (s_bytes + 4 * s_elems + 4 * (K - 1) * C)
+    # int8: 1.5 bytes a value and a float32 step a row of S, the open mini-batch's keys and values (b of
+    # them, float16) in place of A; int8-calibrated: 1 byte (its scales are in the model), A in float32
+    b = 8
+    if state == "int8":
+        per_layer = s_elems * 1.5 + 4 * H * (d + 1) + 2 * H * b * ((d + 1) + d)
+    else:
+        per_layer = s_elems + 4 * s_elems
+    assert quant["decode_state_bytes_per_sequence"] == layers * (per_layer + 4 * (K - 1) * C)
     assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == state
 
 

@@ -177,7 +177,8 @@ def state_specs(model: CausalLM) -> list[dict]:
         fmt = state_format(getattr(layer, "state_format", "fp32"))
         formatted = layer.formatted_state_names()
         for name, t in tensors.items():
-            spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]), "dtype": "float32"}
+            spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]),
+                    "dtype": "float16" if t.dtype == torch.float16 else "float32"}
             if name in formatted and fmt.int8:  # the scales (and the initial state) are inside the graphs
                 spec["dtype"] = "int8"
                 spec["quantization"] = fmt.describe()

@@ -8,8 +8,9 @@ graph's state operators all round the state with the formula written here, once.
     int8             S - S0 in two codes a value, int8 and int4, on a step per sequence, head and row
                      recomputed from the state at every commit (no calibration, nothing clipped):
                      1.5 bytes a value and 4 a row (S0: the learned initial state, a model constant;
-                     the part that moves is smaller). The default 8-bit state: issue 23 measured it
-                     against the others (benchmarks/results/state_options.md)
+                     the part that moves is smaller); a TTT layer keeps the open mini-batch's keys and
+                     values (float16) in place of the float32 sum A. The default 8-bit state: issue 23
+                     measured it against the others (benchmarks/results/state_options.md)
     int8-calibrated  S - S0 in int8, one calibrated scale per head and row for each position bucket
     int8-tensor      S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127
                      (the plain-rounding baseline the calibrated formats are measured against)
@@ -76,6 +77,7 @@ class StateFormat:
     name = "fp32"
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
     row_bytes = 0  # kept beside the values for each row of S (a step)
+    keeps_keys_and_values = False  # the open mini-batch's keys and values (float16) in place of A
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
     rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
@@ -107,10 +109,11 @@ class Float16State(StateFormat):
 
 class Int8TwoLevelState(StateFormat):
     """S - S0 on a 12-bit grid in two codes (int8 + int4) a value, the step of each row recomputed from
-    the state at every commit. In the ONNX graphs the rounding is inside, and S crosses as float32 (its
-    codes as graph inputs and outputs are not built)."""
+    the state at every commit; the open mini-batch's keys and values in float16 in place of the float32
+    sum A (a TTT layer's state; LaCT's running sums stay float). In the ONNX graphs the rounding is
+    inside, and S crosses as float32 (its codes as graph inputs and outputs are not built)."""
 
-    name, bytes_per_element, row_bytes, rounds_at_run_time = "int8", 1.5, 4, True
+    name, bytes_per_element, row_bytes, rounds_at_run_time, keeps_keys_and_values = "int8", 1.5, 4, True, True
 
     def requantizer(self, S0, scale_of):
         S0 = S0.detach()
