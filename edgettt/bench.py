@@ -300,29 +300,19 @@ def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
 
 
 def initial_w0_w2(config, device):
-    """A random initial W0 or W2 as the model draws it: dense, or low-rank factors."""
-    from .kernels.lact import LowRank
+    """A random initial W0 or W2 as the model draws it: dense, or low-rank factors (`LowRank`)."""
+    from .lact.model import LowRankFastWeight
 
-    H, d, dh, r, gain = (config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim, config.w0_w2_low_rank,
-                         config.fw_init_gain)
+    H, d, dh, r = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim, config.w0_w2_low_rank
     if r <= 0:
         return torch.randn(H, dh, d, device=device) / math.sqrt(d)
-    return LowRank(torch.randn(H, dh, r, device=device) * gain / math.sqrt(r),
-                   torch.randn(H, r, d, device=device) * gain / math.sqrt(d))
+    drawn = LowRankFastWeight(H, dh, d, r, config.fw_init_gain).to(device).factors()
+    return type(drawn)(drawn.left.detach(), drawn.right.detach())
 
 
 def dense(w):
     """A fast weight as a matrix (`LowRank` factors multiplied out)."""
     return w.dense() if hasattr(w, "dense") else w
-
-
-def cast(w, dtype):
-    """A fast weight (or its `LowRank` factors) in `dtype`."""
-    return type(w)(w.left.to(dtype), w.right.to(dtype)) if hasattr(w, "dense") else w.to(dtype)
-
-
-def weight_bytes(w) -> int:
-    return w.left.nbytes + w.right.nbytes if hasattr(w, "dense") else w.nbytes
 
 
 @contextlib.contextmanager
@@ -362,7 +352,7 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
     config = lact_config(**shape)
     q, k, v, lr, gates, weights = lact_inputs(config, B, T, dtype, device)
     H = config.num_lact_heads
-    fixed = {i: cast(weights[i], dtype) for i in "02"}  # (W0, W2 as a model in `dtype` holds them)
+    fixed = {i: weights[i].to(dtype) for i in "02"}  # (W0, W2 as a model in `dtype` holds them)
     fixed_dense = {i: dense(w) for i, w in fixed.items()}  # (the product formed: what a full-rank config runs)
 
     def state():
@@ -452,7 +442,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
     config = lact_config()
     H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
     q, k, v, lr, gates, weights = lact_inputs(config, B, 1, dtype)
-    weights = {i: cast(weights[i], dtype) for i in "02"}  # (as a model in `dtype` holds them)
+    weights = {i: weights[i].to(dtype) for i in "02"}  # (as a model in `dtype` holds them)
     phi_q, key = (lact_kernels.features(x, weights["0"], weights["2"])[:, :, 0].contiguous() for x in (q, k))
     v1 = v[:, :, 0].contiguous()
     m = torch.rand(B, H, device="cuda")
@@ -471,7 +461,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
         return lact_kernels.decode_step(phi_q, key, v1, s[0], s[1], s[2], m, commit)
     for commit in (False, True):
         ms, timing = time_rotating_ms([lambda s=s: whole_step(s, commit) for s in sets])
-        moved = (elements * 4 * (6 if commit else 3) + weight_bytes(weights["0"]) + weight_bytes(weights["2"])
+        moved = (elements * 4 * (6 if commit else 3) + weights["0"].nbytes + weights["2"].nbytes
                  + B * H * (4 * dh + 3 * d) * dtype.itemsize)
         rows.append(row("LaCT decode state", "feature maps + state step" + (" commit" if commit else ""), ms, moved,
                         ceiling, B, B=B, H=H, d=d, bytes_per_token=moved / B, timing=timing))

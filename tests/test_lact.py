@@ -161,6 +161,21 @@ def test_parallel_form_equals_the_recurrent_one(momentum, split):
     assert relative_error(decode_logits(parallel, ids, split), want) < 1e-5
 
 
+def test_the_low_rank_parallel_form_trains_as_the_recurrent_one():
+    """Low-rank W0, W2 reach the parallel form's feature map as their factors: with autograd on (as in
+    distillation) the outputs and the factors' gradients equal the recurrent form's."""
+    recurrent = random_model(**W1_ONLY, w0_w2_low_rank=4)
+    parallel = random_model(**W1_ONLY, w0_w2_low_rank=4, form="parallel")
+    ids = torch.randint(0, SMALL["vocab_size"], (2, 30))
+    outs = [model(ids) for model in (recurrent, parallel)]
+    assert relative_error(outs[1], outs[0]) < 1e-5
+    for model, out in zip((recurrent, parallel), outs):
+        out.square().mean().backward()
+    for name in ("w_left", "w_right"):
+        want = getattr(recurrent.model.layers[0].attn.w0, name).grad
+        assert relative_error(getattr(parallel.model.layers[0].attn.w0, name).grad, want) < 1e-4, name
+
+
 @pytest.mark.parametrize("momentum", [True, False])
 def test_naive_chunk_and_recurrent_agree_on_one_layer(momentum):
     """The three computations of the fast-weight output, on one layer's inputs: the masked matrix,

@@ -60,6 +60,17 @@ class LowRank:
         rows, cols = W.shape[-2:]
         return W + self.IDENTITY * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
 
+    def to(self, dtype) -> LowRank:
+        return LowRank(self.left.to(dtype), self.right.to(dtype))
+
+    @property
+    def requires_grad(self) -> bool:
+        return self.left.requires_grad or self.right.requires_grad
+
+    @property
+    def nbytes(self) -> int:
+        return self.left.nbytes + self.right.nbytes
+
 
 def project_ref(xf, w):
     """x W^T for a dense W or a `LowRank` one (float32)."""
@@ -89,7 +100,7 @@ def momentum_coefficients(m: torch.Tensor):
 def chunk_momenta_ref(gates, gate_in, chunk: int, front: int = 0):
     B, H, T = gates.shape
     N = chunk_count(front, T, chunk)
-    G = F.pad(gates.float(), (front, N * chunk - front - T)).reshape(B, H, N, chunk).sum(-1)
+    G = padded_chunks(gates.float(), front, N, chunk).sum(-1)
     G = torch.cat((G[:, :, :1] + gate_in[:, :, None], G[:, :, 1:]), dim=2)
     return G / chunk, G[:, :, -1]
 
@@ -101,10 +112,10 @@ def chunk_count(front: int, T: int, chunk: int) -> int:
     return (front + T + chunk - 1) // chunk
 
 
-def _padded_chunks(x, front: int, N: int, chunk: int):
-    """[B, H, T, e] -> [B, H, N, chunk, e]: `front` zero rows first, zeros after the last token."""
-    x = F.pad(x, (0, 0, front, N * chunk - front - x.shape[2]))
-    return x.reshape(*x.shape[:2], N, chunk, x.shape[-1])
+def padded_chunks(x, front: int, N: int, chunk: int):
+    """[B, H, T, ...] -> [B, H, N, chunk, ...]: `front` zeros first, zeros after the last token."""
+    x = F.pad(x, [0, 0] * (x.dim() - 3) + [front, N * chunk - front - x.shape[2]])
+    return x.reshape(*x.shape[:2], N, chunk, *x.shape[3:])
 
 
 def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0):
@@ -112,7 +123,7 @@ def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int 
     unrolled into the coefficients E, P (`momentum_coefficients`)."""
     B, H, T, _ = phi_q.shape
     N = chunk_count(front, T, chunk)
-    U = _padded_chunks(v.float(), front, N, chunk).transpose(-1, -2) @ _padded_chunks(keys.float(), front, N, chunk)
+    U = padded_chunks(v.float(), front, N, chunk).transpose(-1, -2) @ padded_chunks(keys.float(), front, N, chunk)
     U = torch.cat((U[:, :, :1] + u0[:, :, None], U[:, :, 1:]), dim=2)  # [B, H, N, dv, dh]
     if m is None:
         D, d_in = U, torch.zeros_like(w1)
@@ -120,7 +131,7 @@ def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int 
         E, P = momentum_coefficients(m)
         D = torch.einsum("bhin,bhixy->bhnxy", E, U) + P[..., None, None] * d_in[:, :, None]
     W = w1[:, :, None] + (torch.cumsum(D, dim=2) - D)  # W_c: what chunk c's tokens read
-    out = _padded_chunks(phi_q.float(), front, N, chunk) @ W.transpose(-1, -2)
+    out = padded_chunks(phi_q.float(), front, N, chunk) @ W.transpose(-1, -2)
     out = out.reshape(B, H, N * chunk, -1)[:, :, front:front + T].to(v.dtype)
     d_prev = torch.cat((d_in[:, :, None], D), dim=2)[:, :, -2]
     ends = {"w": W[:, :, -1] + D[:, :, -1], "w_open": W[:, :, -1], "u": U[:, :, -1], "d": D[:, :, -1],

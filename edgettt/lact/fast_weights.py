@@ -147,12 +147,6 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
     return torch.cat(outs, dim=2)
 
 
-def _chunked(x, front: int, N: int, chunk: int):
-    """[B, H, T, ...] -> [B, H, N, chunk, ...]: `front` zeros first, zeros after the last token."""
-    pad = [0, 0] * (x.dim() - 3) + [front, N * chunk - front - x.shape[2]]
-    return F.pad(x, pad).reshape(*x.shape[:2], N, chunk, *x.shape[3:])
-
-
 def scanned(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start: int, rounding=None):
     """`exact` as one scan over whole chunks (torch's scan operator: an ONNX Scan in an exported graph).
     The text is padded to whole chunks with zero tokens (zero keys and rates add nothing to the sums);
@@ -160,7 +154,7 @@ def scanned(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, star
     it, chosen with a 0/1 flag, so that one graph holds both cases."""
     from torch._higher_order_ops.scan import scan
 
-    from ..kernels.lact import chunk_count
+    from ..kernels.lact import chunk_count, padded_chunks
 
     b = config.lact_chunk_size
     B, H, T = q.shape[:3]
@@ -168,8 +162,8 @@ def scanned(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, star
     N = chunk_count(front, T, b)
     names = state_names(config)
     gates = q.new_zeros(B, H, T) if gates is None else gates
-    xs = [_chunked(x, front, N, b) for x in (q, k, v, lr, gates)]
-    complete = _chunked(q.new_ones(1, 1, T), front, N, b)[..., -1]  # [1, 1, N]: the chunk's last slot holds a token
+    xs = [padded_chunks(x, front, N, b) for x in (q, k, v, lr, gates)]
+    complete = padded_chunks(q.new_ones(1, 1, T), front, N, b)[..., -1]  # [1, 1, N]: the chunk's last slot holds a token
     ends = (start - front + b * torch.arange(1, N + 1, device=q.device)).reshape(1, 1, N)  # position of each commit
 
     def one_chunk(carry, x):

@@ -78,8 +78,7 @@ def naive(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
     chunk_of = torch.arange(T, device=q.device) // b
     N = int(chunk_of[-1]) + 1
     if config.use_momentum:
-        G = F.pad(gates, (0, N * b - T)).reshape(B, H, N, b).sum(-1)
-        E, _ = kernels.momentum_coefficients(G / b)
+        E, _ = kernels.momentum_coefficients(kernels.chunk_momenta_ref(gates, gates.new_zeros(B, H), b)[0])
     else:
         E = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
     before = torch.tril(torch.ones(N, N, device=q.device, dtype=q.dtype), diagonal=-1).T  # [n, c]: n < c
