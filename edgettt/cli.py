@@ -250,7 +250,7 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
         # the longest context it was tuned at (config.json: kept by quantize, export)
         converted.config.extra["distilled_ctx"] = max(lengths)
         distilled = {"train_text": train_text.fingerprint(), "steps_asked": steps, "minutes": minutes,
-                     "steps": len(losses), "lr": lr, "ctx": lengths if len(lengths) > 1 else ctx,  # fewer steps than asked when --minutes ended it
+                     "steps": len(losses), "lr": lr, "ctx": lengths if len(lengths) > 1 else lengths[0],  # fewer steps than asked when --minutes ended it
                      "batch": batch, "hard_weight": hard_weight,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:

@@ -190,6 +190,16 @@ def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 48
 
 
+def test_one_distill_ctx_is_the_length_reported(ckpt, tmp_path):
+    """--distill-ctx 24 beside --ctx 64: the report and config.json both name 24, the length trained at."""
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "1", "--batch", "1",
+                 "--ctx", "64", "--distill-ctx", "24", "--data", "python-docs-sample", "--no-report")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
+    assert report["distill"]["ctx"] == 24
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 24
+
+
 def test_convert_distillation_ends_on_the_clock_with_minutes(ckpt, tmp_path, monkeypatch):
     """--minutes 0.05 (3 s) on a fake clock that ticks 1 s a reading: 2 of the 50 steps asked."""
     clock = iter(range(1000))
