@@ -5,9 +5,12 @@ bandwidth measured in the same run, and a ratio against named references of the 
 - prefill of one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
   scan (`ttt.py`, fp32), the exact and parallel forms in torch and as kernels, and, when
   flash-linear-attention is installed, its `chunk_ttt_linear` and `chunk_linear_attn`;
-- the decode step of the state for a batch of sequences: float state against int8 state;
+- the decode step of the state for a batch of sequences: float32 and bfloat16 S and A, int8-calibrated
+  S, and the int8 format (two-level codes with the open mini-batch's keys and values), per token, per
+  commit and over a whole mini-batch;
 - one decode token through a weight matrix (GEMV, M = 1): fp16 against int8 and int4 (edgettt's
-  kernels), bitsandbytes NF4 and LLM.int8 when installed; and the same GEMMs for a prefill block;
+  kernels), bitsandbytes NF4 and LLM.int8 when installed; and the same GEMMs for a prefill block
+  (each way of edgettt's GEMM);
 - LaCT at the public 760M layer shape: the W1-only parallel form (kernels, torch), the exact form in
   torch, the public code's compiled torch layer (given its file) and fla's chunk_linear_attn /
   chunk_simple_gla at the same head dims; its decode state step.
@@ -231,41 +234,77 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
 
 # ---- decode: the state step --------------------------------------------------------------------------
 
-STATE_KINDS = (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("int8", torch.float32))
+STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8")
+MINI_BATCH = 16  # the presets' mini-batch size: a commit every 16 tokens
+
+
+def _state_case(kind, B, H, Dk, Dv, vectors, eta):
+    """(make one state set, step(set, inner), bytes a step at `inner` moves) for a state kind: S and A
+    in float32 or bfloat16 (`decode_step`); S in int8 at calibrated scales with A in float32
+    (`decode_step_int8`, the int8-calibrated format); the two-level int8 S with the open mini-batch's
+    keys and values in float16 in place of A (`decode_step_int8kv`, the int8 format)."""
+    qa, ka, vh, out = vectors
+    elements, heads = B * H * Dk * Dv, B * H
+    shared = H * Dk * Dv * 4  # S0, read once by the whole batch
+    if kind == "int8":
+        S0 = torch.randn(H, Dk, Dv, device="cuda")
+
+        def make():
+            kv = [torch.randn(B, H, MINI_BATCH, D, device="cuda").half() for D in (Dk, Dv)]
+            return (torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8),
+                    torch.randint(0, 256, (B, H, Dk, Dv // 2), device="cuda", dtype=torch.uint8),
+                    torch.rand(B, H, Dk, device="cuda") * 0.01, S0, *kv)
+
+        def moved(inner):
+            codes = elements * 3 // 2 + heads * Dk * 4  # c8, c4 and the row steps
+            slots = heads * (Dk + Dv) * 2
+            return codes * (2 if inner == MINI_BATCH - 1 else 1) + slots * (inner + 1) + shared
+        return make, lambda st, i: decode.decode_step_int8kv(qa, ka, vh, *st, eta, i, out=out), moved
+    if kind == "int8-calibrated":
+        S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
+
+        def make():
+            return (torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8),
+                    torch.randn(B, H, Dk, Dv, device="cuda"))
+
+        def moved(inner):
+            return elements * ((2 if inner == MINI_BATCH - 1 else 1) + 2 * 4) + shared + H * Dk * 4
+        return make, lambda st, i: decode.decode_step_int8(qa, ka, vh, st[0], scale, S0, st[1], eta, i, out=out), moved
+    dt = getattr(torch, kind)
+
+    def make():
+        return tuple(torch.randn(B, H, Dk, Dv, device="cuda", dtype=dt) for _ in range(2))
+
+    def moved(inner):
+        return elements * dt.itemsize * ((2 if inner == MINI_BATCH - 1 else 1) + 2)
+    return make, lambda st, i: decode.decode_step(qa, ka, vh, *st, eta, i, out=out), moved
 
 
 def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
-    """One decode token of one layer's state for B sequences (vectors qa, ka, vh in `dtype`): S and A
-    in float32 (the models' default), in bfloat16, and S in int8 with A in float32 (the models' int8
-    state); also the step of a token that ends its mini-batch (commit). State sets rotate past L2."""
+    """One decode token of one layer's state for B sequences (vectors qa, ka, vh in `dtype`), for each
+    of `STATE_KINDS`: a token inside a mini-batch, the token that ends it (commit), and the mean over a
+    whole mini-batch of 16 tokens (commit included: what decoding costs). State sets rotate past L2."""
     Dk, Dv = d + 1, d
-    g = lambda *s, dt=dtype: torch.randn(*s, device="cuda", dtype=dt)  # noqa: E731
-    qa, ka, vh, out = g(B, H, Dk), g(B, H, Dk), g(B, H, Dv), g(B, H, Dv)
-    eta = 1.0 / torch.arange(1, 17, device="cuda", dtype=torch.float32)
-    S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
-    elements = B * H * Dk * Dv
+    g = lambda *s: torch.randn(*s, device="cuda", dtype=dtype)  # noqa: E731
+    vectors = (g(B, H, Dk), g(B, H, Dk), g(B, H, Dv), torch.empty(B, H, Dv, device="cuda"))
+    eta = 1.0 / torch.arange(1, MINI_BATCH + 1, device="cuda", dtype=torch.float32)
+    vector_bytes = B * H * (2 * Dk + Dv) * dtype.itemsize + B * H * Dv * 4
     rows = []
-    for kind, a_dtype in STATE_KINDS:
-        s_bytes = 1 if kind == "int8" else a_dtype.itemsize
-        sets = copies_for(elements * (s_bytes + a_dtype.itemsize))
-        if kind == "int8":
-            states = [(torch.randint(-127, 128, (B, H, Dk, Dv), device="cuda", dtype=torch.int8), g(B, H, Dk, Dv, dt=a_dtype))
-                      for _ in range(sets)]
-            step = lambda S, A, i: decode.decode_step_int8(qa, ka, vh, S, scale, S0, A, eta, i, out=out)  # noqa: E731
-        else:
-            states = [(g(B, H, Dk, Dv, dt=a_dtype), g(B, H, Dk, Dv, dt=a_dtype)) for _ in range(sets)]
-            step = lambda S, A, i: decode.decode_step(qa, ka, vh, S, A, eta, i, out=out)  # noqa: E731
-        for commit in (False, True):
-            inner = 15 if commit else 3
-            ms, timing = time_rotating_ms([lambda S=S, A=A: step(S, A, inner) for S, A in states])
-            moved = elements * (s_bytes * (2 if commit else 1) + 2 * a_dtype.itemsize) + B * H * (2 * Dk + 2 * Dv) * dtype.itemsize
-            if kind == "int8":
-                moved += H * Dk * Dv * 4 + H * Dk * 4  # S0 and the scales, shared by the batch
-            rows.append(row("decode state", f"state {kind}" + (" commit" if commit else ""), ms, moved, ceiling, B,
-                            B=B, H=H, d=d, A_dtype=dtype_name(a_dtype), bytes_per_token=moved / B,
-                            timing=timing))
-        del states
-    add_ratios(rows, ["state float32", "state float32 commit"])
+    for kind in STATE_KINDS:
+        make, step, moved = _state_case(kind, B, H, Dk, Dv, vectors, eta)
+        sets = [make()]
+        sets += [make() for _ in range(copies_for(moved(MINI_BATCH - 1) * 2) - 1)]
+        cases = [("", [3]), (" commit", [MINI_BATCH - 1]), (" mini-batch", list(range(MINI_BATCH)))]
+        for suffix, inners in cases:
+            calls = [lambda st=st, i=i: step(st, i) for i in inners for st in sets]  # each set once a sweep
+            ms, timing = time_rotating_ms(calls)
+            bytes_moved = statistics.mean(moved(i) for i in inners) + vector_bytes
+            rows.append(row("decode state", f"state {kind}{suffix}", ms, bytes_moved, ceiling, B, B=B, H=H, d=d,
+                            state=kind, case=suffix.strip() or "token", bytes_per_token=bytes_moved / B, timing=timing))
+        del sets
+    float_ms = {r["case"]: r["ms"] for r in rows if r["state"] == "float32"}
+    for r in rows:  # each case against the float32 state's same case
+        r["x float32"] = float_ms[r["case"]] / r["ms"]
     return rows
 
 
@@ -471,7 +510,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
 
 # ---- weights: GEMV and GEMM ---------------------------------------------------------------------------
 
-def weight_variants(N, K, dtype, group=64) -> dict:
+def weight_variants(N, K, dtype, group=64, gemm_variants=False) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
     from .quant.weight_formats import weight_format
@@ -482,13 +521,17 @@ def weight_variants(N, K, dtype, group=64) -> dict:
     packed = (t["qweight"], t["scales"], t["zero_points"])
     t8 = weight_format("int8").quantize(w, group)
     per_channel = (t8["qweight"], t8["scales"])
-    variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True),
-                "int8 per-channel (edgettt kernel)": (lambda: tuple(p.clone() for p in per_channel),
-                                                      lambda x, c: int8.int8_matmul(x, *c),
-                                                      sum(p.nbytes for p in per_channel), True),
-                f"int4 g{group} (edgettt kernel)": (lambda: tuple(p.clone() for p in packed),
-                                                    lambda x, c: int4.int4_matmul(x, *c), sum(p.nbytes for p in packed),
-                                                    True)}
+    variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True)}
+    # a GEMV runs one kernel; a GEMM each of the ways `gemm` picks (the kernels' docstrings name the default)
+    ways = [("fused", "edgettt fused"), ("swapped", "edgettt W x^T"), ("dequantize", "dequantize + cuBLAS")]
+    for gemm, how in (ways if gemm_variants else [(None, "edgettt kernel")]):
+        picked = {} if gemm is None else {"gemm": gemm}
+        variants[f"int8 per-channel ({how})"] = (lambda: tuple(p.clone() for p in per_channel),
+                                                 lambda x, c, picked=picked: int8.int8_matmul(x, *c, **picked),
+                                                 sum(p.nbytes for p in per_channel), True)
+        variants[f"int4 g{group} ({how})"] = (lambda: tuple(p.clone() for p in packed),
+                                              lambda x, c, picked=picked: int4.int4_matmul(x, *c, **picked),
+                                              sum(p.nbytes for p in packed), True)
     try:
         import bitsandbytes as bnb
         import bitsandbytes.functional as bnbf
@@ -516,7 +559,7 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
     act = M * (K + N) * dtype.itemsize
     group_name = "decode GEMV (M=1)" if M == 1 else f"prefill GEMM (M={M})"
     rows = []
-    for name, (copy, matmul, nbytes, capturable) in weight_variants(N, K, dtype).items():
+    for name, (copy, matmul, nbytes, capturable) in weight_variants(N, K, dtype, gemm_variants=M > int4.GEMV_MAX_ROWS).items():
         copies = [copy() for _ in range(copies_for(nbytes) if M == 1 else 2)]
         ms, timing = time_rotating_ms([lambda c=c: matmul(x, c) for c in copies], capturable)
         rows.append(row(group_name, name, ms, nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes,

@@ -792,9 +792,12 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     prefill  one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
              scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
              flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
-    decode   the state step for a batch of sequences: float state against int8 state
+    decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
+             S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
+             token, a commit, and the mean over a mini-batch of 16
     weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
-             edgettt's int8 and int4 kernels, bitsandbytes NF4 and LLM.int8 when installed
+             edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
+             cuBLAS), bitsandbytes NF4 and LLM.int8 when installed
     train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
              kernel with its backward against autograd through the mini-batch scan
     lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
@@ -844,16 +847,20 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 @click.option("--threads", default=None, type=POSITIVE,
               help="onnxruntime / torch threads of each worker [default: their own].")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random token ids.")
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="cuda: models through torch on the GPU in bfloat16, decode as CUDA graph replays.")
+@click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences prefilled and decoded together.")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, force):
-    """Tokens a second a model prefills and decodes, batch 1, in the manner of llama-bench.
+def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_path, md_path, force):
+    """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
     PATH     an export directory (ONNX Runtime on the CPU: the edge path), a model (torch), or an
              onnxruntime-genai model folder (a transformer with its KV cache: the anchor; needs
-             onnxruntime-genai; benchmarks/anchor_llama.py makes one)
+             onnxruntime-genai; benchmarks/anchor_llama.py makes one); with --device cuda, models
+             and llama:<preset> (a Llama of that preset's size with a static KV cache, SDPA)
     ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
 
@@ -867,8 +874,8 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, json_path, md_path, 
     from .speed import run, table, tests, write
 
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
-                                    inputs=[model_input(p) for p in paths])
-    result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed)
+                                    inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
+    result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch)
     click.echo(table(result))
     write(result, json_out, md_out)
 

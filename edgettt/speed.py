@@ -56,7 +56,7 @@ def tests(pp: list[int], tg: list[int], depths: list[int]) -> list[Test]:
 class OnnxEngine:
     """An export through `edgettt.runner.Runner` (numpy and onnxruntime)."""
 
-    def __init__(self, path: str, threads: int | None):
+    def __init__(self, path: str, threads: int | None, batch: int = 1):
         from .runner import Runner
 
         self.runner = Runner(path, threads)
@@ -72,7 +72,7 @@ class OnnxEngine:
 class TorchEngine:
     """A model through torch (CausalLM.prefill and .step), on the CPU."""
 
-    def __init__(self, path: str, threads: int | None):
+    def __init__(self, path: str, threads: int | None, batch: int = 1):
         import torch
 
         from . import load
@@ -93,13 +93,136 @@ class TorchEngine:
                 _, state = self.model.step(self.torch.from_numpy(ids[:, t]), state)
 
 
+class CudaEngine:
+    """A model (or `llama:<preset>`, the same-size transformer of `edgettt.llama`) through torch on a
+    CUDA GPU, weights and state in bfloat16, `batch` sequences. Prefill is one call; decode replays
+    CUDA graphs of `step`, one a token, as serving stacks run it (the launches of a step recorded
+    once: a step of a small model is otherwise the host's time to launch its kernels). A TTT model's
+    step depends on its place in the mini-batch, so it gets one graph per place (all on the same
+    state tensors); the transformer's position is a device tensor, so it gets one graph."""
+
+    def __init__(self, path: str, threads: int | None, batch: int = 1):
+        import torch
+
+        self.torch, self.batch = torch, batch
+        if is_llama(path):
+            from .llama import Llama
+
+            with torch.device("cuda"):
+                model = Llama(llama_config(path))
+        else:
+            from . import load
+
+            model = load(path)
+        self.model = model.to("cuda", torch.bfloat16).eval()
+        self.vocab = self.model.config.vocab_size
+        self.graphs = None
+
+    def prefill(self, ids, room: int = 0):
+        torch = self.torch
+        x = torch.from_numpy(ids).cuda()
+        with torch.no_grad():
+            state = self.model.init_state(x.shape[0], x.shape[1] + room) if is_llama_model(self.model) else None
+            _, state = self.model.prefill(x, state, logits_from=x.shape[1] - 1)
+        torch.cuda.synchronize()
+        return state
+
+    def ready(self, ids, start, state):
+        """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
+        self.ids = self.torch.from_numpy(ids).cuda()
+        with self.torch.no_grad():
+            self.graphs = capture_steps(self.model, state, start)
+        self.torch.cuda.synchronize()
+
+    def decode(self, ids, start, state):
+        token, graphs = self.graphs
+        for t in range(ids.shape[1]):
+            token.copy_(self.ids[:, t])
+            graphs[(start + t) % len(graphs)].replay()
+        self.torch.cuda.synchronize()
+
+
+def capture_steps(model, state, start: int):
+    """(the graphs' token input [B], the CUDA graphs of `model.step` on `state`'s tensors): one graph
+    for the transformer, one for each place in the mini-batch for a TTT model (graph i steps a token
+    at a position = i mod b). Kernels autotune and allocate on a copy of the state first."""
+    import torch
+
+    from .model import State
+
+    token = torch.zeros(state_batch(state), dtype=torch.long, device="cuda")
+    period = 1 if is_llama_model(model) else model.config.mini_batch_size
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up on a copy
+        scratch = _copy_state(state)
+        for _ in range(period):
+            model.step(token, scratch)
+    torch.cuda.current_stream().wait_stream(side)
+    pool, graphs = torch.cuda.graph_pool_handle(), []
+    for place in range(period):
+        graph = torch.cuda.CUDAGraph()
+        if period == 1:
+            with torch.cuda.graph(graph, pool=pool):
+                model.step(token, state)
+        else:
+            position = start + (place - start) % period  # the first position at this place
+            step_state = State(position, [dict(layer) for layer in state.layers])
+            with torch.cuda.graph(graph, pool=pool):
+                _, step_state = model.step(token, step_state)
+                for kept, new in zip(state.layers, step_state.layers):  # results back into the state's tensors
+                    for name, t in new.items():
+                        if t is not kept[name]:
+                            kept[name].copy_(t)
+        graphs.append(graph)
+    return token, graphs
+
+
+def _copy_state(state):
+    """A copy of a decode state (its tensors cloned; the transformer's rotary tables shared)."""
+    from .llama import KVCache
+    from .model import State
+
+    if isinstance(state, KVCache):
+        return KVCache([k.clone() for k in state.keys], [v.clone() for v in state.values], state.pos.clone(),
+                       state.cos, state.sin)
+    return State(state.pos, [{k: v.clone() for k, v in layer.items()} for layer in state.layers])
+
+
+def state_batch(state) -> int:
+    from .llama import KVCache
+
+    return state.keys[0].shape[0] if isinstance(state, KVCache) else next(iter(state.layers[0].values())).shape[0]
+
+
+def is_llama_model(model) -> bool:
+    from .llama import Llama
+
+    return isinstance(model, Llama)
+
+
+LLAMA_PREFIX = "llama:"
+
+
+def is_llama(path: str) -> bool:
+    return str(path).startswith(LLAMA_PREFIX)
+
+
+def llama_config(path: str):
+    """`llama:<preset>`: a Llama of the TTT preset's hidden size, layers, heads, MLP and vocabulary."""
+    from .config import PRESET_VOCAB, PRESETS
+    from .llama import LlamaConfig
+
+    return LlamaConfig(**PRESETS[str(path)[len(LLAMA_PREFIX):]], vocab_size=PRESET_VOCAB)
+
+
 class GenaiEngine:
     """A model folder of onnxruntime-genai (its model builder's output: genai_config.json), through its
     Generator: the transformer with a KV cache that a user would run instead (the anchor of
     `benchmarks/anchor_llama.py`). Prefill appends the prompt's tokens; decode appends one token a
     step (the given ids, as the other engines: no sampling is timed)."""
 
-    def __init__(self, path: str, threads: int | None):
+    def __init__(self, path: str, threads: int | None, batch: int = 1):
         import onnxruntime_genai as og
 
         config = og.Config(str(path))
@@ -138,36 +261,54 @@ def engine_name(path: str) -> str:
 ENGINES = {"onnxruntime": OnnxEngine, "onnxruntime-genai": GenaiEngine, "torch": TorchEngine}
 
 
-def time_test(engine, test: Test, rng) -> float:
-    """Seconds the test's timed part takes."""
+def time_test(engine, test: Test, rng, batch: int = 1) -> float:
+    """Seconds the test's timed part takes, for `batch` sequences."""
     if test.kind == "pp":
-        ids = rng.integers(0, engine.vocab, (1, test.tokens))
+        ids = rng.integers(0, engine.vocab, (batch, test.tokens))
         t0 = time.perf_counter()
         engine.prefill(ids)
         return time.perf_counter() - t0
     start = max(test.depth, 1)
-    ids = rng.integers(0, engine.vocab, (1, start + test.tokens))
+    ids = rng.integers(0, engine.vocab, (batch, start + test.tokens))
     states = engine.prefill(ids[:, :start], room=test.tokens)  # room: tokens the decode appends (a KV cache's)
+    if hasattr(engine, "ready"):  # (CUDA graphs captured before the clock starts)
+        engine.ready(ids[:, start:], start, states)
     t0 = time.perf_counter()
     engine.decode(ids[:, start:], start, states)
     return time.perf_counter() - t0
 
 
-def _measure(conn, path: str, threads: int | None, seed: int, test: Test) -> None:
+def _measure(conn, path: str, threads: int | None, seed: int, test: Test, device: str = "cpu", batch: int = 1) -> None:
     """One worker process: load `path`, warm up on a short run of the same kind (the first runs of a
-    session allocate and plan), time `test`, send (seconds, peak resident MB)."""
+    session allocate and plan), time `test`, send (seconds, peak MB: resident memory on the CPU, the
+    GPU memory allocated on CUDA)."""
     import numpy as np
 
-    from .runner import peak_memory_mb
-
     try:
-        engine = ENGINES[engine_name(path)](path, threads)
+        engine = (CudaEngine if device == "cuda" else ENGINES[engine_name(path)])(path, threads, batch)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return
     rng = np.random.default_rng(seed)
-    time_test(engine, Test(test.kind, min(test.tokens, 16), min(test.depth, 16)), rng)
-    conn.send((time_test(engine, test, rng), peak_memory_mb()))
+    try:
+        # on CUDA a prefill warms up at its own length: kernels autotune for each new shape
+        short = test if device == "cuda" and test.kind == "pp" else Test(test.kind, min(test.tokens, 16), min(test.depth, 16))
+        time_test(engine, short, rng, batch)
+        seconds = time_test(engine, test, rng, batch)
+    except Exception as exc:
+        conn.send(("error", f"{path}: {test.name} failed: {type(exc).__name__}: {exc}"))
+        return
+    conn.send((seconds, peak_mb(device)))
+
+
+def peak_mb(device: str) -> float:
+    if device == "cuda":
+        import torch
+
+        return torch.cuda.max_memory_allocated() / 2**20
+    from .runner import peak_memory_mb
+
+    return peak_memory_mb()
 
 
 # ---- the run ------------------------------------------------------------------------------------------
@@ -206,13 +347,29 @@ def count_nodes(graph, functions: dict | None = None) -> int:
     return total
 
 
-def check_paths(paths: list[str]) -> None:
-    """Every path an export, a model directory or a shipped name, before any worker starts."""
+def check_paths(paths: list[str], device: str = "cpu") -> None:
+    """Every path an export, a model directory or a shipped name (on CUDA: a model or `llama:<preset>`),
+    before any worker starts."""
     from .checkpoint import resolve_model_path
+    from .config import PRESETS
 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise EdgetttError("speed --device cuda: no CUDA GPU (torch.cuda.is_available() is False); run it on "
+                               "a machine with one, or time on the CPU")
     for path in paths:
+        if is_llama(path):
+            if device != "cuda" or str(path)[len(LLAMA_PREFIX):] not in PRESETS:
+                raise EdgetttError(f"{path}: the transformer baseline is llama:<preset> (presets "
+                                   f"{', '.join(PRESETS)}) and runs with --device cuda")
+            continue
+        if device == "cuda" and (is_export(path) or is_genai(path)):
+            raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
+                               "directories or shipped names (or time exports on the CPU)")
         if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():
             raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
                                f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
@@ -226,13 +383,13 @@ def check_paths(paths: list[str]) -> None:
 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
-        seed: int = 0) -> dict:
+        seed: int = 0, device: str = "cpu", batch: int = 1) -> dict:
     """Time every test of every path `repetitions` times, the paths taking turns: each measurement in
     a fresh worker process (one at a time: a machine holds one model's peak, and each peak is its
     own). Returns the JSON."""
     from .progress import bar
 
-    check_paths(paths)
+    check_paths(paths, device)
     ctx = multiprocessing.get_context("spawn")  # a clean process each: nothing shared with the parent
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
@@ -241,17 +398,17 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         for r in range(1, repetitions + 1):
             for test in test_list:
                 for path in paths:
-                    seconds, peak = _one(ctx, path, threads, seed, test)
+                    seconds, peak = _one(ctx, path, threads, seed, test, device, batch)
                     times[(path, test.name)].append(seconds)
                     peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
                     order.append([r, path, test.name])
                     progress.update()
-    return summarise(paths, test_list, times, peaks, order, repetitions, threads)
+    return summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
 
 
-def _one(ctx, path, threads, seed, test) -> tuple[float, float]:
+def _one(ctx, path, threads, seed, test, device="cpu", batch=1) -> tuple[float, float]:
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test), daemon=True)
+    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test, device, batch), daemon=True)
     proc.start()
     try:
         answer = _receive(parent, path)
@@ -272,25 +429,42 @@ def _receive(conn, path: str):
                            "alone, or with fewer tokens") from None
 
 
-def summarise(paths, test_list, times, peaks, order, repetitions, threads) -> dict:
+def summarise(paths, test_list, times, peaks, order, repetitions, threads, device="cpu", batch=1) -> dict:
     import onnxruntime
 
     rows = []
     for path in paths:
-        facts = disk_facts(path)
+        facts = llama_facts(path) if is_llama(path) else disk_facts(path)
         for test in test_list:
-            rates = [test.tokens / s for s in times[(path, test.name)]]
-            ref = [test.tokens / s for s in times[(paths[0], test.name)]]
-            rows.append({"path": path, "engine": engine_name(path), "test": test.name,
-                         "tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
-                         "vs_first": statistics.median(a / b for a, b in zip(rates, ref)),
+            rates = [batch * test.tokens / s for s in times[(path, test.name)]]
+            ref = [batch * test.tokens / s for s in times[(paths[0], test.name)]]
+            rows.append({"path": path, "engine": "torch cuda" if device == "cuda" else engine_name(path),
+                         "test": test.name, "tokens_per_s": statistics.median(rates), "min": min(rates),
+                         "max": max(rates), "vs_first": statistics.median(a / b for a, b in zip(rates, ref)),
                          "peak_rss_mb": peaks[(path, test.name)], **facts})
     import torch
 
     meta = {"cpu": cpu_name(), "cores": multiprocessing.cpu_count(),
             "threads": threads, "repetitions": repetitions, "onnxruntime": onnxruntime.__version__,
-            "torch": torch.__version__, "python": platform.python_version(), "batch": 1}
+            "torch": torch.__version__, "python": platform.python_version(), "batch": batch, "device": device}
+    if device == "cuda":
+        import triton
+
+        meta.update(gpu=torch.cuda.get_device_name(), triton=triton.__version__, dtype="bfloat16",
+                    decode="a CUDA graph replay a token", peak="GPU memory allocated (torch.cuda.max_memory_allocated)")
     return {"meta": meta, "rows": rows, "order": order}
+
+
+def llama_facts(path: str) -> dict:
+    """The transformer baseline's bytes: its parameters in bfloat16 (it has no files)."""
+    from .llama import Llama
+
+    c = llama_config(path)
+    import torch
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in Llama(c).parameters())
+    return {"bytes": 2 * params}
 
 
 def cpu_name() -> str:
@@ -321,7 +495,13 @@ def write(result: dict, json_out=None, markdown_out=None) -> None:
             tmp.write_text(json.dumps(result, indent=2) + "\n")
     if markdown_out is not None:
         with markdown_out.write() as tmp:
-            meta = result["meta"]
-            tmp.write_text(f"{table(result)}\n\nCPU {meta['cpu']} ({meta['cores']} cores), threads "
-                           f"{meta['threads'] or 'default'}, onnxruntime {meta['onnxruntime']}, torch {meta['torch']}, "
-                           f"{meta['repetitions']} repetitions, batch 1.\n")
+            tmp.write_text(f"{table(result)}\n\n{footer(result['meta'])}\n")
+
+
+def footer(meta: dict) -> str:
+    """Where and how the table was measured, in one line."""
+    if meta.get("device") == "cuda":
+        return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, decode: "
+                f"{meta['decode']}; peak MB: {meta['peak']}; {meta['repetitions']} repetitions, batch {meta['batch']}.")
+    return (f"CPU {meta['cpu']} ({meta['cores']} cores), threads {meta['threads'] or 'default'}, onnxruntime "
+            f"{meta['onnxruntime']}, torch {meta['torch']}, {meta['repetitions']} repetitions, batch {meta['batch']}.")

@@ -10,7 +10,10 @@
 One program handles one (sequence, head, block of Dv columns): it reads its tiles of S and A once
 and writes them once, so the step moves the state's bytes twice and little else.
 
-`decode_step_int8` / `decode_step_int8_ref` do the same with S stored as int8 (see below).
+`decode_step_int8` / `decode_step_int8_ref` do the same with S stored as int8 at calibrated scales
+(the int8-calibrated format), and `decode_step_int8kv` / `decode_step_int8kv_ref` with the int8
+format's two-level codes and the open mini-batch's keys and values in place of A (see below; the
+speed of each in `edgettt bench`'s decode state rows, benchmarks/results/state_step_h200.md).
 """
 
 from __future__ import annotations
@@ -145,4 +148,138 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
     grid = (B * H, cdiv(DV, block_v))
     _decode_step_int8_kernel[grid](qa, ka, vh, Sq, scale, S0, A, z, eta_tok, inner, last, H, DK, DV,
                                    COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
+    return z
+
+
+# ---- int8 state, two-level, with the open mini-batch's keys and values ---------------------------------
+# The `int8` state format (quant/state_formats.py): S = S0 + (c8 + c4 / 15) step, c8 int8 [B, H, Dk, Dv],
+# c4 in [-7, 7] packed two a byte (`pack_fine`: columns j and j + Dv/2) [B, H, Dk, Dv/2], step float32
+# [B, H, Dk] (one a sequence, head and row, recomputed at every commit). A is not kept: the buffers
+# K [B, H, b, Dk] and V [B, H, b, Dv] (float16) hold the open mini-batch's ka and vh, slot i = its
+# i-th token, so that
+#     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j,   commit: S <- round(S + eta_b K^T V)
+# A token reads S once at 1.5 bytes a value and the slots before it, and writes one slot.
+
+def decode_step_int8kv_ref(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None):
+    from ..quant.state_formats import pack_fine, two_level_codes, two_level_values, unpack_fine
+
+    K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
+    S = two_level_values(C8.float(), unpack_fine(C4), step[..., None], S0)
+    A = K[:, :, :inner + 1].float().transpose(-1, -2) @ V[:, :, :inner + 1].float()
+    zbar = (qa.float()[..., None, :] @ (S + eta_tok[inner] * A))[..., 0, :]
+    if inner == eta_tok.shape[0] - 1:
+        coarse, fine, new_step = two_level_codes(S + eta_tok[-1] * A, S0)
+        C8.copy_(coarse.to(torch.int8))
+        C4.copy_(pack_fine(fine))
+        step.copy_(new_step[..., 0])
+    if out is not None:
+        out.copy_(zbar)
+    return zbar
+
+
+@triton.jit
+def _two_level_load(c8_ptr, c4_ptr, s0_ptr, r, c, st, DV, mask):
+    """Rows r, columns c and c + Dv/2 of S0 + (c8 + c4 / 15) step, and of S0: four [R, HALF] tiles."""
+    DH = DV // 2
+    fine = tl.load(c4_ptr + r[:, None] * DH + c[None, :], mask=mask, other=0x88).to(tl.int32)
+    at = r[:, None] * DV + c[None, :]
+    s0_lo = tl.load(s0_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    s0_hi = tl.load(s0_ptr + at + DH, mask=mask, other=0.0).to(tl.float32)
+    c8_lo = tl.load(c8_ptr + at, mask=mask, other=0).to(tl.float32)
+    c8_hi = tl.load(c8_ptr + at + DH, mask=mask, other=0).to(tl.float32)
+    s_lo = s0_lo + (c8_lo + ((fine & 0xF) - 8).to(tl.float32) / 15.0) * st[:, None]
+    s_hi = s0_hi + (c8_hi + ((fine >> 4) - 8).to(tl.float32) / 15.0) * st[:, None]
+    return s_lo, s_hi, s0_lo, s0_hi
+
+
+@triton.jit
+def _two_level_store(c8_ptr, c4_ptr, step_ptr, r, c, d_lo, d_hi, DV, mask, r_ok):
+    """Round d = S - S0 (two [R, HALF] tiles: the row's halves) to the int8 format and store it."""
+    DH = DV // 2
+    amax = tl.maximum(tl.max(tl.abs(d_lo), axis=1), tl.max(tl.abs(d_hi), axis=1))
+    st = tl.maximum(amax / 127.0, 1e-30)
+    coarse_lo = _round_half_even(d_lo / st[:, None])
+    coarse_hi = _round_half_even(d_hi / st[:, None])
+    fine_lo = tl.minimum(tl.maximum(_round_half_even((d_lo - coarse_lo * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
+    fine_hi = tl.minimum(tl.maximum(_round_half_even((d_hi - coarse_hi * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
+    at = r[:, None] * DV + c[None, :]
+    tl.store(c8_ptr + at, coarse_lo.to(tl.int8), mask=mask)
+    tl.store(c8_ptr + at + DH, coarse_hi.to(tl.int8), mask=mask)
+    packed = (fine_lo + 8.0).to(tl.int32) | ((fine_hi + 8.0).to(tl.int32) << 4)
+    tl.store(c4_ptr + r[:, None] * DH + c[None, :], packed.to(tl.uint8), mask=mask)
+    tl.store(step_ptr + r, st, mask=r_ok)
+
+
+@triton.jit
+def _decode_step_int8kv_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr, s0_ptr, k_ptr, v_ptr, z_ptr,
+                               eta_ptr, INNER, LAST, H, DK, DV, SLOTS,
+                               COMMIT: tl.constexpr, MINI: tl.constexpr, BLOCK_K: tl.constexpr,
+                               HALF: tl.constexpr, ROWS: tl.constexpr, ROW_END: tl.constexpr):
+    bh = tl.program_id(0)  # one (sequence, head): the whole [Dk, Dv] state, ROWS rows at a time
+    h = bh % H
+    DH = DV // 2
+    eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
+    k, c, j = tl.arange(0, BLOCK_K), tl.arange(0, HALF), tl.arange(0, MINI)
+    k_ok, c_ok = k < DK, c < DH
+    qa = tl.load(qa_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)
+    # this token, rounded as its slot keeps it, into its slot
+    ka = tl.load(ka_ptr + bh * DK + k, mask=k_ok, other=0.0).to(k_ptr.dtype.element_ty)
+    v_lo = tl.load(vh_ptr + bh * DV + c, mask=c_ok, other=0.0).to(v_ptr.dtype.element_ty)
+    v_hi = tl.load(vh_ptr + bh * DV + DH + c, mask=c_ok, other=0.0).to(v_ptr.dtype.element_ty)
+    k_slots, v_slots = k_ptr + bh * SLOTS * DK, v_ptr + bh * SLOTS * DV
+    tl.store(k_slots + INNER * DK + k, ka, mask=k_ok)
+    tl.store(v_slots + INNER * DV + c, v_lo, mask=c_ok)
+    tl.store(v_slots + INNER * DV + DH + c, v_hi, mask=c_ok)
+    v_lo, v_hi = v_lo.to(tl.float32), v_hi.to(tl.float32)
+    # the open slots before it: qa A = sum_j (qa . K_j) V_j
+    j_ok = j < INNER
+    keys = tl.load(k_slots + j[:, None] * DK + k[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0)
+    qk = tl.sum(keys.to(tl.float32) * qa[None, :], axis=1)  # [MINI]
+    qk_now = tl.sum(ka.to(tl.float32) * qa, axis=0)
+    vmask = j_ok[:, None] & c_ok[None, :]
+    vals_lo = tl.load(v_slots + j[:, None] * DV + c[None, :], mask=vmask, other=0.0).to(tl.float32)
+    vals_hi = tl.load(v_slots + j[:, None] * DV + DH + c[None, :], mask=vmask, other=0.0).to(tl.float32)
+    z_lo = eta_i * (tl.sum(qk[:, None] * vals_lo, axis=0) + qk_now * v_lo)
+    z_hi = eta_i * (tl.sum(qk[:, None] * vals_hi, axis=0) + qk_now * v_hi)
+    # qa S, ROWS rows at a time; at a commit those rows are updated and rounded
+    c8_base, c4_base, step_base = c8_ptr + bh * DK * DV, c4_ptr + bh * DK * DH, step_ptr + bh * DK
+    s0_base = s0_ptr + h * DK * DV
+    for r0 in tl.static_range(0, ROW_END, ROWS):  # unrolled: the loads of every block can be in flight at once
+        r = r0 + tl.arange(0, ROWS)
+        r_ok = r < DK
+        mask = r_ok[:, None] & c_ok[None, :]
+        st = tl.load(step_base + r, mask=r_ok, other=0.0)
+        s_lo, s_hi, s0_lo, s0_hi = _two_level_load(c8_base, c4_base, s0_base, r, c, st, DV, mask)
+        q_r = tl.load(qa_ptr + bh * DK + r, mask=r_ok, other=0.0).to(tl.float32)
+        z_lo += tl.sum(q_r[:, None] * s_lo, axis=0)
+        z_hi += tl.sum(q_r[:, None] * s_hi, axis=0)
+        if COMMIT:  # A's rows r = K[:, r]^T V over the slots before this token, plus this token's
+            k_r = tl.load(ka_ptr + bh * DK + r, mask=r_ok, other=0.0).to(k_ptr.dtype.element_ty).to(tl.float32)
+            keys_r = tl.load(k_slots + j[:, None] * DK + r[None, :], mask=j_ok[:, None] & r_ok[None, :],
+                             other=0.0).to(tl.float32)  # [MINI, ROWS]
+            a_lo = tl.sum(keys_r[:, :, None] * vals_lo[:, None, :], axis=0) + k_r[:, None] * v_lo[None, :]
+            a_hi = tl.sum(keys_r[:, :, None] * vals_hi[:, None, :], axis=0) + k_r[:, None] * v_hi[None, :]
+            eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
+            d_lo = tl.where(mask, s_lo + eta_b * a_lo - s0_lo, 0.0)
+            d_hi = tl.where(mask, s_hi + eta_b * a_hi - s0_hi, 0.0)
+            _two_level_store(c8_base, c4_base, step_base, r, c, d_lo, d_hi, DV, mask, r_ok)
+    tl.store(z_ptr + bh * DV + c, z_lo.to(z_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(z_ptr + bh * DV + DH + c, z_hi.to(z_ptr.dtype.element_ty), mask=c_ok)
+
+
+def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None, rows: int = 4,
+                       warps: int = 1):
+    B, H, DK = qa.shape
+    DV = vh.shape[-1]
+    SLOTS = K.shape[2]
+    assert DV % 2 == 0, "the int8 state packs columns j and j + Dv/2: Dv must be even"
+    for t in (qa, ka, vh, C8, C4, step, S0, K, V):
+        assert t.is_contiguous(), "decode_step_int8kv needs contiguous tensors"
+    z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
+    last = eta_tok.shape[0] - 1
+    _decode_step_int8kv_kernel[(B * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last, H, DK, DV, SLOTS,
+                                         COMMIT=inner == last, MINI=next_power_of_2(SLOTS),
+                                         BLOCK_K=next_power_of_2(DK), HALF=next_power_of_2(DV // 2), ROWS=rows,
+                                         ROW_END=cdiv(DK, rows) * rows,
+                                         num_warps=warps)
     return z

@@ -11,7 +11,11 @@
   place and accumulates the tile; one reduction at the end. The zero points are applied once a
   group, through the group sums of x. (Variants measured in `benchmarks/bench_gemv.py`.)
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
-  cores; the low and high nibbles are interleaved back into k order in registers.
+  cores; the low and high nibbles are interleaved back into k order in registers. `gemm` picks one
+  of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):
+  "fused" (that kernel), "swapped" (the same computing y^T = W x^T), "dequantize" (W into x's dtype
+  by a kernel, then cuBLAS: the fastest at M = 2048, 0.88-0.90x bf16 against 0.46x fused; the default
+  from M = 1024 on, the fused kernel below).
 """
 
 from __future__ import annotations
@@ -126,13 +130,76 @@ def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride
     tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]),
+                 key=["M_BUCKET", "N", "K", "GROUP"])
+@triton.jit
+def _int4_gemm_swapped_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride_xm, M_BUCKET,
+                              GROUP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+    """As `_int4_gemm_kernel`, computing y^T = W x^T: the dequantized weight tile is the dot's left
+    operand, which Hopper's wgmma reads from registers (the right one must come from shared memory),
+    so the dequantized tile never goes through shared memory."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    c = tl.arange(0, GH)
+    kk = tl.arange(0, GROUP)
+    blocks = K // GROUP
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for g in range(0, blocks):
+        xt = tl.load(x_ptr + m[None, :] * stride_xm + g * GROUP + kk[:, None], mask=m_ok[None, :], other=0.0)
+        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0)
+        byte = byte.to(tl.int32)
+        scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)
+        zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
+        zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)
+        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))
+        w = ((codes - zero[:, None]) * scale[:, None]).to(dt)  # [BN, GROUP]
+        acc = tl.dot(w, xt, acc, input_precision=PREC)  # [BN, BM]
+    tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+
+
+@triton.jit
+def _int4_dequantize_kernel(qw_ptr, sc_ptr, zp_ptr, w_ptr, N, K, ZPW, GROUP: tl.constexpr, BN: tl.constexpr):
+    """W [N, K] in w's dtype from the packed codes, one group of K a program column."""
+    pid_n, g = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    c = tl.arange(0, GH)
+    blocks = K // GROUP
+    byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+    scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)
+    zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
+    zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)
+    codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))
+    w = (codes - zero[:, None]) * scale[:, None]
+    kk = tl.arange(0, GROUP)
+    tl.store(w_ptr + n[:, None] * K + g * GROUP + kk[None, :], w.to(w_ptr.dtype.element_ty), mask=n_ok[:, None])
+
+
+def int4_dequantize(qweight, scales, zero_points, dtype) -> torch.Tensor:
+    """The weight [N, K] in `dtype` (the kernel of `dequantize_int4`)."""
+    N, blocks, GH = qweight.shape
+    w = fresh(torch.empty(N, blocks * GH * 2, device=qweight.device, dtype=dtype))
+    _int4_dequantize_kernel[(cdiv(N, 64), blocks)](qweight, scales, zero_points, w, N, blocks * GH * 2,
+                                                   zero_points.shape[1], GROUP=GH * 2, BN=64)
+    return w
+
+
 def kernel_supports(group: int) -> bool:
     """Groups the kernels take: powers of two (tl.arange) from 32 (tl.dot's least K tile) to 128
     (two groups fit the GEMV's narrowest byte tile)."""
     return group in (32, 64, 128)
 
 
-def int4_matmul(x, qweight, scales, zero_points):
+GEMM_VARIANTS = ("fused", "swapped", "dequantize")  # measured against each other by `edgettt bench`
+DEQUANTIZE_MIN_ROWS = 1024  # from here on "dequantize" by default (measured: 2x the fused kernel at M = 2048)
+
+
+def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
@@ -147,9 +214,12 @@ def int4_matmul(x, qweight, scales, zero_points):
     if M <= GEMV_MAX_ROWS:
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
+    elif (gemm or ("dequantize" if M >= DEQUANTIZE_MIN_ROWS else "fused")) == "dequantize":
+        torch.matmul(x2, int4_dequantize(qweight, scales, zero_points, x.dtype).T, out=y)
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        _int4_gemm_kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
+        kernel = _int4_gemm_swapped_kernel if gemm == "swapped" else _int4_gemm_kernel
+        kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
                                 next_power_of_2(M), GROUP=GH * 2, PREC=prec)
     return y.reshape(*x.shape[:-1], N)

@@ -10,7 +10,10 @@ apply the per-row scale once, at the end (it factors out of the sum over k):
   codes, accumulating code * x in place; one reduction and one scale at the end. Codes become
   floats through the mantissa of 2^23 (as `int4._nibbles`), not an int-to-float conversion.
 - GEMM (prefill): x tiles times code tiles converted to x's dtype (exact: |code| <= 127) on the
-  tensor cores; the scale multiplies the finished tile.
+  tensor cores; the scale multiplies the finished tile. `gemm` picks the way: "swapped" (the
+  default: y^T = W x^T, the converted codes the dot's register operand; 0.70-0.72x bf16 cuBLAS at
+  M = 2048), "fused" (y = x W^T; 0.59-0.64x), "dequantize" (the weight in x's dtype, then cuBLAS;
+  0.57-0.59x): benchmarks/results/gemm_h200.md.
 The layer keeps only the int8 bytes on the GPU (no dequantized float copy).
 """
 
@@ -89,7 +92,34 @@ def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET
              mask=m_ok[:, None] & n_ok[None, :])
 
 
-def int8_matmul(x, qweight, scales):
+@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16, "BK": 32}, num_warps=4)]),
+                 key=["M_BUCKET", "N", "K"])
+@triton.jit
+def _int8_gemm_swapped_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET,
+                              PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """As `_int8_gemm_kernel`, computing y^T = W x^T: the converted code tile is the dot's left operand,
+    which Hopper's wgmma reads from registers."""
+    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    k = tl.arange(0, BK)
+    dt = x_ptr.dtype.element_ty
+    acc = tl.zeros([BN, BM], dtype=tl.float32)
+    for k0 in range(0, K, BK):
+        k_ok = k0 + k < K
+        xt = tl.load(x_ptr + m[None, :] * stride_xm + k0 + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc = tl.dot(q.to(dt), xt, acc, input_precision=PREC)  # [BN, BM]
+    scale = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m[None, :] * N + n[:, None], (acc * scale[:, None]).to(y_ptr.dtype.element_ty),
+             mask=m_ok[None, :] & n_ok[:, None])
+
+
+GEMM_VARIANTS = ("fused", "swapped", "dequantize")  # measured against each other by `edgettt bench`
+
+
+def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
     N, K = qweight.shape
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
     x2 = x.reshape(-1, K)
@@ -101,8 +131,11 @@ def int8_matmul(x, qweight, scales):
     if M <= GEMV_MAX_ROWS:
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int8_gemv_kernel[grid](x2, qweight, scales, y, N, K, x2.stride(0))
+    elif gemm == "dequantize":  # the weight in x's dtype, then the float GEMM
+        torch.matmul(x2, (qweight.to(x.dtype) * scales.to(x.dtype)[:, None]).T, out=y)
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        _int8_gemm_kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), next_power_of_2(M), PREC=prec)
+        kernel = _int8_gemm_swapped_kernel if gemm == "swapped" else _int8_gemm_kernel
+        kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), next_power_of_2(M), PREC=prec)
     return y.reshape(*x.shape[:-1], N)

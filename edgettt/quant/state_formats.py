@@ -61,14 +61,40 @@ def requantize_int8_state(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor
 FINE_STEPS = 15  # the int8 format's second code: steps of step / 15, in [-7, 7] (4 bits, symmetric)
 
 
-def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
-    """S on the int8 format's grid: S0 + (c8 + c4 / 15) step, the step max |S - S0| over each row / 127."""
+def two_level_codes(S: torch.Tensor, S0: torch.Tensor):
+    """The int8 format's codes of S: (coarse, fine, step) with coarse and fine as float values (in
+    [-127, 127] and [-7, 7]) and step [..., Dk, 1] = max |S - S0| over each row / 127."""
     d = S - S0
     step = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-30)  # (a row that has not moved: 0)
     coarse = torch.round(d / step)
     half = FINE_STEPS // 2
     fine = torch.clamp(torch.round((d - coarse * step) * (FINE_STEPS / step)), -half, half)
+    return coarse, fine, step
+
+
+def two_level_values(coarse: torch.Tensor, fine: torch.Tensor, step: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
+    """S from the int8 format's codes: S0 + (coarse + fine / 15) step."""
     return S0 + (coarse + fine / FINE_STEPS) * step
+
+
+def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
+    """S on the int8 format's grid: S0 + (c8 + c4 / 15) step, the step max |S - S0| over each row / 127."""
+    return two_level_values(*two_level_codes(S, S0), S0)
+
+
+def pack_fine(fine: torch.Tensor) -> torch.Tensor:
+    """Fine codes [..., Dv] (Dv even, values in [-7, 7]) as uint8 [..., Dv / 2]: column j in the low
+    nibble and column j + Dv / 2 in the high one, each offset by 8 (the decode kernel reads the two
+    halves of a row as two tiles)."""
+    half = fine.shape[-1] // 2
+    low, high = fine[..., :half] + 8, fine[..., half:] + 8
+    return (low.to(torch.int32) | (high.to(torch.int32) << 4)).to(torch.uint8)
+
+
+def unpack_fine(packed: torch.Tensor) -> torch.Tensor:
+    """`pack_fine`'s inverse, as float32 values in [-7, 7]."""
+    p = packed.to(torch.int32)
+    return torch.cat(((p & 0xF) - 8, (p >> 4) - 8), dim=-1).to(torch.float32)
 
 
 class StateFormat:

@@ -114,3 +114,75 @@ def test_round_half_even_in_the_kernel_matches_torch():
     decode_step_int8_ref(*args, Sq_ref, scale, S0, A_ref, eta, 1)
     decode_step_int8(*args, Sq, scale, S0, A, eta, 1)
     assert torch.equal(Sq, Sq_ref) and Sq_ref.flatten().tolist() == [0, 2, 2, 0, -2, 0, 1, -2]
+
+
+def int8kv_state(B, H, DK, DV, b, device, seed=2):
+    """A two-level int8 state as a commit leaves it, and open-mini-batch buffers of random keys and values."""
+    from edgettt.quant.state_formats import pack_fine, two_level_codes
+
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    S0 = r(H, DK, DV)
+    coarse, fine, step = two_level_codes(S0 + 0.3 * r(B, H, DK, DV), S0)
+    K, V = r(B, H, b, DK).half(), r(B, H, b, DV).half()
+    state = [coarse.to(torch.int8), pack_fine(fine), step[..., 0], S0, K, V]
+    return [t.to(device) for t in state]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 65, 64), (2, 1, 33, 6)])
+@pytest.mark.parametrize("inner", [0, 2, 3])  # 3 = the last of a mini-batch of 4: commit
+def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
+    from edgettt.kernels.decode import decode_step_int8kv, decode_step_int8kv_ref
+    from edgettt.quant.state_formats import two_level_values, unpack_fine
+
+    B, H, DK, DV = shape
+    g = torch.Generator().manual_seed(3)
+    qa, ka, vh = (torch.randn(*s, generator=g).to(device) for s in ((B, H, DK), (B, H, DK), (B, H, DV)))
+    eta = torch.tensor([1.0, 0.4, 0.3, 0.0625], device=device)
+    state = int8kv_state(B, H, DK, DV, 4, device)
+    state_ref = [t.clone() for t in state]
+    z_ref = decode_step_int8kv_ref(qa, ka, vh, *state_ref, eta, inner)
+    z = torch.full((B, H, DV), float("nan"), device=device)
+    decode_step_int8kv(qa, ka, vh, *state, eta, inner, out=z, rows=16)
+    assert rel_err(z, z_ref) < 1e-5
+    C8, C4, step, S0, K, V = state
+    assert torch.equal(K[:, :, inner], state_ref[4][:, :, inner]) and torch.equal(V, state_ref[5])
+    assert torch.equal(K, state_ref[4])
+    if inner < 3:  # no commit: the codes stay as they were
+        assert all(torch.equal(a, b) for a, b in zip(state[:3], state_ref[:3]))
+        return
+    assert rel_err(step, state_ref[2]) < 1e-6
+    # a rounding may differ by one fine step where float noise meets a half-way point; nowhere by more
+    S = two_level_values(C8.float(), unpack_fine(C4), step[..., None], S0)
+    S_ref = two_level_values(state_ref[0].float(), unpack_fine(state_ref[1]), state_ref[2][..., None], S0)
+    off = (S - S_ref).abs() > 1e-5 * S_ref.abs().max()
+    assert ((S - S_ref).abs() <= step[..., None] / 14).all() and off.float().mean() < 1e-3
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_int8kv_state_steps_through_a_mini_batch_as_the_model_rounds(device):
+    """b steps from a fresh state through the kernel equal the model's own arithmetic: values at the
+    float16 keys and values, and at the commit S rounded with `two_level_round`."""
+    from edgettt.kernels.decode import decode_step_int8kv
+    from edgettt.quant.state_formats import two_level_round, two_level_values, unpack_fine
+
+    B, H, DK, DV, b = 2, 2, 9, 8, 4
+    g = torch.Generator().manual_seed(4)
+    S0 = torch.randn(H, DK, DV, generator=g)
+    eta = torch.tensor([0.5, 0.4, 0.3, 0.2])
+    state = [torch.zeros(B, H, DK, DV, dtype=torch.int8), torch.full((B, H, DK, DV // 2), 0x88, dtype=torch.uint8),
+             torch.zeros(B, H, DK), S0, torch.zeros(B, H, b, DK, dtype=torch.float16),
+             torch.zeros(B, H, b, DV, dtype=torch.float16)]
+    state = [t.to(device) for t in state]
+    S, A = S0.expand(B, H, DK, DV).clone(), torch.zeros(B, H, DK, DV)
+    for i in range(b):
+        qa, ka, vh = (torch.randn(*s, generator=g) for s in ((B, H, DK), (B, H, DK), (B, H, DV)))
+        ka16, vh16 = ka.half().float(), vh.half().float()
+        A = A + ka16[..., :, None] * vh16[..., None, :]
+        z_model = (qa[..., None, :] @ (S + eta[i] * A))[..., 0, :]
+        z = decode_step_int8kv(*(t.to(device) for t in (qa, ka, vh)), *state, eta.to(device), i)
+        assert rel_err(z.cpu(), z_model) < 1e-5
+    S = two_level_round(S + eta[-1] * A, S0)
+    C8, C4, step = (t.cpu() for t in state[:3])
+    assert rel_err(two_level_values(C8.float(), unpack_fine(C4), step[..., None], S0), S) < 1e-5

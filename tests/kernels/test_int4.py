@@ -42,3 +42,15 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
     assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.bfloat16]
 
 
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gemm", ["swapped", "dequantize"])
+def test_int4_gemm_variants_match_reference(device, gemm):
+    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, and dequantize + matmul."""
+    weight = packed(40, 192, 64, device)
+    for dtype in [torch.float32, torch.float16]:
+        x = torch.randn(GEMV_MAX_ROWS + 9, 192, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)
+        y = int4_matmul(x, *weight, gemm=gemm)
+        assert y.shape == (GEMV_MAX_ROWS + 9, 40) and not torch.isnan(y).any()
+        assert rel_err(y.float(), int4_matmul_ref(x.float(), *weight)) < TOL[dtype], dtype

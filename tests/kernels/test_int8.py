@@ -44,3 +44,17 @@ def test_codes_become_exact_floats():
 @pytest.mark.parametrize("M", [1, 4, 512])
 def test_int8_matmul_bf16_llm_shape_on_gpu(M):
     check_int8(M, 11008, 4096, torch.bfloat16, "cuda")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("gemm", ["swapped", "dequantize"])
+def test_int8_gemm_variants_match_reference(device, gemm):
+    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, and dequantize + matmul."""
+    g = torch.Generator().manual_seed(0)
+    t = weight_format("int8").quantize(torch.randn(40, 200, generator=g), 64)
+    weight = [t[name].to(device) for name in ("qweight", "scales")]
+    for dtype in [torch.float32, torch.float16]:
+        x = torch.randn(GEMV_MAX_ROWS + 9, 200, generator=g).to(device=device, dtype=dtype)
+        y = int8_matmul(x, *weight, gemm=gemm)
+        assert y.shape == (GEMV_MAX_ROWS + 9, 40) and not torch.isnan(y).any()
+        assert rel_err(y.float(), int8_matmul_ref(x.float(), *weight)) < TOL[dtype], dtype

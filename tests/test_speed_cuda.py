@@ -1,0 +1,69 @@
+"""`edgettt speed --device cuda`: the same-size transformer baseline (CPU), and the CUDA-graph decode
+(GPU-marked): replaying the captured steps leaves the state that stepping eagerly leaves."""
+
+import pytest
+import torch
+
+from conftest import rel_err
+
+
+def test_the_transformer_baseline_decodes_as_it_prefills():
+    from edgettt.llama import Llama, LlamaConfig
+
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(64, 2, 4, 128, 100)).eval()
+    ids = torch.randint(0, 100, (2, 12))
+    with torch.no_grad():
+        full, _ = model.prefill(ids, model.init_state(2, 12))
+        logits, state = model.prefill(ids[:, :5], model.init_state(2, 12))
+        outs = [logits]
+        for t in range(5, 12):
+            step, state = model.step(ids[:, t], state)
+            outs.append(step[:, None])
+    assert rel_err(torch.cat(outs, 1), full) < 1e-5 and int(state.pos) == 12
+
+
+def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tmp_path):
+    from click.testing import CliRunner
+
+    from edgettt.cli import cli
+
+    result = CliRunner().invoke(cli, ["speed", "llama:125m"])
+    assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
+    assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("form", ["ttt", "exact", "parallel", "llama"])
+def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form):
+    from edgettt import convert
+    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.speed import _copy_state, capture_steps
+
+    if form == "llama":
+        with torch.device("cuda"):
+            model = Llama(LlamaConfig(64, 2, 4, 128, 100))
+    else:
+        model = tiny_model("linear", seed=2, mini_batch_size=8)
+        model = (model if form == "ttt" else convert(model, form)).cuda()
+    model = model.to(torch.bfloat16).eval()
+    ids = torch.randint(0, 61, (2, 40), device="cuda")  # (the tiny models' vocabulary: 61)
+    with torch.no_grad():
+        state = model.init_state(2, 40) if form == "llama" else None
+        _, state = model.prefill(ids[:, :13], state)
+        eager = _copy_state(state)
+        for t in range(13, 40):
+            _, eager = model.step(ids[:, t], eager)
+        token, graphs = capture_steps(model, state, 13)
+        for t in range(13, 40):
+            token.copy_(ids[:, t])
+            graphs[t % len(graphs)].replay()
+    torch.cuda.synchronize()
+    if form == "llama":
+        pairs = list(zip(state.keys + state.values, eager.keys + eager.values))
+    else:
+        pairs = [(a[name], b[name]) for a, b in zip(state.layers, eager.layers) for name in a]
+    for graphed, stepped in pairs:
+        assert rel_err(graphed.float(), stepped.float()) < 1e-2
