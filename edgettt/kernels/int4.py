@@ -102,80 +102,60 @@ GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
                                      (128, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3), (32, 64, 4, 4)]]
 
 
+@triton.jit
+def _dequantized_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP: tl.constexpr):
+    """W[n, group g] as float32 [BN, GROUP]: the low and high nibbles interleaved back into k order,
+    minus the group's zero point, times its scale."""
+    GH: tl.constexpr = GROUP // 2
+    c = tl.arange(0, GH)
+    byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+    scale = tl.load(sc_ptr + n * (K // GROUP) + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
+    zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
+    zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
+    codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
+    return (codes - zero[:, None]) * scale[:, None]
+
+
 @triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]),
-                 key=["M_BUCKET", "N", "K", "GROUP"])
+                 key=["M_BUCKET", "N", "K", "GROUP", "SWAP"])
 @triton.jit
 def _int4_gemm_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride_xm, M_BUCKET,
-                      GROUP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
+                      GROUP: tl.constexpr, SWAP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr,
+                      BN: tl.constexpr):
+    """Tiles of x times dequantized tiles of W, one group of K a step. SWAP computes y^T = W x^T: the
+    dequantized tile is then the dot's left operand, which Hopper's wgmma reads from registers (the
+    right one must come from shared memory)."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
     m = pid_m * BM + tl.arange(0, BM)
     n = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = m < M, n < N
-    c = tl.arange(0, GH)
     kk = tl.arange(0, GROUP)
-    blocks = K // GROUP
     dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
-    for g in range(0, blocks):  # one group of K per step
-        x = tl.load(x_ptr + m[:, None] * stride_xm + g * GROUP + kk[None, :], mask=m_ok[:, None], other=0.0)
-        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0)
-        byte = byte.to(tl.int32)  # [BN, GH]
-        scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
-        zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
-        zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
-        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
-        w = ((codes - zero[:, None]) * scale[:, None]).to(dt)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
-    tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]),
-                 key=["M_BUCKET", "N", "K", "GROUP"])
-@triton.jit
-def _int4_gemm_swapped_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, M, N, K, ZPW, stride_xm, M_BUCKET,
-                              GROUP: tl.constexpr, PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr):
-    """As `_int4_gemm_kernel`, computing y^T = W x^T: the dequantized weight tile is the dot's left
-    operand, which Hopper's wgmma reads from registers (the right one must come from shared memory),
-    so the dequantized tile never goes through shared memory."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
-    m = pid_m * BM + tl.arange(0, BM)
-    n = pid_n * BN + tl.arange(0, BN)
-    m_ok, n_ok = m < M, n < N
-    c = tl.arange(0, GH)
-    kk = tl.arange(0, GROUP)
-    blocks = K // GROUP
-    dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BN, BM], dtype=tl.float32)
-    for g in range(0, blocks):
-        xt = tl.load(x_ptr + m[None, :] * stride_xm + g * GROUP + kk[:, None], mask=m_ok[None, :], other=0.0)
-        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0)
-        byte = byte.to(tl.int32)
-        scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)
-        zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
-        zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)
-        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))
-        w = ((codes - zero[:, None]) * scale[:, None]).to(dt)  # [BN, GROUP]
-        acc = tl.dot(w, xt, acc, input_precision=PREC)  # [BN, BM]
-    tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
+    for g in range(0, K // GROUP):
+        w = _dequantized_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP).to(dt)  # [BN, GROUP]
+        if SWAP:
+            xt = tl.load(x_ptr + m[None, :] * stride_xm + g * GROUP + kk[:, None], mask=m_ok[None, :], other=0.0)
+            acc = tl.dot(w, xt, acc, input_precision=PREC)  # [BN, BM]
+        else:
+            x = tl.load(x_ptr + m[:, None] * stride_xm + g * GROUP + kk[None, :], mask=m_ok[:, None], other=0.0)
+            acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)  # [BM, BN]
+    if SWAP:
+        tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=m_ok[None, :] & n_ok[:, None])
+    else:
+        tl.store(y_ptr + m[:, None] * N + n[None, :], acc.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
 @triton.jit
 def _int4_dequantize_kernel(qw_ptr, sc_ptr, zp_ptr, w_ptr, N, K, ZPW, GROUP: tl.constexpr, BN: tl.constexpr):
     """W [N, K] in w's dtype from the packed codes, one group of K a program column."""
     pid_n, g = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    c = tl.arange(0, GH)
-    blocks = K // GROUP
-    byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-    scale = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32)
-    zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
-    zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)
-    codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))
-    w = (codes - zero[:, None]) * scale[:, None]
+    w = _dequantized_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP)
     kk = tl.arange(0, GROUP)
     tl.store(w_ptr + n[:, None] * K + g * GROUP + kk[None, :], w.to(w_ptr.dtype.element_ty), mask=n_ok[:, None])
 
@@ -219,7 +199,6 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        kernel = _int4_gemm_swapped_kernel if gemm == "swapped" else _int4_gemm_kernel
-        kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
-                                next_power_of_2(M), GROUP=GH * 2, PREC=prec)
+        _int4_gemm_kernel[grid](x2, qweight, scales, zero_points, y, M, N, K, ZPW, x2.stride(0),
+                                next_power_of_2(M), GROUP=GH * 2, SWAP=gemm == "swapped", PREC=prec)
     return y.reshape(*x.shape[:-1], N)

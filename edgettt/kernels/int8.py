@@ -71,49 +71,38 @@ GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk}, num_warps=w, num_s
 
 
 @triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16, "BK": 32}, num_warps=4)]),
-                 key=["M_BUCKET", "N", "K"])
+                 key=["M_BUCKET", "N", "K", "SWAP"])
 @triton.jit
-def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET,
+def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET, SWAP: tl.constexpr,
                       PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """x tiles times code tiles in x's dtype; the scale at the end. SWAP computes y^T = W x^T: the
+    converted code tile is then the dot's left operand, which Hopper's wgmma reads from registers."""
     pid_m, pid_n = tl.program_id(0), tl.program_id(1)
     m = pid_m * BM + tl.arange(0, BM)
     n = pid_n * BN + tl.arange(0, BN)
     m_ok, n_ok = m < M, n < N
     k = tl.arange(0, BK)
     dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BM, BN], dtype=tl.float32)
+    if SWAP:
+        acc = tl.zeros([BN, BM], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BM, BN], dtype=tl.float32)
     for k0 in range(0, K, BK):
         k_ok = k0 + k < K
-        x = tl.load(x_ptr + m[:, None] * stride_xm + k0 + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-        acc = tl.dot(x, tl.trans(q.to(dt)), acc, input_precision=PREC)  # [BM, BN]
+        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0).to(dt)
+        if SWAP:
+            xt = tl.load(x_ptr + m[None, :] * stride_xm + k0 + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+            acc = tl.dot(q, xt, acc, input_precision=PREC)  # [BN, BM]
+        else:
+            x = tl.load(x_ptr + m[:, None] * stride_xm + k0 + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+            acc = tl.dot(x, tl.trans(q), acc, input_precision=PREC)  # [BM, BN]
     scale = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m[:, None] * N + n[None, :], (acc * scale[None, :]).to(y_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
-
-
-@triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16, "BK": 32}, num_warps=4)]),
-                 key=["M_BUCKET", "N", "K"])
-@triton.jit
-def _int8_gemm_swapped_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET,
-                              PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """As `_int8_gemm_kernel`, computing y^T = W x^T: the converted code tile is the dot's left operand,
-    which Hopper's wgmma reads from registers."""
-    pid_m, pid_n = tl.program_id(0), tl.program_id(1)
-    m = pid_m * BM + tl.arange(0, BM)
-    n = pid_n * BN + tl.arange(0, BN)
-    m_ok, n_ok = m < M, n < N
-    k = tl.arange(0, BK)
-    dt = x_ptr.dtype.element_ty
-    acc = tl.zeros([BN, BM], dtype=tl.float32)
-    for k0 in range(0, K, BK):
-        k_ok = k0 + k < K
-        xt = tl.load(x_ptr + m[None, :] * stride_xm + k0 + k[:, None], mask=k_ok[:, None] & m_ok[None, :], other=0.0)
-        q = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
-        acc = tl.dot(q.to(dt), xt, acc, input_precision=PREC)  # [BN, BM]
-    scale = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m[None, :] * N + n[:, None], (acc * scale[:, None]).to(y_ptr.dtype.element_ty),
-             mask=m_ok[None, :] & n_ok[:, None])
+    if SWAP:
+        tl.store(y_ptr + m[None, :] * N + n[:, None], (acc * scale[:, None]).to(y_ptr.dtype.element_ty),
+                 mask=m_ok[None, :] & n_ok[:, None])
+    else:
+        tl.store(y_ptr + m[:, None] * N + n[None, :], (acc * scale[None, :]).to(y_ptr.dtype.element_ty),
+                 mask=m_ok[:, None] & n_ok[None, :])
 
 
 GEMM_VARIANTS = ("fused", "swapped", "dequantize")  # measured against each other by `edgettt bench`
@@ -136,6 +125,6 @@ def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
-        kernel = _int8_gemm_swapped_kernel if gemm == "swapped" else _int8_gemm_kernel
-        kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), next_power_of_2(M), PREC=prec)
+        _int8_gemm_kernel[grid](x2, qweight, scales, y, M, N, K, x2.stride(0), next_power_of_2(M),
+                                SWAP=gemm == "swapped", PREC=prec)
     return y.reshape(*x.shape[:-1], N)
