@@ -1,5 +1,5 @@
 """`edgettt speed`: how many tokens a second a model prefills and decodes, in the manner of llama.cpp's
-llama-bench, batch 1.
+llama-bench (batch 1 unless --batch).
 
     edgettt speed exports/float exports/int4 --pp 512,4096 --tg 128 --depth 0,4096 -r 5
 
@@ -20,6 +20,10 @@ r + 1, so a drift of a shared machine falls on all of them alike. Reported per v
 median tokens/s over the repetitions, the minimum and maximum, the ratio to the first path (taken
 per repetition, then the median), the peak resident memory, and the size on disk (and the decode
 graph's nodes, for an export). Token ids are random: speed does not depend on them.
+
+With `--device cuda` (`CudaEngine`) models run through torch on the GPU in bfloat16, decode replays
+CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:<preset>` is the
+same-size transformer of `edgettt.llama`.
 """
 
 from __future__ import annotations
