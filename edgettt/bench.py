@@ -292,8 +292,7 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
     rows = []
     for kind in STATE_KINDS:
         make, step, moved = _state_case(kind, B, H, Dk, Dv, vectors, eta)
-        sets = [make()]
-        sets += [make() for _ in range(copies_for(moved(MINI_BATCH - 1) * 2) - 1)]
+        sets = [make() for _ in range(copies_for(moved(MINI_BATCH - 1) * 2))]
         cases = [("", [3]), (" commit", [MINI_BATCH - 1]), (" mini-batch", list(range(MINI_BATCH)))]
         for suffix, inners in cases:
             calls = [lambda st=st, i=i: step(st, i) for i in inners for st in sets]  # each set once a sweep

@@ -60,7 +60,7 @@ def tests(pp: list[int], tg: list[int], depths: list[int]) -> list[Test]:
 class OnnxEngine:
     """An export through `edgettt.runner.Runner` (numpy and onnxruntime)."""
 
-    def __init__(self, path: str, threads: int | None, batch: int = 1):
+    def __init__(self, path: str, threads: int | None):
         from .runner import Runner
 
         self.runner = Runner(path, threads)
@@ -76,7 +76,7 @@ class OnnxEngine:
 class TorchEngine:
     """A model through torch (CausalLM.prefill and .step), on the CPU."""
 
-    def __init__(self, path: str, threads: int | None, batch: int = 1):
+    def __init__(self, path: str, threads: int | None):
         import torch
 
         from . import load
@@ -99,16 +99,16 @@ class TorchEngine:
 
 class CudaEngine:
     """A model (or `llama:<preset>`, the same-size transformer of `edgettt.llama`) through torch on a
-    CUDA GPU, weights and state in bfloat16, `batch` sequences. Prefill is one call; decode replays
+    CUDA GPU, weights and state in bfloat16, as many sequences as the ids have rows. Prefill is one call; decode replays
     CUDA graphs of `step`, one a token, as serving stacks run it (the launches of a step recorded
     once: a step of a small model is otherwise the host's time to launch its kernels). A TTT model's
     step depends on its place in the mini-batch, so it gets one graph per place (all on the same
     state tensors); the transformer's position is a device tensor, so it gets one graph."""
 
-    def __init__(self, path: str, threads: int | None, batch: int = 1):
+    def __init__(self, path: str, threads: int | None):
         import torch
 
-        self.torch, self.batch = torch, batch
+        self.torch = torch
         if is_llama(path):
             from .llama import Llama
 
@@ -135,7 +135,7 @@ class CudaEngine:
         """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
         self.ids = self.torch.from_numpy(ids).cuda()
         with self.torch.no_grad():
-            self.graphs = capture_steps(self.model, state, start)
+            self.graphs = capture_steps(self.model, state, start, ids.shape[0])
         self.torch.cuda.synchronize()
 
     def decode(self, ids, start, state):
@@ -146,15 +146,15 @@ class CudaEngine:
         self.torch.cuda.synchronize()
 
 
-def capture_steps(model, state, start: int):
-    """(the graphs' token input [B], the CUDA graphs of `model.step` on `state`'s tensors): one graph
+def capture_steps(model, state, start: int, batch: int):
+    """(the graphs' token input [batch], the CUDA graphs of `model.step` on `state`'s tensors): one graph
     for the transformer, one for each place in the mini-batch for a TTT model (graph i steps a token
     at a position = i mod b). Kernels autotune and allocate on a copy of the state first."""
     import torch
 
     from .model import State
 
-    token = torch.zeros(state_batch(state), dtype=torch.long, device="cuda")
+    token = torch.zeros(batch, dtype=torch.long, device="cuda")
     period = 1 if is_llama_model(model) else model.config.mini_batch_size
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -193,12 +193,6 @@ def _copy_state(state):
     return State(state.pos, [{k: v.clone() for k, v in layer.items()} for layer in state.layers])
 
 
-def state_batch(state) -> int:
-    from .llama import KVCache
-
-    return state.keys[0].shape[0] if isinstance(state, KVCache) else next(iter(state.layers[0].values())).shape[0]
-
-
 def is_llama_model(model) -> bool:
     from .llama import Llama
 
@@ -212,12 +206,16 @@ def is_llama(path: str) -> bool:
     return str(path).startswith(LLAMA_PREFIX)
 
 
+def llama_preset(path: str) -> str:
+    return str(path)[len(LLAMA_PREFIX):]
+
+
 def llama_config(path: str):
     """`llama:<preset>`: a Llama of the TTT preset's hidden size, layers, heads, MLP and vocabulary."""
     from .config import PRESET_VOCAB, PRESETS
     from .llama import LlamaConfig
 
-    return LlamaConfig(**PRESETS[str(path)[len(LLAMA_PREFIX):]], vocab_size=PRESET_VOCAB)
+    return LlamaConfig(**PRESETS[llama_preset(path)], vocab_size=PRESET_VOCAB)
 
 
 class GenaiEngine:
@@ -226,7 +224,7 @@ class GenaiEngine:
     `benchmarks/anchor_llama.py`). Prefill appends the prompt's tokens; decode appends one token a
     step (the given ids, as the other engines: no sampling is timed)."""
 
-    def __init__(self, path: str, threads: int | None, batch: int = 1):
+    def __init__(self, path: str, threads: int | None):
         import onnxruntime_genai as og
 
         config = og.Config(str(path))
@@ -289,7 +287,7 @@ def _measure(conn, path: str, threads: int | None, seed: int, test: Test, device
     import numpy as np
 
     try:
-        engine = (CudaEngine if device == "cuda" else ENGINES[engine_name(path)])(path, threads, batch)
+        engine = (CudaEngine if device == "cuda" else ENGINES[engine_name(path)])(path, threads)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return
@@ -367,7 +365,7 @@ def check_paths(paths: list[str], device: str = "cpu") -> None:
                                "a machine with one, or time on the CPU")
     for path in paths:
         if is_llama(path):
-            if device != "cuda" or str(path)[len(LLAMA_PREFIX):] not in PRESETS:
+            if device != "cuda" or llama_preset(path) not in PRESETS:
                 raise EdgetttError(f"{path}: the transformer baseline is llama:<preset> (presets "
                                    f"{', '.join(PRESETS)}) and runs with --device cuda")
             continue
@@ -461,13 +459,12 @@ def summarise(paths, test_list, times, peaks, order, repetitions, threads, devic
 
 def llama_facts(path: str) -> dict:
     """The transformer baseline's bytes: its parameters in bfloat16 (it has no files)."""
-    from .llama import Llama
-
-    c = llama_config(path)
     import torch
 
+    from .llama import Llama
+
     with torch.device("meta"):
-        params = sum(p.numel() for p in Llama(c).parameters())
+        params = sum(p.numel() for p in Llama(llama_config(path)).parameters())
     return {"bytes": 2 * params}
 
 

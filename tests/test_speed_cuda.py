@@ -56,7 +56,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form):
         eager = _copy_state(state)
         for t in range(13, 40):
             _, eager = model.step(ids[:, t], eager)
-        token, graphs = capture_steps(model, state, 13)
+        token, graphs = capture_steps(model, state, 13, batch=2)
         for t in range(13, 40):
             token.copy_(ids[:, t])
             graphs[t % len(graphs)].replay()

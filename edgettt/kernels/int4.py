@@ -175,7 +175,6 @@ def kernel_supports(group: int) -> bool:
     return group in (32, 64, 128)
 
 
-GEMM_VARIANTS = ("fused", "swapped", "dequantize")  # measured against each other by `edgettt bench`
 DEQUANTIZE_MIN_ROWS = 1024  # from here on "dequantize" by default (measured: 2x the fused kernel at M = 2048)
 
 

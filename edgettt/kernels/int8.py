@@ -105,9 +105,6 @@ def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET
                  mask=m_ok[:, None] & n_ok[None, :])
 
 
-GEMM_VARIANTS = ("fused", "swapped", "dequantize")  # measured against each other by `edgettt bench`
-
-
 def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
     N, K = qweight.shape
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
