@@ -94,3 +94,11 @@ def test_the_public_layer_row_gets_the_operator_inputs_in_its_layout(tmp_path):
         public = runs["public LaCT torch layer (full update, compiled)"]()
         ours = runs["exact torch, W1-only (fp32)"]()
     assert rel_err(public.reshape(ours.shape), ours) < 1e-5
+
+
+def test_the_fastest_row_is_the_least_time_of_its_family():
+    rows = [{"group": "g", "name": "base, a", "ms": 3.0, "graph_ms": 1.0}, {"group": "g", "name": "base, b", "ms": 2.0},
+            {"group": "g", "name": "other", "ms": 0.5, "graph_ms": 0.1}]
+    bench.add_fastest(rows, "base", "base at its best")
+    best = rows[-1]
+    assert (best["name"], best["ms"], best["graph_ms"], best["of"]) == ("base at its best", 2.0, 1.0, ["base, a", "base, b"])

@@ -28,7 +28,9 @@ chunk-exclusive attention), few small tensor operations around them (the host's 
 comparable to a pass's GPU time at the paper's shape): the per-chunk sums U (every chunk at once: a batched GEMM over the chunk's tokens), the
 scan over chunks (each program owns a block of state elements and walks the N chunks: the only
 sequential part, N = T / 2048 steps at the paper's shape) and the output (a GEMM of each chunk's
-features against its chunk's weights). Only the scan keeps float32 state; the per-chunk weights it
+features against its chunk's weights; cuBLAS's batched GEMM where the text is whole chunks from a chunk
+boundary, 0.076 against 0.120 ms for the Triton pass at the paper's shape: benchmarks/results/lact_h200.md).
+Only the scan keeps float32 state; the per-chunk weights it
 hands the output pass are in the inputs' dtype (the tensor cores' input).
 """
 
@@ -197,37 +199,16 @@ def _features_kernel(x_ptr, w0_ptr, w2_ptr, r_ptr, o_ptr, ROWS, T, H, D, DH, sxb
         w2 = tl.load(w2_row + k[None, :], mask=w_mask, other=0.0)
         gate = tl.dot(x, tl.trans(w0), gate, input_precision=PREC)
         up = tl.dot(x, tl.trans(w2), up, input_precision=PREC)
-    phi = gate * tl.sigmoid(gate) * up
-    r_row = r_ptr + b * srb + h * srh + t * srt
-    if RATE == 1:
-        phi = phi * tl.load(r_row, mask=r_ok, other=0.0).to(tl.float32)[:, None]
-    if RATE == 2:
-        phi = phi * tl.load(r_row[:, None] + n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    phi = _rated(gate * tl.sigmoid(gate) * up, r_ptr + b * srb + h * srh + t * srt, r_ok, n, n_ok, RATE)
     tl.store(o_ptr + ((b * H + h) * T + t)[:, None] * DH + n[None, :], phi.to(o_ptr.dtype.element_ty),
              mask=r_ok[:, None] & n_ok[None, :])
 
 
-LOW_RANK_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
-                    for bt, bn, bk, w, s in [(64, 64, 64, 4, 2), (128, 64, 64, 4, 2), (128, 128, 64, 8, 2),
-                                             (64, 128, 128, 4, 2), (128, 64, 128, 8, 2), (32, 128, 64, 4, 2),
-                                             (64, 64, 64, 2, 2), (128, 128, 128, 8, 1), (64, 128, 128, 8, 2),
-                                             (64, 64, 128, 4, 3), (32, 64, 128, 2, 2)]]
-
-
-@triton.autotune(configs=_configs(LOW_RANK_CONFIGS, BT=16, BN=16, BK=16), key=["ROWS", "D", "DH", "R", "RATE"])
 @triton.jit
-def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_ptr, ROWS, T, H, D, DH, R,
-                              sxb, sxh, sxt, srb, srh, srt, RATE: tl.constexpr, PREC: tl.constexpr,
-                              BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    """BT rows of one head, every feature: y = x right^T for both weights (r columns, once), then a tile
-    of BN features at a time, y left^T + x / 2, the SwiGLU and the rate."""
-    pid = tl.program_id(0)
-    tiles = tl.cdiv(ROWS, BT)
-    h, tb = pid // tiles, pid % tiles
-    r = tb * BT + tl.arange(0, BT)
-    r_ok = r < ROWS
-    b, t = r // T, r % T
-    x_row = x_ptr + b * sxb + h * sxh + t * sxt
+def _low_rank_codes(x_row, r_ok, h, D, R, r0_ptr, r2_ptr, PREC: tl.constexpr, BT: tl.constexpr, BR: tl.constexpr,
+                    BK: tl.constexpr):
+    """y0, y2 [BT, BR] = x right^T of W0's and of W2's factors for BT rows (x_row: each row's first element),
+    over d in BK steps; columns past r are 0. In x's dtype (the next product's input)."""
     j = tl.arange(0, BR)
     j_ok = j < R
     y0 = tl.zeros([BT, BR], dtype=tl.float32)
@@ -240,22 +221,66 @@ def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_p
         mask = k_ok[:, None] & j_ok[None, :]
         y0 = tl.dot(x, tl.load(r0_ptr + right, mask=mask, other=0.0), y0, input_precision=PREC)
         y2 = tl.dot(x, tl.load(r2_ptr + right, mask=mask, other=0.0), y2, input_precision=PREC)
-    y0, y2 = y0.to(x_ptr.dtype.element_ty), y2.to(x_ptr.dtype.element_ty)
+    return y0.to(x_row.dtype.element_ty), y2.to(x_row.dtype.element_ty)
+
+
+@triton.jit
+def _low_rank_phi(y0, y2, x_row, r_ok, h, n, D, DH, R, l0_ptr, l2_ptr, PREC: tl.constexpr, BR: tl.constexpr):
+    """phi [BT, BN] (float32) of features n: silu(y0 left0^T + x / 2) * (y2 left2^T + x / 2), the rows'
+    codes y0, y2 from `_low_rank_codes` (x I^T: x's own column n, 0 past d)."""
+    j = tl.arange(0, BR)
+    n_ok = n < DH
+    left = h * DH * R + n[None, :] * R + j[:, None]  # [BR, BN]: left^T
+    mask = (j < R)[:, None] & n_ok[None, :]
+    own = tl.load(x_row[:, None] + n[None, :], mask=r_ok[:, None] & (n < D)[None, :], other=0.0).to(tl.float32)
+    gate = tl.dot(y0, tl.load(l0_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
+    up = tl.dot(y2, tl.load(l2_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
+    return gate * tl.sigmoid(gate) * up
+
+
+@triton.jit
+def _rated(phi, r_row, r_ok, n, n_ok, RATE: tl.constexpr):
+    """phi times the rows' rates: RATE 0 none, 1 one a row (r_row: each row's rate), 2 one a feature."""
+    if RATE == 1:
+        phi = phi * tl.load(r_row, mask=r_ok, other=0.0).to(tl.float32)[:, None]
+    if RATE == 2:
+        phi = phi * tl.load(r_row[:, None] + n[None, :], mask=r_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    return phi
+
+
+LOW_RANK_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk, "BF": bf}, num_warps=w, num_stages=s)
+                    for bt, bn, bk, bf, w, s in [(64, 64, 64, 1024, 4, 3), (64, 128, 128, 1024, 4, 3),
+                                                 (64, 64, 64, 1024, 8, 3), (128, 64, 64, 1024, 4, 3),
+                                                 (64, 64, 64, 128, 4, 3), (64, 128, 64, 128, 4, 3),
+                                                 (128, 128, 64, 128, 8, 3), (32, 128, 64, 128, 4, 3),
+                                                 (64, 64, 64, 64, 4, 3), (128, 64, 64, 64, 4, 3),
+                                                 (32, 64, 128, 1024, 2, 2)]]
+
+
+@triton.autotune(configs=_configs(LOW_RANK_CONFIGS, BT=16, BN=16, BK=16, BF=32), key=["ROWS", "D", "DH", "R", "RATE"])
+@triton.jit
+def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_ptr, ROWS, T, H, D, DH, R,
+                              sxb, sxh, sxt, srb, srh, srt, RATE: tl.constexpr, PREC: tl.constexpr,
+                              BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
+                              BF: tl.constexpr):
+    """BT rows of one head and BF of the features (all of them when BF >= dh): the rows' codes, then BN
+    features at a time. A row tile's feature groups are neighbouring programs (its rows come from memory
+    once); more groups mean more programs in flight, each computing the (small) codes again."""
+    groups = tl.cdiv(DH, BF)
+    pid, group = tl.program_id(0) // groups, tl.program_id(0) % groups
+    tiles = tl.cdiv(ROWS, BT)
+    h, tb = pid // tiles, pid % tiles
+    r = tb * BT + tl.arange(0, BT)
+    r_ok = r < ROWS
+    b, t = r // T, r % T
+    x_row = x_ptr + b * sxb + h * sxh + t * sxt
+    y0, y2 = _low_rank_codes(x_row, r_ok, h, D, R, r0_ptr, r2_ptr, PREC, BT, BR, BK)
     r_row = rt_ptr + b * srb + h * srh + t * srt
-    for n0 in range(0, DH, BN):
+    for n0 in range(group * BF, tl.minimum(group * BF + BF, DH), BN):
         n = n0 + tl.arange(0, BN)
         n_ok = n < DH
-        left = h * DH * R + n[None, :] * R + j[:, None]  # [BR, BN]: left^T
-        mask = j_ok[:, None] & n_ok[None, :]
-        own = tl.load(x_row[:, None] + n[None, :], mask=r_ok[:, None] & (n < D)[None, :], other=0.0).to(tl.float32)
-        gate = tl.dot(y0, tl.load(l0_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
-        up = tl.dot(y2, tl.load(l2_ptr + left, mask=mask, other=0.0), own * 0.5, input_precision=PREC)
-        phi = gate * tl.sigmoid(gate) * up
-        if RATE == 1:
-            phi = phi * tl.load(r_row, mask=r_ok, other=0.0).to(tl.float32)[:, None]
-        if RATE == 2:
-            phi = phi * tl.load(r_row[:, None] + n[None, :], mask=r_ok[:, None] & n_ok[None, :],
-                                other=0.0).to(tl.float32)
+        phi = _low_rank_phi(y0, y2, x_row, r_ok, h, n, D, DH, R, l0_ptr, l2_ptr, PREC, BR)
+        phi = _rated(phi, r_row, r_ok, n, n_ok, RATE)
         tl.store(o_ptr + ((b * H + h) * T + t)[:, None] * DH + n[None, :], phi.to(o_ptr.dtype.element_ty),
                  mask=r_ok[:, None] & n_ok[None, :])
 
@@ -278,7 +303,7 @@ def features(x, w0, w2, rate=None):
     if low_rank:
         assert LowRank.IDENTITY == 0.5, "the low-rank kernel adds x / 2"
         R = w0.left.shape[-1]
-        grid = lambda meta: (H * cdiv(B * T, meta["BT"]),)  # noqa: E731
+        grid = lambda meta: (H * cdiv(B * T, meta["BT"]) * cdiv(DH, meta["BF"]),)  # noqa: E731
         _low_rank_features_kernel[grid](x, cast(w0.left), cast(w0.right), cast(w2.left), cast(w2.right), r, out,
                                         B * T, T, H, D, DH, R, *x.stride()[:3], *rs, BR=max(16, next_power_of_2(R)),
                                         **common)
@@ -306,8 +331,11 @@ SUM_CONFIGS = [triton.Config({"BV": bv, "BK": bk, "BT": bt}, num_warps=w, num_st
 def _chunk_sums_kernel(k_ptr, v_ptr, u_ptr, T, FRONT, N, DV, DH, skb, skt, svb, svh, svt, H,
                        CHUNK: tl.constexpr, PREC: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr,
                        BT: tl.constexpr):
-    """U[bh, n][BV, BK] = sum over chunk n's tokens of v^T keys."""
-    pid, pv, pk = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    """U[bh, n][BV, BK] = sum over chunk n's tokens of v^T keys. A chunk's tiles are neighbouring programs,
+    so that its tokens come from memory once (then from L2)."""
+    tiles_v, tiles_k = tl.cdiv(DV, BV), tl.cdiv(DH, BK)
+    pid, tile = tl.program_id(0) // (tiles_v * tiles_k), tl.program_id(0) % (tiles_v * tiles_k)
+    pv, pk = tile // tiles_k, tile % tiles_k
     bh, n = pid // N, pid % N
     b, h = bh // H, bh % H
     cv = pv * BV + tl.arange(0, BV)
@@ -375,8 +403,10 @@ OUT_CONFIGS = [triton.Config({"BV": bv, "BK": bk}, num_warps=w, num_stages=s)
 @triton.jit
 def _chunk_out_kernel(q_ptr, wc_ptr, o_ptr, T, FRONT, N, DV, DH, CHUNK: tl.constexpr, PREC: tl.constexpr,
                       BT: tl.constexpr, BV: tl.constexpr, BK: tl.constexpr):
-    """out[BT tokens, BV] = phi_q tile @ W_c^T, c the tile's chunk (BT divides the chunk)."""
-    pid, pv = tl.program_id(0), tl.program_id(1)
+    """out[BT tokens, BV] = phi_q tile @ W_c^T, c the tile's chunk (BT divides the chunk); a tile's value
+    blocks are neighbouring programs (its features come from memory once)."""
+    tiles_v = tl.cdiv(DV, BV)
+    pid, pv = tl.program_id(0) // tiles_v, tl.program_id(0) % tiles_v
     tiles = N * (CHUNK // BT)
     bh, tile = pid // tiles, pid % tiles
     n = tile * BT // CHUNK
@@ -415,25 +445,35 @@ def chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0)
         v = v.contiguous()
     N = chunk_count(front, T, chunk)
     prec = _precision(phi_q.dtype)
-    f32 = dict(device=v.device, dtype=torch.float32)
-    U = fresh(torch.empty(B * H, N, DV, DH, **f32))
-    grid = lambda meta: (B * H * N, cdiv(DV, meta["BV"]), cdiv(DH, meta["BK"]))  # noqa: E731
+    U = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=torch.float32))
+    grid = lambda meta: (B * H * N * cdiv(DV, meta["BV"]) * cdiv(DH, meta["BK"]),)  # noqa: E731
     _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
                              PREC=prec)
-    ends = {name: fresh(torch.empty(B, H, DV, DH, **f32)) for name in ("w", "w_open", "u", "d", "d_prev")}
-    Wc = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=phi_q.dtype))
+    Wc, ends = _scan(U, w1, u0, d_in, m, phi_q.dtype)
+    if front == 0 and T == N * chunk and phi_q.dtype == v.dtype:  # whole chunks: one batched GEMM (cuBLAS)
+        out = torch.bmm(phi_q.view(B * H * N, chunk, DH), Wc.view(B * H * N, DV, DH).transpose(1, 2))
+        return out.view(B, H, T, DV), ends
+    out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
+    bt = _token_tile(chunk)
+    grid = lambda meta: (B * H * N * (chunk // bt) * cdiv(DV, meta["BV"]),)  # noqa: E731
+    _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=prec, BT=bt)
+    return out, ends
+
+
+def _scan(U, w1, u0, d_in, m, dtype):
+    """The chunks' weights W_c [B * H, N, DV, DH] in `dtype` from their sums U (float32), and the ends."""
+    BH, N, DV, DH = U.shape
+    B, H = w1.shape[:2]
+    ends = {name: fresh(U.new_empty(B, H, DV, DH)) for name in ("w", "w_open", "u", "d", "d_prev")}
+    Wc = fresh(torch.empty(BH, N, DV, DH, device=U.device, dtype=dtype))
     momentum = m is not None
     m_arg = m.float().contiguous() if momentum else U
     d_arg = d_in.float().contiguous() if momentum else U
     block = 1024
-    _chunk_scan_kernel[(B * H, cdiv(DV * DH, block))](U, u0.float().contiguous(), w1.float().contiguous(), d_arg,
-                                                      m_arg, Wc, *ends.values(), N, DV * DH, MOMENTUM=momentum,
-                                                      BLOCK=block)
-    out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
-    bt = _token_tile(chunk)
-    grid = lambda meta: (B * H * N * (chunk // bt), cdiv(DV, meta["BV"]))  # noqa: E731
-    _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=prec, BT=bt)
-    return out, ends
+    _chunk_scan_kernel[(BH, cdiv(DV * DH, block))](U, u0.float().contiguous(), w1.float().contiguous(), d_arg,
+                                                   m_arg, Wc, *ends.values(), N, DV * DH, MOMENTUM=momentum,
+                                                   BLOCK=block)
+    return Wc, ends
 
 
 @triton.jit
