@@ -1,0 +1,137 @@
+"""Decode tokens/s of a preset-sized TTT-Linear (original, and its parallel form) and the same-size Llama on
+a CUDA GPU, each step replayed as a CUDA graph (`speed.capture_steps`), with the step as written (eager
+kernels: edgettt's Triton decode kernel among a dozen torch operations a layer) and under torch.compile
+(inductor fuses the step's operations; edgettt's kernels off inside it, so that the whole step is
+inductor's). Issue 21 asks whether a converted layer's decode is bound by its number of kernels.
+
+    python benchmarks/compiled_decode.py --preset 125m --depth 8192 --tokens 128 --repeats 3 --json out.json
+
+Random weights in bfloat16, batch 1 (--batch), one prefill of --depth tokens (not timed), then --tokens
+replays, timed with CUDA events; the median of --repeats back to back (each variant builds its own model:
+one at a time on the GPU). Bytes a token: the weights (the embedding's row aside), plus the decode state
+(TTT) or the KV cache up to the depth (Llama), against the copy bandwidth measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def kernels(enabled: bool):
+    before = os.environ.get("EDGETTT_KERNELS")
+    os.environ["EDGETTT_KERNELS"] = "1" if enabled else "0"
+    try:
+        yield
+    finally:
+        os.environ.pop("EDGETTT_KERNELS") if before is None else os.environ.__setitem__("EDGETTT_KERNELS", before)
+
+
+def build(kind: str, preset: str):
+    from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
+    from edgettt.conversion import convert
+    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.random_init import random_model
+
+    if kind == "llama":
+        with torch.device("cuda"):
+            return Llama(LlamaConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB)).to(torch.bfloat16).eval()
+    model = random_model(ModelConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB, ttt_layer_type="linear"))
+    if kind != "ttt":
+        model = convert(model, kind)
+    return model.to("cuda", torch.bfloat16).eval()
+
+
+def state_bytes(state) -> int:
+    if hasattr(state, "keys") and isinstance(state.keys, list):  # KVCache: the depth's keys and values are read
+        return sum(t.nbytes for t in state.keys + state.values)
+    return sum(t.nbytes for layer in state.layers for t in layer.values())
+
+
+def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
+    from edgettt.speed import capture_steps
+
+    torch.manual_seed(0)
+    model = build(kind, args.preset)
+    llama = kind == "llama"
+    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
+    with torch.no_grad(), kernels(not compiled or llama):
+        state = model.init_state(args.batch, args.depth + args.tokens) if llama else None
+        _, state = model.prefill(ids[:, :args.depth], state)
+        if compiled:
+            torch._dynamo.config.cache_size_limit = 64  # one graph a place in the mini-batch, and the commit
+            model.step = torch.compile(model.step, dynamic=False)
+        token, graphs = capture_steps(model, state, args.depth, args.batch)
+        times = []
+        for _ in range(args.repeats):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for t in range(args.tokens):
+                token.copy_(ids[:, args.depth + t])
+                graphs[(args.depth + t) % len(graphs)].replay()
+            end.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+    weights = sum(p.nbytes for p in model.parameters())
+    facts = {"weights_bytes": weights, "state_bytes": state_bytes(state), "graphs": len(graphs)}
+    del model, state, graphs
+    torch.cuda.empty_cache()
+    return times, facts
+
+
+def copy_bandwidth() -> float:
+    from triton.testing import do_bench
+
+    a = torch.empty(1 << 28, device="cuda")
+    b = torch.empty_like(a)
+    return 2 * a.nbytes / (do_bench(lambda: b.copy_(a), return_mode="median") * 1e-3)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--preset", default="125m")
+    parser.add_argument("--depth", type=int, default=8192)
+    parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--batch", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel")
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("compiled_decode.py: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    ceiling = copy_bandwidth()
+    rows = []
+    for kind in args.kinds.split(","):
+        for compiled in (False, True):
+            try:
+                times, facts = run_variant(kind, compiled, args)
+            except Exception as exc:  # one variant's failure is a row, not the end of the run
+                rows.append({"model": kind, "step": "torch.compile" if compiled else "eager", "error": repr(exc)[:300]})
+                print(f"{kind} compiled={compiled}: failed: {exc!r}"[:400], flush=True)
+                continue
+            seconds = statistics.median(times)
+            moved = facts["weights_bytes"] + facts["state_bytes"]
+            rows.append({"model": kind, "step": "torch.compile" if compiled else "eager", **facts,
+                         "tokens_per_s": args.tokens * args.batch / seconds, "ms_per_token": seconds / args.tokens * 1e3,
+                         "fraction_of_copy": moved / (seconds / args.tokens) / ceiling, "times_s": times})
+            r = rows[-1]
+            print(f"{kind:9s} {r['step']:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
+                  f"{r['fraction_of_copy']:.1%} of copy", flush=True)
+    result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
+                       "copy_bandwidth_GBps": ceiling / 1e9}, "rows": rows}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
