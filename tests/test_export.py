@@ -290,3 +290,24 @@ def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_p
     assert count_nodes(scanned) > len(scanned.node)
     assert rows[(str(int4_dir), "pp8")]["decode_onnx_bytes"] < rows[(str(float_dir), "pp8")]["decode_onnx_bytes"]
     assert "| tg4@d9 |" in (tmp_path / "s.md").read_text() and "tokens/s" in result.output
+
+
+@pytest.mark.parametrize("engine_kind", ["onnxruntime", "torch"])
+def test_speed_runs_every_sequence_of_a_batch_on_the_cpu_engines(exported, engine_kind):
+    """`speed --batch 2` on the CPU: the prefill and each decode step take both sequences (the logits of
+    the timed decode have two rows, and they differ: the sequences' random tokens differ)."""
+    from edgettt.speed import OnnxEngine, Test, TorchEngine, time_test
+
+    directory = exported["linear-fp32"][1]
+    engine = OnnxEngine(str(directory), 1) if engine_kind == "onnxruntime" else TorchEngine(str(exported["linear-fp32"][0]), 1)
+    seen = []
+    if engine_kind == "onnxruntime":
+        real = engine.runner.decode_tokens
+        engine.runner.decode_tokens = lambda ids, start, states: seen.append(real(ids, start, states)[0])
+    else:
+        real = engine.model.step
+        engine.model.step = lambda ids, state: seen.append(real(ids, state)) or seen[-1]
+    assert time_test(engine, Test("tg", 3, 9), np.random.default_rng(0), batch=2) > 0
+    logits = [np.asarray(s[0] if isinstance(s, tuple) else s) for s in seen]
+    assert all(x.shape[0] == 2 for x in logits) and len(logits) == (1 if engine_kind == "onnxruntime" else 3)
+    assert not np.allclose(logits[-1][0], logits[-1][1])
