@@ -248,26 +248,20 @@ def _rated(phi, r_row, r_ok, n, n_ok, RATE: tl.constexpr):
     return phi
 
 
-LOW_RANK_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk, "BF": bf}, num_warps=w, num_stages=s)
-                    for bt, bn, bk, bf, w, s in [(64, 64, 64, 1024, 4, 3), (64, 128, 128, 1024, 4, 3),
-                                                 (64, 64, 64, 1024, 8, 3), (128, 64, 64, 1024, 4, 3),
-                                                 (64, 64, 64, 128, 4, 3), (64, 128, 64, 128, 4, 3),
-                                                 (128, 128, 64, 128, 8, 3), (32, 128, 64, 128, 4, 3),
-                                                 (64, 64, 64, 64, 4, 3), (128, 64, 64, 64, 4, 3),
-                                                 (32, 64, 128, 1024, 2, 2)]]
+LOW_RANK_CONFIGS = [triton.Config({"BT": bt, "BN": bn, "BK": bk}, num_warps=w, num_stages=s)
+                    for bt, bn, bk, w, s in [(64, 64, 64, 4, 3), (64, 128, 128, 4, 3), (64, 64, 64, 8, 3),
+                                             (128, 64, 64, 4, 3), (32, 64, 128, 2, 2)]]
 
 
-@triton.autotune(configs=_configs(LOW_RANK_CONFIGS, BT=16, BN=16, BK=16, BF=32), key=["ROWS", "D", "DH", "R", "RATE"])
+@triton.autotune(configs=_configs(LOW_RANK_CONFIGS, BT=16, BN=16, BK=16), key=["ROWS", "D", "DH", "R", "RATE"])
 @triton.jit
 def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_ptr, ROWS, T, H, D, DH, R,
                               sxb, sxh, sxt, srb, srh, srt, RATE: tl.constexpr, PREC: tl.constexpr,
-                              BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                              BF: tl.constexpr):
-    """BT rows of one head and BF of the features (all of them when BF >= dh): the rows' codes, then BN
-    features at a time. A row tile's feature groups are neighbouring programs (its rows come from memory
-    once); more groups mean more programs in flight, each computing the (small) codes again."""
-    groups = tl.cdiv(DH, BF)
-    pid, group = tl.program_id(0) // groups, tl.program_id(0) % groups
+                              BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """BT rows of one head, every feature: the rows' codes (r columns, once), then BN features at a time.
+    (Splitting a row tile's features over programs, for more programs in flight, was measured: never
+    faster at the 760M shape, benchmarks/results/lact_h200.md run 4.)"""
+    pid = tl.program_id(0)
     tiles = tl.cdiv(ROWS, BT)
     h, tb = pid // tiles, pid % tiles
     r = tb * BT + tl.arange(0, BT)
@@ -276,7 +270,7 @@ def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_p
     x_row = x_ptr + b * sxb + h * sxh + t * sxt
     y0, y2 = _low_rank_codes(x_row, r_ok, h, D, R, r0_ptr, r2_ptr, PREC, BT, BR, BK)
     r_row = rt_ptr + b * srb + h * srh + t * srt
-    for n0 in range(group * BF, tl.minimum(group * BF + BF, DH), BN):
+    for n0 in range(0, DH, BN):
         n = n0 + tl.arange(0, BN)
         n_ok = n < DH
         phi = _low_rank_phi(y0, y2, x_row, r_ok, h, n, D, DH, R, l0_ptr, l2_ptr, PREC, BR)
@@ -303,7 +297,7 @@ def features(x, w0, w2, rate=None):
     if low_rank:
         assert LowRank.IDENTITY == 0.5, "the low-rank kernel adds x / 2"
         R = w0.left.shape[-1]
-        grid = lambda meta: (H * cdiv(B * T, meta["BT"]) * cdiv(DH, meta["BF"]),)  # noqa: E731
+        grid = lambda meta: (H * cdiv(B * T, meta["BT"]),)  # noqa: E731
         _low_rank_features_kernel[grid](x, cast(w0.left), cast(w0.right), cast(w2.left), cast(w2.right), r, out,
                                         B * T, T, H, D, DH, R, *x.stride()[:3], *rs, BR=max(16, next_power_of_2(R)),
                                         **common)
