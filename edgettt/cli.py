@@ -779,7 +779,9 @@ def shape_list(ctx, param, value):
               help="LaCT rows (the public 760M layer shape): prefill lengths ('' skips LaCT).")
 @click.option("--lact-batch", default=1, show_default=True, type=POSITIVE, help="Batch of the LaCT prefill rows.")
 @click.option("--lact-code", default=None, type=click.Path(exists=True, dir_okay=True),
-              help="The public LaCT code's ttt_operation.py (or its folder): adds its compiled torch layer as a row.")
+              help="The public LaCT code's ttt_operation.py (or its folder): adds its compiled torch layer as rows, "
+                   "one for each matmul precision its caller may set (float32 weights as handed over, TF32, "
+                   "bf16 autocast), and takes ratios against the fastest.")
 @click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
@@ -802,8 +804,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
              kernel with its backward against autograd through the mini-batch scan
     lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
              2048, momentum): the W1-only parallel form as kernels and in torch, the exact form in
-             torch, the public code's compiled layer (--lact-code), fla at the same head dims; and
-             its decode state step at each --decode-batch
+             torch, the public code's compiled layer (--lact-code; its fastest matmul mode is the
+             reference), fla at the same head dims; and its decode state step at each --decode-batch
 
     Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
     bandwidth measured in the same run, and ratios against the references (x > 1: faster).
