@@ -109,28 +109,29 @@ def main(argv=None) -> int:
         print("compiled_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
     ceiling = copy_bandwidth()
+    meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
+            "copy_bandwidth_GBps": ceiling / 1e9}
     rows = []
     for kind in args.kinds.split(","):
         for compiled in [step == "compile" for step in args.steps.split(",")]:
+            step = "torch.compile" if compiled else "eager"
             try:
                 times, facts = run_variant(kind, compiled, args)
             except Exception as exc:  # one variant's failure is a row, not the end of the run
-                rows.append({"model": kind, "step": "torch.compile" if compiled else "eager", "error": repr(exc)[:300]})
-                print(f"{kind} compiled={compiled}: failed: {exc!r}"[:400], flush=True)
+                rows.append({"model": kind, "step": step, "error": repr(exc)[:300]})
+                print(f"{kind} {step}: failed: {exc!r}"[:400], flush=True)
                 continue
             seconds = statistics.median(times)
             moved = facts["weights_bytes"] + facts["state_bytes"]
-            rows.append({"model": kind, "step": "torch.compile" if compiled else "eager", **facts,
-                         "tokens_per_s": args.tokens * args.batch / seconds, "ms_per_token": seconds / args.tokens * 1e3,
+            rows.append({"model": kind, "step": step, **facts, "tokens_per_s": args.tokens * args.batch / seconds,
+                         "ms_per_token": seconds / args.tokens * 1e3,
                          "fraction_of_copy": moved / (seconds / args.tokens) / ceiling, "times_s": times})
             r = rows[-1]
-            print(f"{kind:9s} {r['step']:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
+            print(f"{kind:9s} {step:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
                   f"{r['fraction_of_copy']:.1%} of copy", flush=True)
-    result = {"meta": {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
-                       "copy_bandwidth_GBps": ceiling / 1e9}, "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            if args.json:  # after every row: a run cut short keeps what it measured
+                with open(args.json, "w") as f:
+                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 
