@@ -29,7 +29,7 @@ comparable to a pass's GPU time at the paper's shape): the per-chunk sums U (eve
 scan over chunks (each program owns a block of state elements and walks the N chunks: the only
 sequential part, N = T / 2048 steps at the paper's shape) and the output (a GEMM of each chunk's
 features against its chunk's weights; cuBLAS's batched GEMM where the text is whole chunks from a chunk
-boundary, 0.076 against 0.120 ms for the Triton pass at the paper's shape: benchmarks/results/lact_h200.md).
+boundary in 16-bit inputs, 0.076 against 0.120 ms for the Triton pass at the paper's shape: benchmarks/results/lact_h200.md).
 Only the scan keeps float32 state; the per-chunk weights it
 hands the output pass are in the inputs' dtype (the tensor cores' input).
 """
@@ -444,7 +444,8 @@ def chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0)
     _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
                              PREC=prec)
     Wc, ends = _scan(U, w1, u0, d_in, m, phi_q.dtype)
-    if front == 0 and T == N * chunk and phi_q.dtype == v.dtype:  # whole chunks: one batched GEMM (cuBLAS)
+    if front == 0 and T == N * chunk and phi_q.dtype == v.dtype != torch.float32:  # whole chunks: cuBLAS's
+        # batched GEMM (in float32 the kernels' ieee dots instead: cuBLAS would follow torch's TF32 switch)
         out = torch.bmm(phi_q.view(B * H * N, chunk, DH), Wc.view(B * H * N, DV, DH).transpose(1, 2))
         return out.view(B, H, T, DV), ends
     out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
