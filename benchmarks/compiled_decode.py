@@ -15,54 +15,49 @@ one at a time on the GPU). Bytes a token: the weights (the embedding's row aside
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import os
 import statistics
 import sys
-from contextlib import contextmanager
 
 import torch
-
-
-@contextmanager
-def kernels(enabled: bool):
-    before = os.environ.get("EDGETTT_KERNELS")
-    os.environ["EDGETTT_KERNELS"] = "1" if enabled else "0"
-    try:
-        yield
-    finally:
-        os.environ.pop("EDGETTT_KERNELS") if before is None else os.environ.__setitem__("EDGETTT_KERNELS", before)
 
 
 def build(kind: str, preset: str):
     from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.conversion import convert
-    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.llama import Llama
     from edgettt.random_init import random_model
+    from edgettt.speed import LLAMA_PREFIX, llama_config
 
     if kind == "llama":
         with torch.device("cuda"):
-            return Llama(LlamaConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB)).to(torch.bfloat16).eval()
+            return Llama(llama_config(LLAMA_PREFIX + preset)).to(torch.bfloat16).eval()
     model = random_model(ModelConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB, ttt_layer_type="linear"))
     if kind != "ttt":
         model = convert(model, kind)
     return model.to("cuda", torch.bfloat16).eval()
 
 
-def state_bytes(state) -> int:
-    if hasattr(state, "keys") and isinstance(state.keys, list):  # KVCache: the depth's keys and values are read
+def state_bytes(model, state, batch: int) -> int:
+    """Bytes a step reads of the state: the KV cache (its capacity: the depth and the decoded tokens), or
+    the TTT model's decode state as stored (`decode_state_bytes`, one sequence's) for each sequence."""
+    from edgettt.llama import KVCache
+
+    if isinstance(state, KVCache):
         return sum(t.nbytes for t in state.keys + state.values)
-    return sum(t.nbytes for layer in state.layers for t in layer.values())
+    return model.decode_state_bytes() * batch
 
 
 def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
+    from edgettt.bench import kernels_off
     from edgettt.speed import capture_steps
 
     torch.manual_seed(0)
     model = build(kind, args.preset)
     llama = kind == "llama"
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-    with torch.no_grad(), kernels(not compiled or llama):
+    with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
         state = model.init_state(args.batch, args.depth + args.tokens) if llama else None
         _, state = model.prefill(ids[:, :args.depth], state)
         if compiled:
@@ -80,7 +75,7 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
     weights = sum(p.nbytes for p in model.parameters())
-    facts = {"weights_bytes": weights, "state_bytes": state_bytes(state), "graphs": len(graphs)}
+    facts = {"weights_bytes": weights, "state_bytes": state_bytes(model, state, args.batch), "graphs": len(graphs)}
     del model, state, graphs
     torch.cuda.empty_cache()
     return times, facts

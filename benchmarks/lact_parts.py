@@ -25,7 +25,6 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     from edgettt import bench
-    from edgettt.kernels import cdiv
     from edgettt.kernels import lact as K
     from edgettt.lact import linear_attention
 
@@ -40,15 +39,6 @@ def main(argv=None) -> int:
     m, _ = K.chunk_momenta(gates, gates.new_zeros(B, H), chunk)
     U = torch.randn(B * H, N, DV, DH, device="cuda")
     Wc, _ = K._scan(U, w1, zero, zero, m, dtype)
-    out = torch.empty(B, H, T, DV, device="cuda", dtype=dtype)
-
-    def sums():
-        grid = lambda meta: (B * H * N * cdiv(DV, meta["BV"]) * cdiv(DH, meta["BK"]),)  # noqa: E731
-        K._chunk_sums_kernel[grid](keys, v, U, T, 0, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk, PREC="tf32")
-
-    def triton_out():
-        grid = lambda meta: (B * H * N * (chunk // 64) * cdiv(DV, meta["BV"]),)  # noqa: E731
-        K._chunk_out_kernel[grid](phi_q, Wc, out, T, 0, N, DV, DH, CHUNK=chunk, PREC="tf32", BT=64)
 
     def state():
         return {"w1": w1.clone(), "g1": zero.clone(), "m1": zero.clone(), "gate": w1.new_zeros(B, H)}
@@ -56,9 +46,9 @@ def main(argv=None) -> int:
     parts = {
         "features q": lambda: K.features(q, w0, w2),
         "features k": lambda: K.features(k, w0, w2, rate),
-        "sums (Triton)": sums,
+        "sums (Triton)": lambda: K._chunk_sums(keys, v, chunk, 0),
         "scan": lambda: K._scan(U, w1, zero, zero, m, dtype),
-        "out (Triton)": triton_out,
+        "out (Triton)": lambda: K._chunk_output(phi_q, Wc, dtype, chunk, 0),
         "out (cuBLAS bmm)": lambda: torch.bmm(phi_q.view(-1, chunk, DH), Wc.view(-1, DV, DH).transpose(1, 2)),
         "attention (as chunk_attention runs it)": lambda: K.chunk_attention(phi_q, keys, v, w1, zero, zero, m, chunk),
         "whole chunk()": lambda: linear_attention.chunk(state(), {"0": w0, "2": w2}, config, None, q, k, v, lr, gates, 0),

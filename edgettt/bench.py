@@ -67,6 +67,16 @@ def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
     return statistics.median(_event_ms(fn) for _ in range(max(3, min(10, int(budget_ms / once)))))
 
 
+def with_tf32(fn):
+    """fn() with torch's float32 matmuls in TF32 (the switch restored after)."""
+    before = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True
+    try:
+        return fn()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+
+
 def time_rotating_ms(calls: list, graph: bool = True) -> tuple[float, str]:
     """Time per call of a list of calls over different buffers (together larger than L2), run back to
     back in a CUDA graph, or with events around the eager list (calls that cannot be captured)."""
@@ -222,12 +232,8 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
     the recipe's steps per second are the fairer comparison for the scan."""
     runs = train_runs(B, H, T, d, b)
     io = 10 * B * H * T * d * 4 + 2 * B * H * T * 4
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        rows = [row("train", name, time_ms(fn), io, ceiling, B * T, B=B, H=H, d=d, T=T) for name, fn in runs.items()]
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+    rows = with_tf32(lambda: [row("train", name, time_ms(fn), io, ceiling, B * T, B=B, H=H, d=d, T=T)
+                              for name, fn in runs.items()])
     add_ratios(rows, ["ttt mini-batch scan (autograd)"])
     return rows
 
@@ -443,15 +449,6 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
 
 PUBLIC_LACT = "public LaCT torch layer (full update, compiled)"
 PUBLIC_LACT_BEST = "public LaCT torch layer (its fastest mode)"
-
-
-def with_tf32(fn):
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True
-    try:
-        return fn()
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 def with_autocast(fn):

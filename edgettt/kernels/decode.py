@@ -193,15 +193,22 @@ def _two_level_load(c8_ptr, c4_ptr, s0_ptr, r, c, st, DV, mask):
 
 
 @triton.jit
+def _two_level_code(d, st):
+    """(coarse, fine) codes of a [R, HALF] tile of d = S - S0 on its rows' steps st [R], as float values
+    (`state_formats.two_level_codes`)."""
+    coarse = _round_half_even(d / st[:, None])
+    fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
+    return coarse, fine
+
+
+@triton.jit
 def _two_level_store(c8_ptr, c4_ptr, step_ptr, r, c, d_lo, d_hi, DV, mask, r_ok):
     """Round d = S - S0 (two [R, HALF] tiles: the row's halves) to the int8 format and store it."""
     DH = DV // 2
     amax = tl.maximum(tl.max(tl.abs(d_lo), axis=1), tl.max(tl.abs(d_hi), axis=1))
     st = tl.maximum(amax / 127.0, 1e-30)
-    coarse_lo = _round_half_even(d_lo / st[:, None])
-    coarse_hi = _round_half_even(d_hi / st[:, None])
-    fine_lo = tl.minimum(tl.maximum(_round_half_even((d_lo - coarse_lo * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
-    fine_hi = tl.minimum(tl.maximum(_round_half_even((d_hi - coarse_hi * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
+    coarse_lo, fine_lo = _two_level_code(d_lo, st)
+    coarse_hi, fine_hi = _two_level_code(d_hi, st)
     at = r[:, None] * DV + c[None, :]
     tl.store(c8_ptr + at, coarse_lo.to(tl.int8), mask=mask)
     tl.store(c8_ptr + at + DH, coarse_hi.to(tl.int8), mask=mask)

@@ -431,28 +431,41 @@ def _token_tile(chunk: int) -> int:
 
 
 def chunk_attention(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0):
-    B, H, T, DH = phi_q.shape
-    DV = v.shape[-1]
+    T = phi_q.shape[2]
     assert chunk_supported(chunk), "chunk_attention needs a chunk size that is a multiple of 16"
     phi_q, keys = phi_q.contiguous(), keys.contiguous()
     if v.stride(-1) != 1:
         v = v.contiguous()
-    N = chunk_count(front, T, chunk)
-    prec = _precision(phi_q.dtype)
-    U = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=torch.float32))
-    grid = lambda meta: (B * H * N * cdiv(DV, meta["BV"]) * cdiv(DH, meta["BK"]),)  # noqa: E731
-    _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
-                             PREC=prec)
-    Wc, ends = _scan(U, w1, u0, d_in, m, phi_q.dtype)
+    Wc, ends = _scan(_chunk_sums(keys, v, chunk, front), w1, u0, d_in, m, phi_q.dtype)
+    B, H = phi_q.shape[:2]
+    N, DV, DH = Wc.shape[1:]
     if front == 0 and T == N * chunk and phi_q.dtype == v.dtype != torch.float32:  # whole chunks: cuBLAS's
         # batched GEMM (in float32 the kernels' ieee dots instead: cuBLAS would follow torch's TF32 switch)
         out = torch.bmm(phi_q.view(B * H * N, chunk, DH), Wc.view(B * H * N, DV, DH).transpose(1, 2))
         return out.view(B, H, T, DV), ends
-    out = fresh(torch.empty(B, H, T, DV, device=v.device, dtype=v.dtype))
+    return _chunk_output(phi_q, Wc, v.dtype, chunk, front), ends
+
+
+def _chunk_sums(keys, v, chunk: int, front: int):
+    """U [B * H, N, DV, DH] (float32): each chunk's sum of v^T keys (keys contiguous, v's last dim)."""
+    B, H, T, DH = keys.shape
+    DV, N = v.shape[-1], chunk_count(front, T, chunk)
+    U = fresh(torch.empty(B * H, N, DV, DH, device=v.device, dtype=torch.float32))
+    grid = lambda meta: (B * H * N * cdiv(DV, meta["BV"]) * cdiv(DH, meta["BK"]),)  # noqa: E731
+    _chunk_sums_kernel[grid](keys, v, U, T, front, N, DV, DH, T * DH, DH, *v.stride()[:3], H, CHUNK=chunk,
+                             PREC=_precision(keys.dtype))
+    return U
+
+
+def _chunk_output(phi_q, Wc, dtype, chunk: int, front: int):
+    """out [B, H, T, DV] in `dtype`: each token's features against its chunk's weights (the Triton pass)."""
+    B, H, T, DH = phi_q.shape
+    N, DV = Wc.shape[1:3]
+    out = fresh(torch.empty(B, H, T, DV, device=phi_q.device, dtype=dtype))
     bt = _token_tile(chunk)
     grid = lambda meta: (B * H * N * (chunk // bt) * cdiv(DV, meta["BV"]),)  # noqa: E731
-    _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=prec, BT=bt)
-    return out, ends
+    _chunk_out_kernel[grid](phi_q, Wc, out, T, front, N, DV, DH, CHUNK=chunk, PREC=_precision(phi_q.dtype), BT=bt)
+    return out
 
 
 def _scan(U, w1, u0, d_in, m, dtype):
