@@ -66,6 +66,8 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
         token, graphs = capture_steps(model, state, args.depth, args.batch)
         times = []
         for _ in range(args.repeats):
+            if llama:  # each repeat decodes the same positions (the cache holds depth + tokens)
+                state.pos.fill_(args.depth)
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             for t in range(args.tokens):
@@ -98,11 +100,16 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel")
     parser.add_argument("--steps", default="eager,compile", help="eager, compile or both, for every kind")
+    parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
+                        "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("compiled_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
+    for setting in filter(None, args.inductor.split(",")):
+        key, value = setting.split("=")
+        setattr(torch._inductor.config, key, {"True": True, "False": False}.get(value, value))
     ceiling = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
             "copy_bandwidth_GBps": ceiling / 1e9}

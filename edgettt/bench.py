@@ -553,7 +553,8 @@ def weight_variants(N, K, dtype, group=64, gemm_variants=False) -> dict:
     per_channel = (t8["qweight"], t8["scales"])
     variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True)}
     # a GEMV runs one kernel; a GEMM each of the ways `gemm` picks (the kernels' docstrings name the default)
-    ways = [("fused", "edgettt fused"), ("swapped", "edgettt W x^T"), ("dequantize", "dequantize + cuBLAS")]
+    ways = [("fused", "edgettt fused"), ("swapped", "edgettt W x^T"), ("dequantize", "dequantize + cuBLAS"),
+            ("a8", "edgettt, int8 activations")]
     for gemm, how in (ways if gemm_variants else [(None, "edgettt kernel")]):
         picked = {} if gemm is None else {"gemm": gemm}
         variants[f"int8 per-channel ({how})"] = (lambda: tuple(p.clone() for p in per_channel),

@@ -27,7 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .ops import gelu_tanh, gelu_tanh_grad, ln_l2_grad
+from .ops import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -94,7 +94,7 @@ def committed_states(S, U, eta_last, requant=None, ends=None):
     a loop that rounds S at every commit (`ends` [N]: the position of each commit)."""
     if requant is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
-    if torch.compiler.is_exporting():  # a graph of any length: the loop becomes one ONNX Scan
+    if exporting():  # a graph of any length: the loop becomes one ONNX Scan
         from torch._higher_order_ops.scan import scan
 
         def commit(S, xs):

@@ -3,7 +3,7 @@
 Everything here is pointwise or per-row; the sequence mixing lives in `ttt.py` (the original
 mini-batch computation) and `linear_attention.py` (the converted form).
 
-While `torch.onnx.export` traces a model (`torch.compiler.is_exporting()`), the norms and the rotary
+While edgettt's ONNX export traces a model (`exporting()`), the norms and the rotary
 embedding are written as the ops ONNX Runtime fuses them into (`edgettt::rms_norm` and
 `edgettt::rotary`, custom ops whose ONNX nodes `onnx/onnx_ops.py` makes; `native_layer_norm`): one
 node where the plain formula takes ten (the rotary one in the decode graph only). They compute the same function, up to fp32 rounding.
@@ -11,15 +11,36 @@ node where the plain formula takes ten (the rotary one in the decode graph only)
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
 LN_EPS = 1e-6
+_onnx_export = False
+
+
+def exporting() -> bool:
+    """Whether edgettt's ONNX export is tracing the model (`onnx_export`). Not
+    `torch.compiler.is_exporting()`: that is true while torch.compile traces too (torch 2.11 on CUDA: a
+    compiled bf16 decode step took the export-only ops, whose float32 statistics then met bf16 weights)."""
+    return _onnx_export
+
+
+@contextlib.contextmanager
+def onnx_export():
+    """Within: `exporting()` is true (the ONNX exporter's trace)."""
+    global _onnx_export
+    before, _onnx_export = _onnx_export, True
+    try:
+        yield
+    finally:
+        _onnx_export = before
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """`w * x / sqrt(mean(x^2) + eps)`, the normalisation computed in float32."""
-    if torch.compiler.is_exporting():
+    if exporting():
         return torch.ops.edgettt.rms_norm(x, weight, eps)
     return _rms_norm(x, weight, eps)
 
@@ -33,7 +54,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
 
 def layer_norm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float = LN_EPS) -> torch.Tensor:
     """LayerNorm over the last dim with biased variance (the TTT inner LN)."""
-    if torch.compiler.is_exporting():
+    if exporting():
         return gamma * torch.native_layer_norm(x, [x.shape[-1]], None, None, eps)[0] + beta
     mu = x.mean(-1, keepdim=True)
     var = x.var(-1, keepdim=True, unbiased=False)
@@ -46,7 +67,7 @@ def ln_l2_grad(z: torch.Tensor, target: torch.Tensor, gamma: torch.Tensor, beta:
 
     `e = (gamma*xh + beta - y) * gamma`, `g = (e - mean(e) - xh * mean(e * xh)) / s`.
     """
-    if torch.compiler.is_exporting():  # xh and 1 / s from one LayerNormalization node
+    if exporting():  # xh and 1 / s from one LayerNormalization node
         xh, _, inv_s = torch.native_layer_norm(z, [z.shape[-1]], None, None, eps)
         e = (gamma * xh + beta - target) * gamma
         return (e - e.mean(-1, keepdim=True) - xh * (e * xh).mean(-1, keepdim=True)) * inv_s
@@ -99,7 +120,7 @@ def rotary(x: torch.Tensor, positions: torch.Tensor, theta: float, period: int |
     """
     # ONNX Runtime's RotaryEmbedding refuses a sequence longer than its table: fused in the decode graph
     # (one token: the length is a plain int), the formula in the prefill graph (any length)
-    if period and torch.compiler.is_exporting() and isinstance(x.shape[2], int) and x.shape[2] <= period:
+    if period and exporting() and isinstance(x.shape[2], int) and x.shape[2] <= period:
         return torch.ops.edgettt.rotary(x, positions, theta, period, x.shape[-1])
     return _rotary(x, positions, theta)
 
@@ -130,7 +151,7 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
 def tokens_from(h: torch.Tensor, start) -> torch.Tensor:
     """h[:, start:] for h [B, T, C]; `start` an int, or a 0-d tensor in an exported graph (a Slice
     whose length the graph learns at run time)."""
-    if torch.compiler.is_exporting():
+    if exporting():
         return torch.ops.edgettt.tokens_from(h, start)
     return h[:, int(start):]
 

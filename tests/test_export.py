@@ -311,3 +311,16 @@ def test_speed_runs_every_sequence_of_a_batch_on_the_cpu_engines(exported, engin
     logits = [np.asarray(s[0] if isinstance(s, tuple) else s) for s in seen]
     assert all(x.shape[0] == 2 for x in logits) and len(logits) == (1 if engine_kind == "onnxruntime" else 3)
     assert not np.allclose(logits[-1][0], logits[-1][1])
+
+
+def test_only_the_onnx_export_takes_the_export_ops():
+    """The norms' and rotary's export-only forms (fused ONNX nodes) are taken inside edgettt's ONNX
+    export only: torch.compile's trace does not count as exporting (on CUDA it had taken them, and a
+    compiled bf16 decode step then failed on their float32 statistics)."""
+    from edgettt.ops import exporting, onnx_export
+
+    flag = torch.compile(lambda x: x + float(exporting()), backend="eager")
+    assert flag(torch.zeros(2)).tolist() == [0.0, 0.0] and not exporting()
+    with onnx_export():
+        assert exporting()
+    assert not exporting()

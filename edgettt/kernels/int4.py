@@ -15,7 +15,11 @@
   of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):
   "fused" (that kernel), "swapped" (the same computing y^T = W x^T), "dequantize" (W into x's dtype
   by a kernel, then cuBLAS: the fastest at M = 2048, 0.88-0.90x bf16 against 0.46x fused; the default
-  from M = 1024 on, the fused kernel below).
+  from M = 1024 on, the fused kernel below), or "a8" (W4A8: the weight requantized to int8 with one scale
+  a row by a kernel (`int4_to_int8`), the activations to int8 with one scale a row, then int8's W8A8
+  GEMM on the int8 tensor cores; it changes the result by both roundings, so it is asked for, never
+  picked). A W4A8 kernel with a float scale a group step (int8 dots a group, rescaled into a float sum)
+  ran at 0.31x bf16 cuBLAS and was dropped: benchmarks/results/gemm_h200.md.
 """
 
 from __future__ import annotations
@@ -24,8 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.layouts import dequantize_int4
+from ..quant.layouts import dequantize_int4, unpack_nibbles
 from . import autotune_configs, cdiv, fresh, next_power_of_2
+from .int8 import int8_a8_gemm, int8_matmul_a8_ref
 
 GEMV_MAX_ROWS = 8
 
@@ -169,6 +174,66 @@ def int4_dequantize(qweight, scales, zero_points, dtype) -> torch.Tensor:
     return w
 
 
+def int4_to_int8_ref(qweight, scales, zero_points):
+    """The weight on an int8 grid, one scale a row (`int8_matmul`'s format): the row's step is the
+    largest |code - zero| * scale its groups allow, / 127 (so no code leaves -127..127); codes
+    rounded half up. Adds at most half that step to each weight (about a twelfth of an int4 step)."""
+    N, blocks, GH = qweight.shape
+    codes = unpack_nibbles(qweight).float()  # [N, blocks, g]
+    zero = unpack_nibbles(zero_points)[:, :blocks].float()
+    row_step = (scales.float() * torch.maximum(zero, 15 - zero)).amax(-1) / 127.0  # [N]
+    ratio = scales.float() / row_step[:, None]
+    w8 = torch.floor((codes - zero[..., None]) * ratio[..., None] + 0.5).clamp(-127, 127)
+    return w8.to(torch.int8).reshape(N, blocks * GH * 2), row_step
+
+
+def int4_matmul_a8_ref(x, qweight, scales, zero_points):
+    """The W4A8 product: the weight on its int8 grid (`int4_to_int8_ref`), then `int8_matmul_a8_ref`."""
+    return int8_matmul_a8_ref(x, *int4_to_int8_ref(qweight, scales, zero_points))
+
+
+@triton.jit
+def _int4_to_int8_kernel(qw_ptr, sc_ptr, zp_ptr, w8_ptr, step_ptr, N, K, ZPW, BLOCKS_P2: tl.constexpr,
+                         GROUP: tl.constexpr, BN: tl.constexpr, GPP: tl.constexpr):
+    """Rows n: their int8 step from all their group scales and zero points, then the codes of GPP
+    groups (program column c: groups c * GPP ..)."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    c0 = tl.program_id(1) * GPP
+    n_ok = n < N
+    blocks = K // GROUP
+    gi = tl.arange(0, BLOCKS_P2)
+    ok = n_ok[:, None] & (gi < blocks)[None, :]
+    scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=ok, other=0.0).to(tl.float32)
+    zero = _zero_points(zp_ptr, n, gi, ZPW, ok)
+    step = tl.max(scale * tl.maximum(zero, 15.0 - zero), axis=1) / 127.0  # [BN]
+    if c0 == 0:
+        tl.store(step_ptr + n, step, mask=n_ok)
+    GH: tl.constexpr = GROUP // 2
+    c = tl.arange(0, GH)
+    kk = tl.arange(0, GROUP)
+    for g in range(c0, tl.minimum(c0 + GPP, blocks)):
+        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
+        z = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
+        z = ((z >> ((g % 2) * 4)) & 0xF).to(tl.float32)
+        ratio = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32) / step
+        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
+        w8 = tl.floor((codes - z[:, None]) * ratio[:, None] + 0.5)
+        w8 = tl.minimum(tl.maximum(w8, -127.0), 127.0)
+        tl.store(w8_ptr + n[:, None] * K + g * GROUP + kk[None, :], w8.to(tl.int8), mask=n_ok[:, None])
+
+
+def int4_to_int8(qweight, scales, zero_points) -> tuple[torch.Tensor, torch.Tensor]:
+    """(int8 codes [N, K], float32 row steps [N]): the kernel of `int4_to_int8_ref`."""
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    w8 = torch.empty(N, K, device=qweight.device, dtype=torch.int8)  # every code written
+    step = fresh(torch.empty(N, device=qweight.device, dtype=torch.float32))
+    _int4_to_int8_kernel[(cdiv(N, 32), cdiv(blocks, 8))](qweight, scales, zero_points, w8, step, N, K,
+                                                          zero_points.shape[1], BLOCKS_P2=next_power_of_2(blocks),
+                                                          GROUP=GH * 2, BN=32, GPP=8)
+    return w8, step
+
+
 def kernel_supports(group: int) -> bool:
     """Groups the kernels take: powers of two (tl.arange) from 32 (tl.dot's least K tile) to 128
     (two groups fit the GEMV's narrowest byte tile)."""
@@ -193,6 +258,8 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     if M <= GEMV_MAX_ROWS:
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
+    elif gemm == "a8":
+        int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
     elif (gemm or ("dequantize" if M >= DEQUANTIZE_MIN_ROWS else "fused")) == "dequantize":
         torch.matmul(x2, int4_dequantize(qweight, scales, zero_points, x.dtype).T, out=y)
     else:

@@ -13,7 +13,9 @@ apply the per-row scale once, at the end (it factors out of the sum over k):
   tensor cores; the scale multiplies the finished tile. `gemm` picks the way: "swapped" (the
   default: y^T = W x^T, the converted codes the dot's register operand; 0.70-0.72x bf16 cuBLAS at
   M = 2048), "fused" (y = x W^T; 0.59-0.64x), "dequantize" (the weight in x's dtype, then cuBLAS;
-  0.57-0.59x): benchmarks/results/gemm_h200.md.
+  0.57-0.59x), or "a8" (W8A8: the activations rounded to int8, one scale a row (`act8`), and the
+  integer product on int8 tensor cores, exact in int32; both scales in the epilogue; it changes the
+  result by the activations' rounding, so it is asked for, never picked): benchmarks/results/gemm_h200.md.
 The layer keeps only the int8 bytes on the GPU (no dequantized float copy).
 """
 
@@ -25,6 +27,7 @@ import triton.language as tl
 
 from ..quant.layouts import dequantize_int8
 from . import autotune_configs, cdiv, fresh, next_power_of_2
+from .act8 import quantize_activations, quantize_activations_ref
 
 GEMV_MAX_ROWS = 8
 
@@ -105,6 +108,65 @@ def _int8_gemm_kernel(x_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, stride_xm, M_BUCKET
                  mask=m_ok[:, None] & n_ok[None, :])
 
 
+def int8_matmul_a8_ref(x, qweight, scales):
+    """The W8A8 product: x rounded per row (`quantize_activations_ref`), integer sums in float64 (exact)."""
+    K = qweight.shape[1]
+    codes, xs = quantize_activations_ref(x.reshape(-1, K), K)
+    y = (codes.double() @ qweight.double().T) * xs.double() * scales.double()[None, :]
+    return y.to(x.dtype).reshape(*x.shape[:-1], -1)
+
+
+A8_CONFIGS = [triton.Config({"BM": bm, "BN": bn, "BK": bk, "GM": 8}, num_warps=w, num_stages=s)
+              for bm, bn, bk, w, s in [(128, 256, 128, 8, 3), (128, 128, 128, 8, 4), (256, 128, 128, 8, 3),
+                                       (128, 128, 64, 4, 4), (64, 128, 128, 4, 4), (128, 256, 64, 8, 4),
+                                       (64, 64, 128, 4, 4)]]
+
+
+@triton.jit
+def _tile_ids(M, N, BM: tl.constexpr, BN: tl.constexpr, GM: tl.constexpr):
+    """(pid_m, pid_n) of this program, launched along one axis in groups of GM row tiles (the tiles
+    that share a weight column tile run together, so it is read from L2)."""
+    pid = tl.program_id(0)
+    tiles_m, tiles_n = tl.cdiv(M, BM), tl.cdiv(N, BN)
+    group = pid // (GM * tiles_n)
+    first = group * GM
+    rows = min(tiles_m - first, GM)
+    return first + (pid % (GM * tiles_n)) % rows, (pid % (GM * tiles_n)) // rows
+
+
+@triton.autotune(configs=autotune_configs(A8_CONFIGS, [triton.Config({"BM": 16, "BN": 16, "BK": 32, "GM": 2}, num_warps=4)]),
+                 key=["M_BUCKET", "N", "K"])
+@triton.jit
+def _int8_a8_gemm_kernel(xq_ptr, xs_ptr, qw_ptr, sc_ptr, y_ptr, M, N, K, M_BUCKET, BM: tl.constexpr,
+                         BN: tl.constexpr, BK: tl.constexpr, GM: tl.constexpr):
+    """int8 x codes times int8 weight codes, summed in int32 (|sum| < 127^2 K: exact to K = 133,000),
+    then times the row's and the channel's scales."""
+    pid_m, pid_n = _tile_ids(M, N, BM, BN, GM)
+    m = pid_m * BM + tl.arange(0, BM)
+    n = pid_n * BN + tl.arange(0, BN)
+    m_ok, n_ok = m < M, n < N
+    k = tl.arange(0, BK)
+    acc = tl.zeros([BM, BN], dtype=tl.int32)
+    for k0 in range(0, K, BK):
+        k_ok = k0 + k < K
+        a = tl.load(xq_ptr + m[:, None] * K + k0 + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0)
+        b = tl.load(qw_ptr + n[:, None] * K + k0 + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0)
+        acc = tl.dot(a, tl.trans(b), acc, out_dtype=tl.int32)
+    xs = tl.load(xs_ptr + m, mask=m_ok, other=0.0)
+    sc = tl.load(sc_ptr + n, mask=n_ok, other=0.0).to(tl.float32)
+    y = acc.to(tl.float32) * xs[:, None] * sc[None, :]
+    tl.store(y_ptr + m[:, None] * N + n[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def int8_a8_gemm(x2, qweight, scales, y):
+    """y [M, N] = x2 [M, K] times the int8 weight, x2 rounded to int8 a row (`quantize_activations`)."""
+    M, K = x2.shape
+    N = qweight.shape[0]
+    codes, xs = quantize_activations(x2, K)
+    grid = lambda meta: (cdiv(M, meta["BM"]) * cdiv(N, meta["BN"]),)  # noqa: E731
+    _int8_a8_gemm_kernel[grid](codes, xs, qweight, scales, y, M, N, K, next_power_of_2(M))
+
+
 def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
     N, K = qweight.shape
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
@@ -119,6 +181,8 @@ def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
         _int8_gemv_kernel[grid](x2, qweight, scales, y, N, K, x2.stride(0))
     elif gemm == "dequantize":  # the weight in x's dtype, then the float GEMM
         torch.matmul(x2, (qweight.to(x.dtype) * scales.to(x.dtype)[:, None]).T, out=y)
+    elif gemm == "a8":
+        int8_a8_gemm(x2, qweight, scales, y)
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"

@@ -128,9 +128,9 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
     state's rounding at each chunk end (position: tokens seen); `observer(st, count)`: calibration,
     called after each piece of `count` tokens with the state kept after it. Exported (ONNX), the loop
     over chunks is one Scan (`scanned`), for any length."""
-    from ..ops import segments
+    from ..ops import exporting, segments
 
-    if torch.compiler.is_exporting():
+    if exporting():
         assert observer is None, "calibration does not run in an exported graph"
         return scanned(st, fixed, config, norms, q, k, v, lr, gates, start, rounding)
     outs = []

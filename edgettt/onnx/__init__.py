@@ -30,6 +30,7 @@ from ..errors import EdgetttError
 from ..mixer import FusableInputs
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
+from ..ops import onnx_export
 from ..progress import bar
 from ..quant.apply import set_module
 from ..quant.linear import QuantLinear, TiedEmbedding
@@ -285,7 +286,7 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
     names_in = [x["name"] for x in io["inputs"]]
     names_out = [x["name"] for x in io["outputs"]]
     chatter = contextlib.redirect_stderr(io_module.StringIO())  # the exporter's progress lines and warnings
-    with chatter, warnings.catch_warnings():
+    with chatter, warnings.catch_warnings(), onnx_export():
         warnings.simplefilter("ignore")
         for logger in ("torch.onnx", "torch.export"):  # (the exporter logs what it cannot classify, harmlessly)
             logging.getLogger(logger).setLevel(logging.CRITICAL)

@@ -9,6 +9,8 @@ import torch
 
 from edgettt.kernels import int4, int8, lact, prefill
 from edgettt.kernels.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
+from conftest import rel_err
+from edgettt.quant.weight_formats import weight_format
 from test_int4 import check_int4
 from test_int8 import check_int8
 from test_lact_kernels import check_chunk_attention, check_features
@@ -61,3 +63,16 @@ def test_every_lact_config(monkeypatch):
     for tuner, configs in ((lact._chunk_sums_kernel, lact.SUM_CONFIGS), (lact._chunk_out_kernel, lact.OUT_CONFIGS)):
         for config in each_config(monkeypatch, tuner, configs):
             check_chunk_attention("cuda", True, (1, 2, 300, 136, 200, 128, 5), torch.bfloat16)
+
+
+def test_every_int8_activation_gemm_config(monkeypatch):
+    """The W8A8 GEMM (gemm="a8"; W4A8 requantizes to it) against the integer references, every configuration."""
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(1000, 4096 + 64, generator=g)
+    x = torch.randn(40, 4096 + 64, generator=g).to("cuda", torch.bfloat16)
+    t8 = [t.cuda() for t in weight_format("int8").quantize(w, 64).values()]
+    t4 = weight_format("int4").quantize(w, 64)
+    t4 = [t4[name].cuda() for name in ("qweight", "scales", "zero_points")]
+    for config in each_config(monkeypatch, int8._int8_a8_gemm_kernel, int8.A8_CONFIGS):
+        assert rel_err(int8.int8_matmul(x, *t8, gemm="a8").float(), int8.int8_matmul_a8_ref(x, *t8).float()) < 1e-2
+        assert rel_err(int4.int4_matmul(x, *t4, gemm="a8").float(), int4.int4_matmul_a8_ref(x, *t4).float()) < 1e-2
