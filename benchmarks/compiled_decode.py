@@ -50,8 +50,8 @@ def state_bytes(model, state, batch: int) -> int:
 
 
 def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
-    from edgettt.bench import kernels_off
-    from edgettt.speed import capture_steps
+    from edgettt.kernels import kernels_off
+    from edgettt.speed import capture_steps, compile_step
 
     torch.manual_seed(0)
     model = build(kind, args.preset)
@@ -61,8 +61,7 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
         state = model.init_state(args.batch, args.depth + args.tokens) if llama else None
         _, state = model.prefill(ids[:, :args.depth], state)
         if compiled:
-            torch._dynamo.config.cache_size_limit = 64  # one graph a place in the mini-batch, and the commit
-            model.step = torch.compile(model.step)  # (positions become symbolic after the first recompile)
+            compile_step(model)
         token, graphs = capture_steps(model, state, args.depth, args.batch)
         times = []
         for _ in range(args.repeats):

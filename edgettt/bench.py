@@ -18,10 +18,8 @@ bandwidth measured in the same run, and a ratio against named references of the 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
-import os
 import platform
 import statistics
 import sys
@@ -29,7 +27,7 @@ import time
 
 import torch
 
-from .kernels import decode, int4, int8, prefill
+from .kernels import decode, int4, int8, kernels_off, prefill
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -357,20 +355,6 @@ def initial_w0_w2(config, device):
 def dense(w):
     """A fast weight as a matrix (`LowRank` factors multiplied out)."""
     return w.dense() if hasattr(w, "dense") else w
-
-
-@contextlib.contextmanager
-def kernels_off():
-    """Within: the plain-torch references instead of the kernels (EDGETTT_KERNELS=0)."""
-    before = os.environ.get("EDGETTT_KERNELS")
-    os.environ["EDGETTT_KERNELS"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("EDGETTT_KERNELS", None)
-        else:
-            os.environ["EDGETTT_KERNELS"] = before
 
 
 def load_public_lact(path):

@@ -852,10 +852,18 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="cuda: models through torch on the GPU in bfloat16, decode as CUDA graph replays.")
 @click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences prefilled and decoded together.")
+@click.option("--compile", "compile_steps", is_flag=True,
+              help="With --device cuda: decode steps compiled by torch.compile before they are captured (every "
+                   "model, llama: too; float weights only).")
+@click.option("--activations", type=click.Choice(["float", "int8"]), default="float", show_default=True,
+              help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
+                   "a row and multiplies on the int8 tensor cores (its accuracy cost: "
+                   "benchmarks/results/int8_activations_accuracy.md); float is weight-only.")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_path, md_path, force):
+def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, json_path,
+          md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
@@ -873,11 +881,12 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_
     random: speed does not depend on them.
     """
     from .outputs import plan_outputs
-    from .speed import run, table, tests, write
+    from .speed import CudaOptions, run, table, tests, write
 
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
-    result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch)
+    result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
+                 CudaOptions(compile_steps, activations))
     click.echo(table(result))
     write(result, json_out, md_out)
 

@@ -23,11 +23,14 @@ graph's nodes, for an export). Token ids are random: speed does not depend on th
 
 With `--device cuda` (`CudaEngine`) models run through torch on the GPU in bfloat16, decode replays
 CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:<preset>` is the
-same-size transformer of `edgettt.llama`.
+same-size transformer of `edgettt.llama`. `--compile` compiles every model's decode step with
+torch.compile before it is captured (float weights; `compile_step`), `--activations int8` runs the
+quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import multiprocessing
@@ -97,6 +100,17 @@ class TorchEngine:
                 _, state = self.model.step(self.torch.from_numpy(ids[:, t]), state)
 
 
+@dataclasses.dataclass(frozen=True)
+class CudaOptions:
+    """How `--device cuda` runs a model: `compile`, decode steps compiled by torch.compile (inductor
+    fuses each step's operations; edgettt's kernels off inside, so float models only) before they are
+    captured; `activations`, the quantized int8 / int4 layers' prefill GEMMs with "int8" activations
+    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only)."""
+
+    compile: bool = False
+    activations: str = "float"
+
+
 class CudaEngine:
     """A model (or `llama:<preset>`, the same-size transformer of `edgettt.llama`) through torch on a
     CUDA GPU, weights and state in bfloat16, as many sequences as the ids have rows. Prefill is one call; decode replays
@@ -105,10 +119,11 @@ class CudaEngine:
     step depends on its place in the mini-batch, so it gets one graph per place (all on the same
     state tensors); the transformer's position is a device tensor, so it gets one graph."""
 
-    def __init__(self, path: str, threads: int | None):
+    def __init__(self, path: str, threads: int | None, options: CudaOptions | None = None):
         import torch
 
         self.torch = torch
+        self.options = options or CudaOptions()
         if is_llama(path):
             from .llama import Llama
 
@@ -116,9 +131,13 @@ class CudaEngine:
                 model = Llama(llama_config(path))
         else:
             from . import load
+            from .quant import set_activations
 
             model = load(path)
+            set_activations(model, self.options.activations)
         self.model = model.to("cuda", torch.bfloat16).eval()
+        if self.options.compile:
+            compile_step(self.model)
         self.vocab = self.model.config.vocab_size
         self.graphs = None
 
@@ -133,8 +152,11 @@ class CudaEngine:
 
     def ready(self, ids, start, state):
         """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
+        from .kernels import kernels_off
+
         self.ids = self.torch.from_numpy(ids).cuda()
-        with self.torch.no_grad():
+        # compiled, the step is all inductor's: edgettt's kernels off while it is traced (and captured)
+        with self.torch.no_grad(), (kernels_off() if self.options.compile else contextlib.nullcontext()):
             self.graphs = capture_steps(self.model, state, start, ids.shape[0])
         self.torch.cuda.synchronize()
 
@@ -144,6 +166,16 @@ class CudaEngine:
             token.copy_(self.ids[:, t])
             graphs[(start + t) % len(graphs)].replay()
         self.torch.cuda.synchronize()
+
+
+def compile_step(model) -> None:
+    """`model.step` compiled by torch.compile; trace (and capture) it inside `kernels.kernels_off()`, so
+    that the whole step is inductor's. A TTT model's step compiles once for its first position, then
+    once more for any position with and without a commit (positions become symbolic)."""
+    import torch
+
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+    model.step = torch.compile(model.step)
 
 
 def capture_steps(model, state, start: int, batch: int):
@@ -191,6 +223,17 @@ def _copy_state(state):
         return KVCache([k.clone() for k in state.keys], [v.clone() for v in state.values], state.pos.clone(),
                        state.cos, state.sin)
     return State(state.pos, [{k: v.clone() for k, v in layer.items()} for layer in state.layers])
+
+
+def is_quantized(path: str) -> bool:
+    """Whether a model directory's config.json records a quantization (read without loading the model)."""
+    from .checkpoint import resolve_model_path
+
+    config = resolve_model_path(path) / "config.json"
+    try:
+        return config.is_file() and bool(json.loads(config.read_text()).get("quantization"))
+    except (OSError, ValueError):
+        return False  # (the loader names what is wrong with it)
 
 
 def is_llama_model(model) -> bool:
@@ -280,14 +323,15 @@ def time_test(engine, test: Test, rng, batch: int = 1) -> float:
     return time.perf_counter() - t0
 
 
-def _measure(conn, path: str, threads: int | None, seed: int, test: Test, device: str = "cpu", batch: int = 1) -> None:
+def _measure(conn, path: str, threads: int | None, seed: int, test: Test, device: str = "cpu", batch: int = 1,
+             cuda: CudaOptions | None = None) -> None:
     """One worker process: load `path`, warm up on a short run of the same kind (the first runs of a
     session allocate and plan), time `test`, send (seconds, peak MB: resident memory on the CPU, the
     GPU memory allocated on CUDA)."""
     import numpy as np
 
     try:
-        engine = (CudaEngine if device == "cuda" else ENGINES[engine_name(path)])(path, threads)
+        engine = CudaEngine(path, threads, cuda) if device == "cuda" else ENGINES[engine_name(path)](path, threads)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return
@@ -349,14 +393,18 @@ def count_nodes(graph, functions: dict | None = None) -> int:
     return total
 
 
-def check_paths(paths: list[str], device: str = "cpu") -> None:
+def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None = None) -> None:
     """Every path an export, a model directory or a shipped name (on CUDA: a model or `llama:<preset>`),
-    before any worker starts."""
+    and the CUDA options that fit them, before any worker starts."""
     from .checkpoint import resolve_model_path
     from .config import PRESETS
 
+    cuda = cuda or CudaOptions()
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
+    if cuda != CudaOptions() and device != "cuda":
+        raise EdgetttError("speed: --compile and --activations choose how --device cuda runs models; add "
+                           "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
         import torch
 
@@ -372,6 +420,9 @@ def check_paths(paths: list[str], device: str = "cpu") -> None:
         if device == "cuda" and (is_export(path) or is_genai(path)):
             raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
                                "directories or shipped names (or time exports on the CPU)")
+        if cuda.compile and not is_export(path) and not is_genai(path) and is_quantized(path):
+            raise EdgetttError(f"{path}: quantized weights; the compiled step would run them dequantized (its "
+                               "kernels are off under torch.compile): time it without --compile")
         if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():
             raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
                                f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
@@ -385,13 +436,14 @@ def check_paths(paths: list[str], device: str = "cpu") -> None:
 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
-        seed: int = 0, device: str = "cpu", batch: int = 1) -> dict:
+        seed: int = 0, device: str = "cpu", batch: int = 1, cuda: CudaOptions | None = None) -> dict:
     """Time every test of every path `repetitions` times, the paths taking turns: each measurement in
     a fresh worker process (one at a time: a machine holds one model's peak, and each peak is its
     own). Returns the JSON."""
     from .progress import bar
 
-    check_paths(paths, device)
+    cuda = cuda or CudaOptions()
+    check_paths(paths, device, cuda)
     ctx = multiprocessing.get_context("spawn")  # a clean process each: nothing shared with the parent
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
@@ -400,17 +452,20 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         for r in range(1, repetitions + 1):
             for test in test_list:
                 for path in paths:
-                    seconds, peak = _one(ctx, path, threads, seed, test, device, batch)
+                    seconds, peak = _one(ctx, path, threads, seed, test, device, batch, cuda)
                     times[(path, test.name)].append(seconds)
                     peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
                     order.append([r, path, test.name])
                     progress.update()
-    return summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
+    result = summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
+    if device == "cuda":
+        result["meta"].update(compile=cuda.compile, activations=cuda.activations)
+    return result
 
 
-def _one(ctx, path, threads, seed, test, device="cpu", batch=1) -> tuple[float, float]:
+def _one(ctx, path, threads, seed, test, device="cpu", batch=1, cuda=None) -> tuple[float, float]:
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test, device, batch), daemon=True)
+    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test, device, batch, cuda), daemon=True)
     proc.start()
     try:
         answer = _receive(parent, path)

@@ -423,3 +423,27 @@ def test_a_format_added_to_the_registry_alone_goes_through_every_command(tmp_pat
         ref, got = model(ids), again(ids)
     assert 0 < ((got - ref).norm() / ref.norm()).item() < 0.05
     assert [v.name for v in variants([fmt.name], [], 64)] == [f"w-{fmt.name} s-fp32"]
+
+
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_int8_activations_cost_a_little_in_prefill_and_leave_decode_alone(trained, weights):
+    """set_activations(model, "int8"): the prefill's GEMMs round the activations to int8 a row (W8A8 /
+    W4A8, the CUDA kernels' arithmetic; here their references); the KLD it adds to the weights' own is
+    small (int8 weights: 3e-4 -> 2.5e-3 on the parallel form, benchmarks/results/int8_activations_accuracy.md),
+    and a decode step (a GEMV: M = 1) is not touched."""
+    from edgettt.quant import set_activations
+
+    model, _, ids = trained
+    with torch.no_grad():
+        ref = model(ids[:, :512])
+    q = quantized(model, QuantConfig(weights, 64))
+    weight_only = kld(q, ref, ids[:, :513])
+    with torch.no_grad():  # 8 tokens, then one: GEMV rows, float activations either way
+        float_logits = q.step(ids[:, 8], q.prefill(ids[:, :8])[1])[0]
+    assert set_activations(q, "int8") == sum(isinstance(m, QuantLinear) for m in q.modules())
+    with_int8 = kld(q, ref, ids[:, :513])
+    assert weight_only < with_int8 < weight_only + (0.01 if weights == "int8" else 0.03)
+    with torch.no_grad():
+        assert torch.equal(q.step(ids[:, 8], q.prefill(ids[:, :8])[1])[0], float_logits)
+    with pytest.raises(ValueError):
+        set_activations(q, "int4")

@@ -32,15 +32,35 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
+    for option in (["--compile"], ["--activations", "int8"]):  # CUDA options without --device cuda
+        result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
+        assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
+
+
+def test_a_quantized_model_is_told_apart_without_loading_it(tmp_path):
+    """`speed --compile` refuses quantized models (their compiled steps would run dequantized weights),
+    which it tells from config.json alone."""
+    import edgettt
+    from edgettt.quant import QuantConfig
+    from edgettt.speed import is_quantized
+
+    model = edgettt.load("ttt-linear-tiny-parallel")
+    edgettt.save(edgettt.quantize(model, QuantConfig("int4")), tmp_path / "q")
+    assert is_quantized(str(tmp_path / "q")) and not is_quantized("ttt-linear-tiny-parallel")
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("form", ["ttt", "exact", "parallel", "llama"])
-def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form):
+@pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
+                                           ("parallel", True), ("ttt", True), ("llama", True)])
+def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
+    """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off)."""
+    import contextlib
+
     from edgettt import convert
+    from edgettt.kernels import kernels_off
     from edgettt.llama import Llama, LlamaConfig
-    from edgettt.speed import _copy_state, capture_steps
+    from edgettt.speed import _copy_state, capture_steps, compile_step
 
     if form == "llama":
         with torch.device("cuda"):
@@ -56,7 +76,10 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form):
         eager = _copy_state(state)
         for t in range(13, 40):
             _, eager = model.step(ids[:, t], eager)
-        token, graphs = capture_steps(model, state, 13, batch=2)
+        if compiled:
+            compile_step(model)
+        with kernels_off() if compiled else contextlib.nullcontext():
+            token, graphs = capture_steps(model, state, 13, batch=2)
         for t in range(13, 40):
             token.copy_(ids[:, t])
             graphs[t % len(graphs)].replay()

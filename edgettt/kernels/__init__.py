@@ -8,6 +8,7 @@ every configuration. The measurements behind the kernels' design are in `benchma
 (prefill_design.md for the prefill kernels).
 """
 
+import contextlib
 import os
 
 import torch
@@ -47,3 +48,17 @@ def mini_batch_supported(b: int) -> bool:
 def kernels_enabled(x: torch.Tensor) -> bool:
     """Whether a kernel should handle a computation on tensor `x`."""
     return x.is_cuda and os.environ.get("EDGETTT_KERNELS", "1") != "0"
+
+
+@contextlib.contextmanager
+def kernels_off():
+    """Within: the plain-torch references instead of the kernels (EDGETTT_KERNELS=0)."""
+    before = os.environ.get("EDGETTT_KERNELS")
+    os.environ["EDGETTT_KERNELS"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("EDGETTT_KERNELS", None)
+        else:
+            os.environ["EDGETTT_KERNELS"] = before

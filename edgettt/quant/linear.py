@@ -21,6 +21,7 @@ class QuantLinear(nn.Module):
         for name, tensor in tensors.items():
             self.register_buffer(name, tensor)
         self._weight = None
+        self.activations = "float"  # "int8": prefill GEMMs in integers (`weight_formats.int8_activations`)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_buffers(recurse=False))
@@ -46,7 +47,7 @@ class QuantLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def extra_repr(self):
-        return f"{self.in_features} -> {self.out_features}, {self.fmt}, group {self.group_size}"
+        return f"{self.in_features} -> {self.out_features}, {self.fmt}, group {self.group_size}, {self.activations} activations"
 
 
 class TiedEmbedding(nn.Module):
@@ -66,3 +67,18 @@ class TiedEmbedding(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return self.head.rows(ids)
+
+
+ACTIVATIONS = ("float", "int8")
+
+
+def set_activations(model: nn.Module, activations: str) -> int:
+    """How the model's int8 and int4 layers multiply in a prefill: "float" (weight-only) or "int8"
+    (W8A8 / W4A8 on the int8 tensor cores, the activations rounded a row); other formats ignore it.
+    Returns the number of layers that take it."""
+    if activations not in ACTIVATIONS:
+        raise ValueError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
+    taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.fmt in ("int8", "int4")]
+    for m in taking:
+        m.activations = activations
+    return len(taking)

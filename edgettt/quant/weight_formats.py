@@ -107,6 +107,17 @@ class WeightFormat:
         raise NotImplementedError
 
 
+INT8_ACTIVATION_MIN_ROWS = 9  # the kernels' GEMM range (above GEMV_MAX_ROWS): a decode step's GEMV stays float
+
+
+def int8_activations(x: torch.Tensor, layer) -> bool:
+    """Whether `layer` multiplies x in integers (`QuantLinear.activations` = "int8"): in the GEMMs of
+    a prefill, where the int8 tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
+    Off CUDA the same arithmetic runs as the kernels' references (to measure what it costs)."""
+    return (layer.activations == "int8" and not x.requires_grad
+            and x.numel() // x.shape[-1] >= INT8_ACTIVATION_MIN_ROWS)
+
+
 # ---- int8 -----------------------------------------------------------------------------------------
 
 class Int8(WeightFormat):
@@ -122,6 +133,12 @@ class Int8(WeightFormat):
         return layouts.dequantize_int8(t)
 
     def matmul(self, x, layer):
+        if int8_activations(x, layer):
+            from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
+
+            if kernels_enabled(x):  # W8A8 on the int8 tensor cores
+                return int8_matmul(x, layer.qweight, layer.scales, gemm="a8")
+            return int8_matmul_a8_ref(x, layer.qweight, layer.scales)
         if kernels_enabled(x) and not x.requires_grad:  # the kernel reads the stored bytes: no float copy
             from ..kernels.int8 import int8_matmul
 
@@ -198,11 +215,18 @@ class Int4(WeightFormat):
         return layouts.dequantize_int4(t)
 
     def matmul(self, x, layer):
+        t = (layer.qweight, layer.scales, layer.zero_points)
+        if int8_activations(x, layer):
+            from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
+
+            if kernels_enabled(x) and kernel_supports(layer.group_size):  # W4A8 on the int8 tensor cores
+                return int4_matmul(x, *t, gemm="a8")
+            return int4_matmul_a8_ref(x, *t)
         if kernels_enabled(x) and not x.requires_grad:
             from ..kernels.int4 import int4_matmul, kernel_supports
 
             if kernel_supports(layer.group_size):
-                return int4_matmul(x, layer.qweight, layer.scales, layer.zero_points)
+                return int4_matmul(x, *t)
         return super().matmul(x, layer)
 
     def label(self, method, group):

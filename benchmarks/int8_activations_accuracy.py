@@ -1,0 +1,62 @@
+"""What int8 activations cost in accuracy: a quantized model's prefill with its int8/int4 GEMMs in integers
+(`set_activations(model, "int8")`, the W8A8 / W4A8 way of the CUDA kernels) against the same weights with
+float activations, both against the float model, on held-out text (KLD, top-1 agreement, bits per byte).
+
+    python benchmarks/int8_activations_accuracy.py --json benchmarks/results/int8_activations_accuracy.json
+
+Runs on the CPU through the kernels' references (the same arithmetic as the kernels: activations rounded to
+int8 a row, integer sums exact; the GPU rounds a few ties the other way, tests/kernels/test_int4.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+
+import torch
+
+import edgettt
+from edgettt.quant import QuantConfig, set_activations
+
+
+def measure(name: str, weights: str, text: str, ctx: int, max_tokens: int) -> list[dict]:
+    model = edgettt.load(name)
+    rows = []
+    quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
+    for activations in ("float", "int8"):
+        layers = set_activations(quantized, activations)
+        e = edgettt.evaluate(quantized, text, ctx=ctx, max_tokens=max_tokens, ref=model)
+        d = e.drift
+        rows.append({"model": name, "weights": weights, "activations": activations, "layers": layers,
+                     "kld_mean": d["kld_mean"], "kld_p99": d["kld_p99"], "top1": d["top1"],
+                     "bits_per_byte": e.bits_per_byte})
+        r = rows[-1]
+        print(f"{name:26s} {weights:5s} {activations:6s} KLD {r['kld_mean']:.2e} p99 {r['kld_p99']:.2e} "
+              f"top-1 {r['top1']:.2%} bpb {r['bits_per_byte']:.4f}", flush=True)
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--models", default="ttt-linear-tiny-parallel,ttt-mlp-tiny-parallel")
+    p.add_argument("--weights", default="int8,int4")
+    p.add_argument("--text", default="python-docs:test")
+    p.add_argument("--ctx", type=int, default=512)
+    p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--json")
+    args = p.parse_args(argv)
+    rows = []
+    for name in args.models.split(","):
+        for weights in args.weights.split(","):
+            rows += measure(name, weights, args.text, args.ctx, args.max_tokens)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
+                       "rows": rows}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
