@@ -225,15 +225,16 @@ def _copy_state(state):
     return State(state.pos, [{k: v.clone() for k, v in layer.items()} for layer in state.layers])
 
 
-def is_quantized(path: str) -> bool:
-    """Whether a model directory's config.json records a quantization (read without loading the model)."""
+def has_quantized_weights(path: str) -> bool:
+    """Whether a model directory's config.json records quantized weights (read without loading it)."""
     from .checkpoint import resolve_model_path
 
     config = resolve_model_path(path) / "config.json"
     try:
-        return config.is_file() and bool(json.loads(config.read_text()).get("quantization"))
+        quantization = json.loads(config.read_text()).get("quantization") if config.is_file() else None
     except (OSError, ValueError):
         return False  # (the loader names what is wrong with it)
+    return bool(quantization) and quantization.get("weights", "none") != "none"
 
 
 def is_llama_model(model) -> bool:
@@ -420,7 +421,7 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
         if device == "cuda" and (is_export(path) or is_genai(path)):
             raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
                                "directories or shipped names (or time exports on the CPU)")
-        if cuda.compile and not is_export(path) and not is_genai(path) and is_quantized(path):
+        if cuda.compile and not is_export(path) and not is_genai(path) and has_quantized_weights(path):
             raise EdgetttError(f"{path}: quantized weights; the compiled step would run them dequantized (its "
                                "kernels are off under torch.compile): time it without --compile")
         if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():

@@ -37,16 +37,19 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 
 
-def test_a_quantized_model_is_told_apart_without_loading_it(tmp_path):
-    """`speed --compile` refuses quantized models (their compiled steps would run dequantized weights),
-    which it tells from config.json alone."""
+def test_quantized_weights_are_told_apart_without_loading_the_model(tmp_path):
+    """`speed --compile` refuses models with quantized weights (their compiled steps would run them
+    dequantized), which it tells from config.json alone; a quantized state alone compiles."""
     import edgettt
     from edgettt.quant import QuantConfig
-    from edgettt.speed import is_quantized
+    from edgettt.speed import has_quantized_weights
 
     model = edgettt.load("ttt-linear-tiny-parallel")
     edgettt.save(edgettt.quantize(model, QuantConfig("int4")), tmp_path / "q")
-    assert is_quantized(str(tmp_path / "q")) and not is_quantized("ttt-linear-tiny-parallel")
+    edgettt.save(edgettt.quantize(model, QuantConfig("none", state="int8")), tmp_path / "state-only")
+    assert has_quantized_weights(str(tmp_path / "q"))
+    assert not has_quantized_weights(str(tmp_path / "state-only"))
+    assert not has_quantized_weights("ttt-linear-tiny-parallel")
 
 
 @pytest.mark.gpu
