@@ -13,7 +13,8 @@
 #   weights  llama, parallel float / int8 / int4 weights: prefill GEMMs with int8 activations
 #            (--activations int8; decode graphs of the eager step: compiled steps would run quantized
 #            weights dequantized, which speed refuses)
-#   state    parallel with the float and the int8 state, eager steps
+#   state    llama, parallel with the float and with the int8 state: steps compiled (a quantized state
+#            compiles: checked on the CPU, 5 graphs for 32 positions, logits within 5e-3 of eager)
 #   plain    the original as ttt-lm-pytorch runs it: plain torch (EDGETTT_KERNELS=0), eager steps
 set -euo pipefail
 PRESET=${PRESET:-125m}
@@ -37,5 +38,5 @@ speed() {  # name, then the paths and options
 }
 speed float llama:"$PRESET" "$M-par" "$M-exact" "$M-ttt" --compile
 speed weights llama:"$PRESET" "$M-par" "$M-par-int8" "$M-par-int4" --activations int8
-speed state "$M-par" "$M-par-state8"
+speed state llama:"$PRESET" "$M-par" "$M-par-state8" --compile
 EDGETTT_KERNELS=0 speed plain "$M-ttt"
