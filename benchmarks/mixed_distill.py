@@ -38,6 +38,9 @@ def main():
     p.add_argument("--eval-data", default="python-docs:test")
     p.add_argument("--max-tokens", type=int, default=16384)
     p.add_argument("--minutes", type=float, default=None, help="also end on the clock (the schedule follows it)")
+    p.add_argument("--pool", type=int, default=0, help="teacher logits of this many batches a length, computed "
+                   "first and reused in turn (`distill(pool=)`: for a slow teacher; not counted in --minutes)")
+    p.add_argument("--hard-weight", type=float, default=0.0, help="share of the next-token loss on the text")
     p.add_argument("--save", help="write the distilled student here (a model directory)")
     p.add_argument("--json")
     args = p.parse_args()
@@ -50,7 +53,8 @@ def main():
               "before": bits_per_byte(student, lengths, args.eval_data, args.max_tokens)}
     t0 = time.time()
     result["losses"] = distill(teacher, student, encode(teacher, read_text(args.data)), steps=args.steps,
-                               batch=args.batch, ctx=lengths, lr=args.lr, minutes=args.minutes)
+                               batch=args.batch, ctx=lengths, lr=args.lr, minutes=args.minutes, pool=args.pool,
+                               hard_weight=args.hard_weight)
     result["steps_run"] = len(result["losses"])
     result["minutes"] = (time.time() - t0) / 60
     result["after"] = bits_per_byte(student, lengths, args.eval_data, args.max_tokens)

@@ -42,20 +42,48 @@ def window_plan(ctx: int | list[int], batch: int, available: int) -> list[tuple[
     return [(n, max(1, batch * longest // n)) for n in lengths]
 
 
+def draw_windows(data: torch.Tensor, length: int, windows: int, gen: torch.Generator, device) -> torch.Tensor:
+    """`windows` random windows of `length` tokens of `data`, [windows, length] on `device`."""
+    starts = torch.randint(0, data.numel() - length, (windows,), generator=gen).tolist()
+    return torch.stack([data[s:s + length] for s in starts]).to(device)
+
+
+def teacher_pool(teacher: CausalLM, data: torch.Tensor, plan: list[tuple[int, int]], pool: int,
+                 gen: torch.Generator, device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+    """For each (length, windows) of the plan, `pool` batches of windows with the teacher's logits
+    (bfloat16, on the device): the teacher runs once a batch, and the students' steps reuse them in
+    turn. A slow teacher (TTT-MLP's mini-batch loop in torch: 168 distillation steps in 6.3 minutes on
+    the H200 where TTT-Linear's kernel made 5,327, benchmarks/results/mixed_distill_gpu.md) then costs
+    `pool` forwards a length instead of one a step."""
+    batches = [[] for _ in plan]
+    progress = bar(total=pool * len(plan), desc="teacher", unit="batch")
+    with torch.no_grad():
+        for _ in range(pool):
+            for kept, (length, windows) in zip(batches, plan):
+                ids = draw_windows(data, length, windows, gen, device)
+                kept.append((ids, teacher(ids).to(torch.bfloat16)))
+                progress.update()
+    progress.close()
+    return batches
+
+
 def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int = 300, batch: int = 32,
             ctx: int | list[int] = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
-            hard_weight: float = 0.0, minutes: float | None = None) -> list[float]:
+            hard_weight: float = 0.0, minutes: float | None = None, pool: int = 0) -> list[float]:
     """Tune `student` in place; returns the loss of every step, (1 - hard_weight) * KL + hard_weight *
     next-token loss. Batches are random windows of `tokens`, as long as the context the model is
     measured at: the parallel form drifts more with position, so training on shorter windows leaves
     the late positions untuned; a list of lengths trains at each in turn (`window_plan`). With
     `minutes`, the run also ends when that time is up: the cosine schedule follows whichever of steps
-    and time is further along, so a cut run still ends cooled."""
+    and time is further along, so a cut run still ends cooled. With `pool`, the teacher's logits of
+    `pool` batches a length are computed first (`teacher_pool`, not counted in `minutes`) and the
+    steps take them in turn, each batch once every `pool` steps of its length."""
     device = device or best_device()
     data = torch.tensor(tokens, dtype=torch.int64)
     plan = window_plan(ctx, batch, data.numel())
     gen = torch.Generator().manual_seed(seed)
     teacher.to(device).eval()
+    pools = teacher_pool(teacher, data, plan, pool, gen, device) if pool else None
     student.to(device).train()
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     losses = []
@@ -69,11 +97,13 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
                 break
         for group in opt.param_groups:  # cosine decay
             group["lr"] = lr * 0.5 * (1 + math.cos(math.pi * done))
-        length, windows = plan[step % len(plan)]
-        starts = torch.randint(0, data.numel() - length, (windows,), generator=gen).tolist()
-        ids = torch.stack([data[s:s + length] for s in starts]).to(device)
-        with torch.no_grad():
-            target = teacher(ids)
+        if pools:
+            ids, target = pools[step % len(plan)][step // len(plan) % pool]
+        else:
+            length, windows = plan[step % len(plan)]
+            ids = draw_windows(data, length, windows, gen, device)
+            with torch.no_grad():
+                target = teacher(ids)
         logits = student(ids)
         loss = kl_loss(target, logits)
         if hard_weight:

@@ -81,3 +81,27 @@ def test_mixed_length_distillation_trains_at_each_length_in_turn(tiny_model, mon
     train = torch.randint(0, 256, (2000,), generator=torch.Generator().manual_seed(1)).tolist()
     distill(teacher, student, train, steps=4, batch=2, ctx=[8, 32], device="cpu")
     assert seen == [(8, 8), (8, 8), (2, 32), (2, 32)] * 2  # each step: the teacher's forward, then the student's
+
+
+def test_a_teacher_pool_runs_the_teacher_once_a_batch_and_the_steps_reuse_it(tiny_model):
+    """distill(pool=P): the teacher runs P times a length, before the first step; its logits are kept
+    (bfloat16) and the steps take them in turn; the student still learns."""
+    from edgettt.distill import teacher_pool, window_plan
+
+    teacher = tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4)
+    train = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(2)).tolist()
+    data = torch.tensor(train)
+    plan = window_plan([8, 32], 2, data.numel())
+    pools = teacher_pool(teacher, data, plan, 3, torch.Generator().manual_seed(0), "cpu")
+    assert [len(p) for p in pools] == [3, 3]
+    for (length, windows), kept in zip(plan, pools):
+        for ids, logits in kept:
+            assert ids.shape == (windows, length) and logits.dtype == torch.bfloat16
+            with torch.no_grad():
+                assert (logits.float() - teacher(ids)).abs().max() < 0.02 * teacher(ids).abs().max()
+    calls = []
+    teacher.register_forward_hook(lambda *args: calls.append(1))
+    student = convert(teacher, "parallel")
+    losses = distill(teacher, student, train, steps=60, batch=2, ctx=[8, 32], lr=1e-3, device="cpu", pool=3)
+    assert len(calls) == 3 * 2 and len(losses) == 60
+    assert sum(losses[-6:]) < sum(losses[:6])
