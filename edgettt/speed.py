@@ -558,7 +558,9 @@ def write(result: dict, json_out=None, markdown_out=None) -> None:
 def footer(meta: dict) -> str:
     """Where and how the table was measured, in one line."""
     if meta.get("device") == "cuda":
-        return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, decode: "
+        how = ("decode steps compiled (torch.compile), " if meta.get("compile") else "") + \
+            ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "")
+        return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "
                 f"{meta['decode']}; peak MB: {meta['peak']}; {meta['repetitions']} repetitions, batch {meta['batch']}.")
     return (f"CPU {meta['cpu']} ({meta['cores']} cores), threads {meta['threads'] or 'default'}, onnxruntime "
             f"{meta['onnxruntime']}, torch {meta['torch']}, {meta['repetitions']} repetitions, batch {meta['batch']}.")

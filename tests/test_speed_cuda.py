@@ -93,3 +93,13 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
         pairs = [(a[name], b[name]) for a, b in zip(state.layers, eager.layers) for name in a]
     for graphed, stepped in pairs:
         assert rel_err(graphed.float(), stepped.float()) < 1e-2
+
+
+def test_the_cuda_table_says_how_the_models_ran():
+    from edgettt.speed import footer
+
+    meta = {"device": "cuda", "gpu": "H200", "torch": "2", "triton": "3", "dtype": "bfloat16", "decode": "graphs",
+            "peak": "allocated", "repetitions": 3, "batch": 1}
+    assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta)
+    text = footer({**meta, "compile": True, "activations": "int8"})
+    assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text
