@@ -75,11 +75,35 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
             end.record()
             torch.cuda.synchronize()
             times.append(start.elapsed_time(end) / 1e3)
+        if llama:
+            state.pos.fill_(args.depth)
+        kernels = kernel_table(graphs, args.depth, args.tokens) if args.profile else None
     weights = sum(p.nbytes for p in model.parameters())
     facts = {"weights_bytes": weights, "state_bytes": state_bytes(model, state, args.batch), "graphs": len(graphs)}
+    if kernels is not None:
+        facts["kernels"] = kernels
     del model, state, graphs
     torch.cuda.empty_cache()
     return times, facts
+
+
+def kernel_table(graphs, depth: int, tokens: int, top: int = 30) -> dict:
+    """Where a token's time goes: the GPU kernels of `tokens` replays from position `depth` under
+    torch.profiler, as kernels a token and microseconds a token, the largest `top` by time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for t in range(tokens):
+            graphs[(depth + t) % len(graphs)].replay()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.key_averages():
+        us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
+        if us > 0:
+            rows.append({"kernel": e.key[:120], "per_token": e.count / tokens, "us_per_token": us / tokens})
+    rows.sort(key=lambda r: -r["us_per_token"])
+    return {"kernels_per_token": sum(r["per_token"] for r in rows), "us_per_token": sum(r["us_per_token"] for r in rows),
+            "top": rows[:top]}
 
 
 def copy_bandwidth() -> float:
@@ -101,6 +125,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="eager,compile", help="eager, compile or both, for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
+    parser.add_argument("--profile", action="store_true", help="also the kernels of a token (torch.profiler over the "
+                        "replays): how many, and the time of each, in the JSON")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -130,6 +156,9 @@ def main(argv=None) -> int:
             r = rows[-1]
             print(f"{kind:9s} {step:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
                   f"{r['fraction_of_copy']:.1%} of copy", flush=True)
+            if "kernels" in r:
+                print(f"          {r['kernels']['kernels_per_token']:.0f} kernels a token, "
+                      f"{r['kernels']['us_per_token']:.0f} us of kernel time", flush=True)
             if args.json:  # after every row: a run cut short keeps what it measured
                 with open(args.json, "w") as f:
                     json.dump({"meta": meta, "rows": rows}, f, indent=1)
