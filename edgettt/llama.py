@@ -5,7 +5,7 @@
            decode); h += SwiGLU(RMSNorm(h));   model: embed -> blocks -> RMSNorm -> lm_head (tied)
 
 API as the TTT models': `init_state(batch, capacity)`, `prefill(ids, state, logits_from)`, `step(ids,
-state)`. The cache holds `capacity` positions; `state.pos` is a device tensor that `step` advances in
+state)`. q/k/v are one GEMM, gate/up another (as serving stacks run a Llama). The cache holds `capacity` positions; `state.pos` is a device tensor that `step` advances in
 place, so one CUDA graph of `step` serves every position (no host value changes between tokens).
 """
 
@@ -90,15 +90,15 @@ class Block(nn.Module):
         self.attn_norm = nn.Parameter(torch.ones(C))
         self.attn = Attention(config)
         self.mlp_norm = nn.Parameter(torch.ones(C))
-        self.gate_proj = nn.Linear(C, config.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(C, config.intermediate_size, bias=False)
+        self.gate_up_proj = nn.Linear(C, 2 * config.intermediate_size, bias=False)  # one GEMM, as serving stacks run it
         self.down_proj = nn.Linear(config.intermediate_size, C, bias=False)
         self.eps = config.rms_norm_eps
 
     def forward(self, h, keys, values, pos, cos, sin):
         h = h + self.attn(rms_norm(h, self.attn_norm, self.eps), keys, values, pos, cos, sin)
         x = rms_norm(h, self.mlp_norm, self.eps)
-        return h + self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return h + self.down_proj(F.silu(gate) * up)
 
 
 class Llama(nn.Module):

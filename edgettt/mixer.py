@@ -21,10 +21,11 @@ def depthwise_conv(channels: int, kernel: int) -> nn.Conv1d:
 
 class FusableInputs:
     """A module with several projections of the same input, a block's normalized hidden state (the
-    mixer's q/k/v, the MLP's gate/up). An export may replace them with one product of their
-    concatenated weights (`edgettt.onnx.fuse_input_projections` sets `fused_inputs`, a module returning
-    the same tuple): fewer, larger matmuls, int8 activations quantized once, and per tensor in a
-    prefill (the normalized input's narrow range allows it)."""
+    mixer's q/k/v, the MLP's gate/up). `fuse_input_projections` may replace them with one product of
+    their concatenated weights (it sets `fused_inputs`, a module returning the same tuple): fewer,
+    larger matmuls. The ONNX export does it (int8 activations then quantized once, and per tensor in a
+    prefill: the normalized input's narrow range allows it), and `speed --device cuda` (serving stacks
+    fuse q/k/v and gate/up; the Llama baseline's are fused too)."""
 
     def input_projection_names(self) -> tuple[str, ...]:
         raise NotImplementedError
@@ -34,6 +35,44 @@ class FusableInputs:
         if fused is not None:
             return fused(x)
         return tuple(getattr(self, name)(x) for name in self.input_projection_names())
+
+
+class SplitOutputs(nn.Module):
+    """One product of several layers' stacked rows, split back into each layer's output."""
+
+    def __init__(self, linear: nn.Module, sizes: list[int]):
+        super().__init__()
+        self.linear, self.sizes = linear, sizes
+
+    def forward(self, x):
+        return tuple(self.linear(x).split(self.sizes, dim=-1))
+
+
+def stacked_float_linear(layers: list[nn.Module]) -> nn.Linear | None:
+    """One bias-free float linear layer with the rows of `layers` stacked, or None if any is not one."""
+    if not all(type(m) is nn.Linear and m.bias is None for m in layers):
+        return None
+    stacked = nn.Linear(layers[0].in_features, sum(m.out_features for m in layers), bias=False, device="meta")
+    stacked.weight = nn.Parameter(torch.cat([m.weight for m in layers]), requires_grad=False)
+    return stacked
+
+
+def fuse_input_projections(model: nn.Module, stack) -> int:
+    """Replace each `FusableInputs` module's projections of one input with `stack(layers)`, one layer
+    computing all of them (None: left as they are). Returns the number of modules fused."""
+    fused = 0
+    for module in list(model.modules()):
+        if not isinstance(module, FusableInputs) or getattr(module, "fused_inputs", None) is not None:
+            continue
+        names = module.input_projection_names()
+        layers = [getattr(module, name) for name in names]
+        stacked = stack(layers)
+        if stacked is not None:
+            module.fused_inputs = SplitOutputs(stacked, [m.out_features for m in layers])
+            for name in names:
+                delattr(module, name)
+            fused += 1
+    return fused
 
 
 class MixerBase(FusableInputs, nn.Module):

@@ -23,7 +23,8 @@ graph's nodes, for an export). Token ids are random: speed does not depend on th
 
 With `--device cuda` (`CudaEngine`) models run through torch on the GPU in bfloat16, decode replays
 CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:<preset>` is the
-same-size transformer of `edgettt.llama`. `--compile` compiles every model's decode step with
+same-size transformer of `edgettt.llama`; a model's projections of one input run as one GEMM (q/k/v,
+gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
 torch.compile before it is captured (float weights; `compile_step`), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
@@ -131,10 +132,12 @@ class CudaEngine:
                 model = Llama(llama_config(path))
         else:
             from . import load
-            from .quant import set_activations
+            from .mixer import fuse_input_projections
+            from .quant import set_activations, stacked_projection
 
             model = load(path)
             set_activations(model, self.options.activations)
+            fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
         self.model = model.to("cuda", torch.bfloat16).eval()
         if self.options.compile:
             compile_step(self.model)

@@ -114,3 +114,28 @@ def test_converted_layer_has_no_inner_gradient_parameters(tiny_model):
     assert not any(n.endswith(("W1", "b1", "W2", "b2", "learnable_token_idx")) for n in names)
     assert "model.layers.0.seq_modeling_block.state0_1" in names
     assert "model.layers.0.seq_modeling_block.mask_eta" in names
+
+
+@pytest.mark.parametrize("weights", ["none", "int8", "int4"])
+def test_fused_input_projections_compute_what_the_separate_ones_do(weights):
+    """`fuse_input_projections(model, stacked_projection)` (what `speed --device cuda` runs): q/k/v and
+    gate/up as one product each, float or quantized (rows stacked), give the model's logits in prefill
+    and decode."""
+    import copy
+
+    import edgettt
+    from edgettt.mixer import fuse_input_projections
+    from edgettt.quant import QuantConfig, stacked_projection
+
+    model = edgettt.load("ttt-linear-tiny-parallel")
+    if weights != "none":
+        model = edgettt.quantize(model, QuantConfig(weights, 64))
+    fused = copy.deepcopy(model)
+    assert fuse_input_projections(fused, stacked_projection) == 2 * len(model.model.layers)
+    ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for m in (model, fused):
+            logits, state = m.prefill(ids[:, :33])
+            m.outputs = [logits, m.step(ids[:, 33], state)[0]]
+    for a, b in zip(model.outputs, fused.outputs):
+        assert (a - b).abs().max() <= 1e-4 * a.abs().max()

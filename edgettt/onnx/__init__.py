@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetttError
-from ..mixer import FusableInputs
+from ..mixer import fuse_input_projections, stacked_float_linear
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
 from ..ops import onnx_export
@@ -107,44 +107,16 @@ def trace_graph(model: CausalLM, graph: str) -> None:
             module.graph = graph
 
 
-class SplitOutputs(nn.Module):
-    """One product of several layers' stacked rows, split back into each layer's output."""
-
-    def __init__(self, linear: nn.Module, sizes: list[int]):
-        super().__init__()
-        self.linear, self.sizes = linear, sizes
-
-    def forward(self, x):
-        return tuple(self.linear(x).split(self.sizes, dim=-1))
-
-
 def stacked_linear(layers: list[nn.Module], activations: str) -> nn.Module | None:
     """One layer computing all of `layers` (same input) with their rows stacked, or None where they
     differ in kind, format or group, or the format's exported tensors are not one row per output."""
     first = layers[0]
-    if all(type(m) is nn.Linear and m.bias is None for m in layers):
-        stacked = nn.Linear(first.in_features, sum(m.out_features for m in layers), bias=False)
-        stacked.weight = nn.Parameter(torch.cat([m.weight for m in layers]), requires_grad=False)
+    if (stacked := stacked_float_linear(layers)) is not None:
         return stacked
     same = all(isinstance(m, QuantLinear) and (m.fmt, m.group_size) == (first.fmt, first.group_size) for m in layers)
     if not same or not first.format.rows_first:
         return None
     return ExportLinear(first, activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
-
-
-def fuse_input_projections(model: CausalLM, activations: str) -> None:
-    """Replace each `FusableInputs` module's projections of one input with one stacked product
-    (q/k/v, gate/up): fewer MatMulNBits nodes, each activation quantized once, larger GEMMs."""
-    for module in list(model.modules()):
-        if not isinstance(module, FusableInputs):
-            continue
-        names = module.input_projection_names()
-        layers = [getattr(module, name) for name in names]
-        stacked = stacked_linear(layers, activations)
-        if stacked is not None:
-            module.fused_inputs = SplitOutputs(stacked, [m.out_features for m in layers])
-            for name in names:
-                delattr(module, name)
 
 
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
@@ -159,7 +131,7 @@ def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
         raise EdgetttError(f"{model.state_layers()[0][0]}: Muon orthogonalises in bfloat16, which onnxruntime's CPU "
                            "matmuls do not take; export a model without use_muon")
     model = copy.deepcopy(model).float().eval()
-    fuse_input_projections(model, activations)
+    fuse_input_projections(model, lambda layers: stacked_linear(layers, activations))
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):
             set_module(model, name, ExportLinear(module, activations))

@@ -43,6 +43,19 @@ class QuantLinear(nn.Module):
         """Rows `ids` of the dequantized weight (the embedding of a tied model whose head this is)."""
         return self.format.rows(self.tensors(), ids, self.out_features, self.in_features, self.group_size)
 
+    @classmethod
+    def stacked(cls, layers: list[QuantLinear]) -> QuantLinear | None:
+        """One layer with the rows of `layers` (of one input) stacked: the same numbers, one matmul; None
+        unless all share a format whose tensors have one row per output (`rows_first`) and a group."""
+        first = layers[0]
+        if not all(isinstance(m, QuantLinear) and (m.fmt, m.group_size, m.in_features) ==
+                   (first.fmt, first.group_size, first.in_features) for m in layers) or not first.format.rows_first:
+            return None
+        tensors = {name: torch.cat([m.tensors()[name] for m in layers]) for name in first.tensors()}
+        stacked = cls(first.in_features, sum(m.out_features for m in layers), first.fmt, first.group_size, tensors)
+        stacked.activations = first.activations
+        return stacked
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
@@ -82,3 +95,11 @@ def set_activations(model: nn.Module, activations: str) -> int:
     for m in taking:
         m.activations = activations
     return len(taking)
+
+
+def stacked_projection(layers: list[nn.Module]) -> nn.Module | None:
+    """`mixer.fuse_input_projections`' stack for torch: float layers, or quantized ones of one format."""
+    from ..mixer import stacked_float_linear
+
+    stacked = stacked_float_linear(layers)
+    return stacked if stacked is not None else QuantLinear.stacked(layers)
