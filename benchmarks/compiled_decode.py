@@ -106,14 +106,6 @@ def kernel_table(graphs, depth: int, tokens: int, top: int = 30) -> dict:
             "top": rows[:top]}
 
 
-def copy_bandwidth() -> float:
-    from triton.testing import do_bench
-
-    a = torch.empty(1 << 28, device="cuda")
-    b = torch.empty_like(a)
-    return 2 * a.nbytes / (do_bench(lambda: b.copy_(a), return_mode="median") * 1e-3)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--preset", default="125m")
@@ -135,6 +127,8 @@ def main(argv=None) -> int:
     for setting in filter(None, args.inductor.split(",")):
         key, value = setting.split("=")
         setattr(torch._inductor.config, key, {"True": True, "False": False}.get(value, value))
+    from edgettt.bench import copy_bandwidth
+
     ceiling = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
             "copy_bandwidth_GBps": ceiling / 1e9}

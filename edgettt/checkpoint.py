@@ -54,7 +54,7 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
     config_class, check_config_sizes, model_class = family_classes(model_type(path / "config.json"))
-    config = config_class.load(path / "config.json")
+    config = read_config(path)
     check_config_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
     weights = read_weights(path)
     with torch.device("meta"):
@@ -70,6 +70,11 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
         model.to(dtype)
     model.tokenizer = load_tokenizer(path, config.vocab_size)
     return model.eval()
+
+
+def read_config(path: Path):
+    """A model directory's config.json through its family's loader (checked, no weights read)."""
+    return family_classes(model_type(path / "config.json"))[0].load(path / "config.json")
 
 
 def family_classes(kind: str | None):

@@ -229,14 +229,10 @@ def _copy_state(state):
 
 
 def has_quantized_weights(path: str) -> bool:
-    """Whether a model directory's config.json records quantized weights (read without loading it)."""
-    from .checkpoint import resolve_model_path
+    """Whether a model directory's config records quantized weights (read without loading the model)."""
+    from .checkpoint import read_config, resolve_model_path
 
-    config = resolve_model_path(path) / "config.json"
-    try:
-        quantization = json.loads(config.read_text()).get("quantization") if config.is_file() else None
-    except (OSError, ValueError):
-        return False  # (the loader names what is wrong with it)
+    quantization = read_config(resolve_model_path(path)).quantization
     return bool(quantization) and quantization.get("weights", "none") != "none"
 
 
@@ -424,13 +420,13 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
         if device == "cuda" and (is_export(path) or is_genai(path)):
             raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
                                "directories or shipped names (or time exports on the CPU)")
-        if cuda.compile and not is_export(path) and not is_genai(path) and has_quantized_weights(path):
-            raise EdgetttError(f"{path}: quantized weights; the compiled step would run them dequantized (its "
-                               "kernels are off under torch.compile): time it without --compile")
         if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():
             raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
                                f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
                                "`edgettt export` or models")
+        if cuda.compile and not is_export(path) and not is_genai(path) and has_quantized_weights(path):
+            raise EdgetttError(f"{path}: quantized weights; the compiled step would run them dequantized (its "
+                               "kernels are off under torch.compile): time it without --compile")
         if is_genai(path):
             try:
                 import onnxruntime_genai  # noqa: F401

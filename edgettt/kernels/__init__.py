@@ -14,6 +14,7 @@ import os
 import torch
 
 
+GEMV_MAX_ROWS = 8  # the weight kernels' GEMV range (a decode step's rows); GEMMs above it
 POISON_OUTPUTS = False  # tests switch it on: every kernel output starts as NaN, so unwritten elements show
 
 

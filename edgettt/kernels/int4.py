@@ -29,10 +29,9 @@ import triton
 import triton.language as tl
 
 from ..quant.layouts import dequantize_int4, unpack_nibbles
-from . import autotune_configs, cdiv, fresh, next_power_of_2
+from . import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
 from .int8 import int8_a8_gemm, int8_matmul_a8_ref
 
-GEMV_MAX_ROWS = 8
 
 
 def int4_matmul_ref(x, qweight, scales, zero_points):
@@ -108,17 +107,23 @@ GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
 
 
 @triton.jit
-def _dequantized_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP: tl.constexpr):
-    """W[n, group g] as float32 [BN, GROUP]: the low and high nibbles interleaved back into k order,
-    minus the group's zero point, times its scale."""
+def _centered_codes(qw_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP: tl.constexpr):
+    """W[n, group g] / its scale as float32 [BN, GROUP]: the low and high nibbles interleaved back into
+    k order, minus the group's zero point."""
     GH: tl.constexpr = GROUP // 2
     c = tl.arange(0, GH)
     byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-    scale = tl.load(sc_ptr + n * (K // GROUP) + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
     zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
     zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
     codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
-    return (codes - zero[:, None]) * scale[:, None]
+    return codes - zero[:, None]
+
+
+@triton.jit
+def _dequantized_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP: tl.constexpr):
+    """W[n, group g] as float32 [BN, GROUP]: the centered codes times the group's scale."""
+    scale = tl.load(sc_ptr + n * (K // GROUP) + g, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
+    return _centered_codes(qw_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP) * scale[:, None]
 
 
 @triton.autotune(configs=autotune_configs(GEMM_CONFIGS, [triton.Config({"BM": 16, "BN": 16}, num_warps=4)]),
@@ -208,16 +213,10 @@ def _int4_to_int8_kernel(qw_ptr, sc_ptr, zp_ptr, w8_ptr, step_ptr, N, K, ZPW, BL
     step = tl.max(scale * tl.maximum(zero, 15.0 - zero), axis=1) / 127.0  # [BN]
     if c0 == 0:
         tl.store(step_ptr + n, step, mask=n_ok)
-    GH: tl.constexpr = GROUP // 2
-    c = tl.arange(0, GH)
     kk = tl.arange(0, GROUP)
     for g in range(c0, tl.minimum(c0 + GPP, blocks)):
-        byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-        z = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
-        z = ((z >> ((g % 2) * 4)) & 0xF).to(tl.float32)
         ratio = tl.load(sc_ptr + n * blocks + g, mask=n_ok, other=0.0).to(tl.float32) / step
-        codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
-        w8 = tl.floor((codes - z[:, None]) * ratio[:, None] + 0.5)
+        w8 = tl.floor(_centered_codes(qw_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP) * ratio[:, None] + 0.5)
         w8 = tl.minimum(tl.maximum(w8, -127.0), 127.0)
         tl.store(w8_ptr + n[:, None] * K + g * GROUP + kk[None, :], w8.to(tl.int8), mask=n_ok[:, None])
 

@@ -26,10 +26,9 @@ import triton
 import triton.language as tl
 
 from ..quant.layouts import dequantize_int8
-from . import autotune_configs, cdiv, fresh, next_power_of_2
+from . import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
 from .act8 import quantize_activations, quantize_activations_ref
 
-GEMV_MAX_ROWS = 8
 
 
 def int8_matmul_ref(x, qweight, scales):

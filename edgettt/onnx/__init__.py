@@ -110,13 +110,11 @@ def trace_graph(model: CausalLM, graph: str) -> None:
 def stacked_linear(layers: list[nn.Module], activations: str) -> nn.Module | None:
     """One layer computing all of `layers` (same input) with their rows stacked, or None where they
     differ in kind, format or group, or the format's exported tensors are not one row per output."""
-    first = layers[0]
     if (stacked := stacked_float_linear(layers)) is not None:
         return stacked
-    same = all(isinstance(m, QuantLinear) and (m.fmt, m.group_size) == (first.fmt, first.group_size) for m in layers)
-    if not same or not first.format.rows_first:
+    if not QuantLinear.stackable(layers):
         return None
-    return ExportLinear(first, activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
+    return ExportLinear(layers[0], activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
 
 
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:

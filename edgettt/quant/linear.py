@@ -43,14 +43,21 @@ class QuantLinear(nn.Module):
         """Rows `ids` of the dequantized weight (the embedding of a tied model whose head this is)."""
         return self.format.rows(self.tensors(), ids, self.out_features, self.in_features, self.group_size)
 
+    @staticmethod
+    def stackable(layers: list[nn.Module]) -> bool:
+        """Whether `layers` (of one input) can be one layer with their rows stacked: all quantized in one
+        format whose tensors have one row per output (`rows_first`), with one group size."""
+        first = layers[0]
+        return all(isinstance(m, QuantLinear) and (m.fmt, m.group_size, m.in_features) ==
+                   (first.fmt, first.group_size, first.in_features) for m in layers) and first.format.rows_first
+
     @classmethod
     def stacked(cls, layers: list[QuantLinear]) -> QuantLinear | None:
         """One layer with the rows of `layers` (of one input) stacked: the same numbers, one matmul; None
-        unless all share a format whose tensors have one row per output (`rows_first`) and a group."""
-        first = layers[0]
-        if not all(isinstance(m, QuantLinear) and (m.fmt, m.group_size, m.in_features) ==
-                   (first.fmt, first.group_size, first.in_features) for m in layers) or not first.format.rows_first:
+        unless they are `stackable`."""
+        if not cls.stackable(layers):
             return None
+        first = layers[0]
         tensors = {name: torch.cat([m.tensors()[name] for m in layers]) for name in first.tensors()}
         stacked = cls(first.in_features, sum(m.out_features for m in layers), first.fmt, first.group_size, tensors)
         stacked.activations = first.activations

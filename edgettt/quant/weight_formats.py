@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import EdgetttError
-from ..kernels import kernels_enabled
+from ..kernels import GEMV_MAX_ROWS, kernels_enabled
 from . import layouts
 from .. import ort_schemas
 from .gptq import gptq
@@ -107,15 +107,13 @@ class WeightFormat:
         raise NotImplementedError
 
 
-INT8_ACTIVATION_MIN_ROWS = 9  # the kernels' GEMM range (above GEMV_MAX_ROWS): a decode step's GEMV stays float
-
-
 def int8_activations(x: torch.Tensor, layer) -> bool:
     """Whether `layer` multiplies x in integers (`QuantLinear.activations` = "int8"): in the GEMMs of
-    a prefill, where the int8 tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
+    a prefill (above the kernels' GEMV_MAX_ROWS: a decode step's GEMV stays float), where the int8
+    tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
     Off CUDA the same arithmetic runs as the kernels' references (to measure what it costs)."""
     return (layer.activations == "int8" and not x.requires_grad
-            and x.numel() // x.shape[-1] >= INT8_ACTIVATION_MIN_ROWS)
+            and x.numel() // x.shape[-1] > GEMV_MAX_ROWS)
 
 
 # ---- int8 -----------------------------------------------------------------------------------------
