@@ -23,7 +23,7 @@ import sys
 import torch
 
 
-def build(kind: str, preset: str):
+def build(kind: str, preset: str, fuse: bool = True):
     from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.conversion import convert
     from edgettt.llama import Llama
@@ -34,8 +34,18 @@ def build(kind: str, preset: str):
         with torch.device("cuda"):
             return Llama(llama_config(LLAMA_PREFIX + preset)).to(torch.bfloat16).eval()
     model = random_model(ModelConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB, ttt_layer_type="linear"))
-    if kind != "ttt":
-        model = convert(model, kind)
+    form, _, state = kind.partition("-")  # "parallel-int8": the parallel form with the int8 state
+    if form != "ttt":
+        model = convert(model, form)
+    if state:
+        from edgettt.quant import apply_state_format
+
+        apply_state_format(model, state)
+    if fuse:  # q/k/v and gate/up one GEMM each, as the Llama's (and as `edgettt speed --device cuda` runs)
+        from edgettt.mixer import fuse_input_projections
+        from edgettt.quant import stacked_projection
+
+        fuse_input_projections(model, stacked_projection)
     return model.to("cuda", torch.bfloat16).eval()
 
 
@@ -54,7 +64,7 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
     from edgettt.speed import capture_steps, compile_step
 
     torch.manual_seed(0)
-    model = build(kind, args.preset)
+    model = build(kind, args.preset, not args.separate_projections)
     llama = kind == "llama"
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
     with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
@@ -113,10 +123,13 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel")
+    parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel; "
+                        "FORM-STATE for a state format, e.g. parallel-int8")
     parser.add_argument("--steps", default="eager,compile", help="eager, compile or both, for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
+    parser.add_argument("--separate-projections", action="store_true", help="TTT models: q, k, v (and the MLP's "
+                        "gate, up) as separate GEMMs, as before 2026-12-03 (by default fused, as the Llama's)")
     parser.add_argument("--profile", action="store_true", help="also the kernels of a token (torch.profiler over the "
                         "replays): how many, and the time of each, in the JSON")
     parser.add_argument("--json", default=None)
