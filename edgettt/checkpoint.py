@@ -57,6 +57,8 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     config = read_config(path)
     check_config_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
     weights = read_weights(path)
+    if dtype is None and not config.quantization:
+        weights = upcast_16bit(weights)
     with torch.device("meta"):
         model = model_class(config)
     if config.quantization:
@@ -70,6 +72,13 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
         model.to(dtype)
     model.tokenizer = load_tokenizer(path, config.vocab_size)
     return model.eval()
+
+
+def upcast_16bit(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Weights stored in bfloat16 or float16 (half the bytes of a shipped model) as float32, which holds
+    them exactly: a model computes in float32 whatever its file's precision (`load_model(dtype=)` picks
+    another). Quantized models keep their stored types: their formats read them as stored."""
+    return {name: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for name, t in weights.items()}
 
 
 def read_config(path: Path):

@@ -21,6 +21,10 @@ declare -A CONTINUE_OF=([ttt-mlp]="4.5 2e-3 200")
 # with --minutes 7.6: the schedule followed the clock; here it follows the steps, the same shape)
 declare -A STEPS_OF=([ttt-linear]=10687 [ttt-mlp]=1000)
 declare -A DISTILL_LR_OF=([ttt-linear]=3e-3 [ttt-mlp]=2e-3)
+# then ttt-mlp's parallel form distils on at 512, 2048 and 8192 tokens in turn, the teacher's logits of 24
+# batches a length computed once (shipped since 2026-12-03; that run ended on a 5-minute clock after 1,330
+# steps: here the steps set the schedule)
+declare -A MIXED_OF=([ttt-mlp]="--steps 1330 --batch 4 --lr 2e-4 --pool 24")
 BATCH=${BATCH:-256}; DOCS_WEIGHT=${DOCS_WEIGHT:-0}; CTX=${CTX:-512}
 ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
 GPUS=${GPUS:-1}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}; DISTILL_DATA=${DISTILL_DATA:-train.bin}
@@ -67,4 +71,21 @@ wait
 for arch in $DISTILL; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); b=r['distill']['before']; print(sys.argv[1], 'KLD', b['kld_mean'], '->', r['kld_mean'], 'bpb', r['ref']['bits_per_byte'], b['model']['bits_per_byte'], '->', r['model']['bits_per_byte'])" "$WORK/$arch-distill.json"
   if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel.tar" -C "$WORK" "$arch-parallel" "$arch-distill.json" "$arch-distill.log"; fi
+done
+job=0
+for arch in $DISTILL; do
+  [ -n "${MIXED_OF[$arch]:-}" ] || continue
+  rm -rf "$WORK/$arch-parallel-mixed"
+  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
+    --student "$WORK/$arch-parallel" --lengths 512,2048,8192 ${MIXED_OF[$arch]} --data "$DATA/$DISTILL_DATA" \
+    --max-tokens 40960 --json "$WORK/$arch-mixed.json" --save "$WORK/$arch-parallel-mixed" \
+    > "$WORK/$arch-mixed.log" 2>&1 &
+  job=$((job + 1))
+  if [ "$GPUS" -le 1 ]; then wait; fi
+done
+wait
+for arch in $DISTILL; do
+  [ -n "${MIXED_OF[$arch]:-}" ] || continue
+  tail -n 2 "$WORK/$arch-mixed.log"
+  if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel-mixed.tar" -C "$WORK" "$arch-parallel-mixed" "$arch-mixed.json"; fi
 done

@@ -175,3 +175,15 @@ def test_sharded_checkpoints_are_read_and_written(tmp_path):
     (tmp_path / "s" / "model.safetensors.index.json").write_text(json.dumps(index))
     with pytest.raises(edgettt.EdgetttError, match="not a file inside"):
         edgettt.load(tmp_path / "s")
+
+
+@pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16])
+def test_a_model_stored_in_16_bits_loads_in_float32_holding_the_stored_values(tmp_path, stored):
+    """Half the file (issue 23 item 3's embedded models) without computing in 16 bits on a CPU."""
+    model = random_model(tiny_config(), 3)
+    save_model(model.to(stored), tmp_path / "m")
+    loaded = load(tmp_path / "m")
+    for name, p in loaded.state_dict().items():
+        assert p.dtype == torch.float32, name
+        assert torch.equal(p, model.state_dict()[name].float()), name
+    assert load(tmp_path / "m", dtype=stored).model.embed_tokens.weight.dtype == stored

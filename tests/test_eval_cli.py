@@ -63,9 +63,9 @@ def test_eval_bad_inputs(models, tmp_path):
 
 def test_eval_warns_beyond_the_context_a_parallel_form_was_distilled_at():
     runner = CliRunner()
-    beyond = runner.invoke(cli, ["eval", "ttt-mlp-tiny-parallel", "--data", "python-docs-sample", "--ctx", "1024",
+    beyond = runner.invoke(cli, ["eval", "ttt-linear-tiny-parallel", "--data", "python-docs-sample", "--ctx", "1024",
                                  "--max-tokens", "1024"])
-    within = runner.invoke(cli, ["eval", "ttt-mlp-tiny-parallel", "--data", "python-docs-sample", "--ctx", "512",
+    within = runner.invoke(cli, ["eval", "ttt-linear-tiny-parallel", "--data", "python-docs-sample", "--ctx", "512",
                                 "--max-tokens", "512"])
     assert beyond.exit_code == 0 and within.exit_code == 0, beyond.output + within.output
     assert "distilled at 512 tokens" in beyond.output and "distilled at" not in within.output
