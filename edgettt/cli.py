@@ -214,11 +214,15 @@ def create(out, family, preset, hidden_size, layers, heads, intermediate_size, v
                    "every context) [default: --ctx].")
 @click.option("--hard-weight", default=0.0, show_default=True, type=FiniteFloat(0, 1),
               help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
+@click.option("--pool", default=0, show_default=True, type=click.IntRange(0),
+              help="With --distill: the original's logits of this many batches a length computed first and reused "
+                   "in turn (0: a forward of the original every step). For a slow original (TTT-MLP): steps then "
+                   "cost the converted model's alone.")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, distill_ctx,
-            hard_weight, no_report, as_json, force):
+            hard_weight, pool, no_report, as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -246,12 +250,12 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
 
         lengths = distill_ctx or [ctx]
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr,
-                             ctx=lengths, batch=batch, hard_weight=hard_weight, minutes=minutes)
+                             ctx=lengths, batch=batch, hard_weight=hard_weight, minutes=minutes, pool=pool)
         # the longest context it was tuned at (config.json: kept by quantize, export)
         converted.config.extra["distilled_ctx"] = max(lengths)
         distilled = {"train_text": train_text.fingerprint(), "steps_asked": steps, "minutes": minutes,
                      "steps": len(losses), "lr": lr, "ctx": lengths if len(lengths) > 1 else lengths[0],  # fewer steps than asked when --minutes ended it
-                     "batch": batch, "hard_weight": hard_weight,
+                     "batch": batch, "hard_weight": hard_weight, "pool": pool,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
             distilled["before"] = report

@@ -102,18 +102,20 @@ class Transformer(nn.Module):
         return self.norm(h) @ self.embed.weight.T
 
 
-def build(arch: str, layers: int, seed: int):
+def build(arch: str, layers: int, seed: int, sizes: dict | None = None):
+    """The model of an arch, its sizes optionally replaced (`sizes`: hidden_size, intermediate_size)."""
+    sizes = sizes or {}
     if arch in LACT_ARCHS:
         from edgettt.lact.config import LaCTConfig
         from edgettt.lact.model import LaCTForCausalLM, initialise
 
-        config = LaCTConfig(num_hidden_layers=layers, **LACT_ARCHS[arch])
+        config = LaCTConfig(num_hidden_layers=layers, **{**LACT_ARCHS[arch], **sizes})
         from edgettt.tokenizer import ByteTokenizer
 
         model = initialise(LaCTForCausalLM(config), seed)
         model.tokenizer = ByteTokenizer()
         return model, config
-    config = ModelConfig(vocab_size=256, num_hidden_layers=layers, **ARCHS[arch])
+    config = ModelConfig(vocab_size=256, num_hidden_layers=layers, **{**ARCHS[arch], **sizes})
     if arch == "transformer":
         torch.manual_seed(seed)
         return Transformer(config), config
@@ -222,6 +224,10 @@ def main():
                     help="Also end after this many steps; the schedule follows whichever of steps and time is "
                          "further along (tests give a step budget: no run may depend on the machine's speed).")
     ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=None, help="Hidden size in place of the arch's (192).")
+    ap.add_argument("--intermediate", type=int, default=None, help="MLP size in place of the arch's.")
+    ap.add_argument("--store", choices=["float32", "bfloat16"], default="float32",
+                    help="Precision of the saved weights (bfloat16: half the file; edgettt loads it as float32, exactly).")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -255,7 +261,8 @@ def main():
         from edgettt.ttt import TTTLayer
 
         TTTLayer.compile_steps()
-    model, config = build(args.arch, args.layers, args.seed)
+    sizes = {k: v for k, v in (("hidden_size", args.hidden), ("intermediate_size", args.intermediate)) if v}
+    model, config = build(args.arch, args.layers, args.seed, sizes)
     if args.init is not None:
         from edgettt.checkpoint import load_model
 
@@ -312,9 +319,10 @@ def main():
         from safetensors.torch import save_file
 
         args.out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous().cpu() for k, v in model.state_dict().items()}, args.out / "transformer.safetensors")
+        save_file({k: v.contiguous().cpu().to(getattr(torch, args.store)) for k, v in model.state_dict().items()},
+                  args.out / "transformer.safetensors")
     else:
-        save_model(model.cpu().eval(), args.out, force=True)
+        save_model(model.cpu().eval().to(getattr(torch, args.store)), args.out, force=True)
     (args.out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
 
 

@@ -190,6 +190,24 @@ def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 48
 
 
+def test_convert_distills_from_a_pool_of_the_originals_logits(ckpt, tmp_path):
+    """--pool 2: the original runs 2 batches a length before the steps, then never again (its forwards counted)."""
+    from edgettt.model import CausalLM
+
+    calls = []
+    forward = CausalLM.forward
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(CausalLM, "forward", lambda self, *a, **k: calls.append(self.form) or forward(self, *a, **k))
+        result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "6",
+                     "--batch", "1", "--distill-ctx", "16,48", "--pool", "2", "--data", "python-docs-sample",
+                     "--no-report")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
+    assert report["distill"]["pool"] == 2 and report["distill"]["steps"] == 6
+    assert calls.count("ttt") == 2 * 2  # 2 batches for each of the 2 lengths; 6 steps of the converted model
+    assert calls.count("parallel") == 6
+
+
 def test_one_distill_ctx_is_the_length_reported(ckpt, tmp_path):
     """--distill-ctx 24 beside --ctx 64: the report and config.json both name 24, the length trained at."""
     result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "1", "--batch", "1",

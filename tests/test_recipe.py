@@ -67,3 +67,20 @@ def test_validation_runs_at_every_eval_step_not_only_on_log_lines(tmp_path):
     evaluated = [e["step"] for e in log["log"] if "val_bits_per_byte" in e]
     assert log["steps"] == 90
     assert evaluated == [30, 60, 90]
+
+
+def test_sizes_and_a_bfloat16_file_for_larger_embedded_models(tmp_path):
+    """Issue 23 item 3's knobs: other widths, and weights stored in bfloat16 that load as float32."""
+    from safetensors import safe_open
+
+    write_parts(tmp_path)
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(RECIPE), "--arch", "ttt-linear", "--out", str(out), "--minutes", "30",
+                    "--steps", "2", "--layers", "1", "--hidden", "64", "--intermediate", "96", "--store", "bfloat16",
+                    "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path)], check=True, capture_output=True,
+                   timeout=300)
+    with safe_open(out / "model.safetensors", "pt") as f:
+        assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    model = edgettt.load(out)
+    assert (model.config.hidden_size, model.config.intermediate_size) == (64, 96)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
