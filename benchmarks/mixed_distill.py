@@ -26,6 +26,10 @@ def bits_per_byte(model, lengths, text, max_tokens):
     return {n: e.bits_per_byte for n, e in zip(lengths, runs)}
 
 
+def fmt(by_length: dict) -> str:
+    return ", ".join(f"{n}: {v:.4f}" for n, v in by_length.items())
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--teacher", default="ttt-mlp-tiny")
@@ -51,22 +55,31 @@ def main():
     result = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
               "teacher": bits_per_byte(teacher, lengths, args.eval_data, args.max_tokens),
               "before": bits_per_byte(student, lengths, args.eval_data, args.max_tokens)}
+    print(f"teacher {fmt(result['teacher'])}; student before {fmt(result['before'])} (bits per byte)", flush=True)
+    write(result, args.json)
     t0 = time.time()
     result["losses"] = distill(teacher, student, encode(teacher, read_text(args.data)), steps=args.steps,
                                batch=args.batch, ctx=lengths, lr=args.lr, minutes=args.minutes, pool=args.pool,
                                hard_weight=args.hard_weight)
     result["steps_run"] = len(result["losses"])
     result["minutes"] = (time.time() - t0) / 60
+    if args.save:  # before the last measurement: a run cut short keeps its weights
+        student.config.extra["distilled_ctx"] = max(lengths)
+        device = next(student.parameters()).device
+        edgettt.save(student.to("cpu"), args.save)
+        student.to(device)  # measured where it trained
+    write(result, args.json)
     result["after"] = bits_per_byte(student, lengths, args.eval_data, args.max_tokens)
     for when in ("before", "after"):
         ratios = " / ".join(f"{result[when][n] / result['teacher'][n]:.3f}" for n in lengths)
         print(f"{when:6s} bits per byte ratio to the teacher at {args.lengths}: {ratios}")
-    if args.json:
-        with open(args.json, "w") as f:
+    write(result, args.json)
+
+
+def write(result: dict, path: str | None) -> None:
+    if path:
+        with open(path, "w") as f:
             json.dump(result, f, indent=1)
-    if args.save:
-        student.config.extra["distilled_ctx"] = max(lengths)
-        edgettt.save(student.to("cpu"), args.save)
 
 
 if __name__ == "__main__":
