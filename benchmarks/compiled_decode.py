@@ -23,7 +23,7 @@ import sys
 import torch
 
 
-def build(kind: str, preset: str, fuse: bool = True):
+def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.conversion import convert
     from edgettt.llama import Llama
@@ -41,6 +41,10 @@ def build(kind: str, preset: str, fuse: bool = True):
         from edgettt.quant import apply_state_format
 
         apply_state_format(model, state)
+    if weights != "none":  # their kernels run inside the compiled graph (`weight_formats.int4_linear`)
+        from edgettt.quant import QuantConfig, quantize_
+
+        quantize_(model, QuantConfig(weights, 64))
     if fuse:  # q/k/v and gate/up one GEMM each, as the Llama's (and as `edgettt speed --device cuda` runs)
         from edgettt.mixer import fuse_input_projections
         from edgettt.quant import stacked_projection
@@ -64,7 +68,7 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
     from edgettt.speed import capture_steps, compile_step
 
     torch.manual_seed(0)
-    model = build(kind, args.preset, not args.separate_projections)
+    model = build(kind, args.preset, not args.separate_projections, "none" if kind == "llama" else args.weights)
     llama = kind == "llama"
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
     with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
@@ -88,7 +92,10 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
         if llama:
             state.pos.fill_(args.depth)
         kernels = kernel_table(graphs, args.depth, args.tokens) if args.profile else None
-    weights = sum(p.nbytes for p in model.parameters())
+    from edgettt.quant import QuantLinear
+
+    weights = sum(p.nbytes for p in model.parameters()) + sum(m.nbytes() for m in model.modules()
+                                                               if isinstance(m, QuantLinear))
     facts = {"weights_bytes": weights, "state_bytes": state_bytes(model, state, args.batch), "graphs": len(graphs)}
     if kernels is not None:
         facts["kernels"] = kernels
@@ -128,6 +135,8 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="eager,compile", help="eager, compile or both, for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
+    parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],
+                        help="the TTT models' weights (int4: groups of 64), quantized by round to nearest")
     parser.add_argument("--separate-projections", action="store_true", help="TTT models: q, k, v (and the MLP's "
                         "gate, up) as separate GEMMs, as before 2026-12-03 (by default fused, as the Llama's)")
     parser.add_argument("--profile", action="store_true", help="also the kernels of a token (torch.profiler over the "

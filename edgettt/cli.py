@@ -858,7 +858,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 @click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences prefilled and decoded together.")
 @click.option("--compile", "compile_steps", is_flag=True,
               help="With --device cuda: decode steps compiled by torch.compile before they are captured (every "
-                   "model, llama: too; float weights only).")
+                   "model, llama: too; int8 / int4 weights multiply through their kernels inside the graph).")
 @click.option("--activations", type=click.Choice(["float", "int8"]), default="float", show_default=True,
               help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
                    "a row and multiplies on the int8 tensor cores (its accuracy cost: "

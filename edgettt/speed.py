@@ -25,7 +25,8 @@ With `--device cuda` (`CudaEngine`) models run through torch on the GPU in bfloa
 CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:<preset>` is the
 same-size transformer of `edgettt.llama`; a model's projections of one input run as one GEMM (q/k/v,
 gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
-torch.compile before it is captured (float weights; `compile_step`), `--activations int8` runs the
+torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
+operations in the graph), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
@@ -104,7 +105,8 @@ class TorchEngine:
 @dataclasses.dataclass(frozen=True)
 class CudaOptions:
     """How `--device cuda` runs a model: `compile`, decode steps compiled by torch.compile (inductor
-    fuses each step's operations; edgettt's kernels off inside, so float models only) before they are
+    fuses each step's operations; edgettt's state kernels off inside, the int8 / int4 weight kernels as
+    opaque operations, `weight_formats.int4_linear`) before they are
     captured; `activations`, the quantized int8 / int4 layers' prefill GEMMs with "int8" activations
     (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only)."""
 
@@ -173,7 +175,8 @@ class CudaEngine:
 
 def compile_step(model) -> None:
     """`model.step` compiled by torch.compile; trace (and capture) it inside `kernels.kernels_off()`, so
-    that the whole step is inductor's. A TTT model's step compiles once for its first position, then
+    that the whole step is inductor's but for quantized weights' matmuls, which run their kernels as
+    single operations (`weight_formats.int8_linear`, `int4_linear`). A TTT model's step compiles once for its first position, then
     once more for any position with and without a commit (positions become symbolic)."""
     import torch
 
@@ -226,14 +229,6 @@ def _copy_state(state):
         return KVCache([k.clone() for k in state.keys], [v.clone() for v in state.values], state.pos.clone(),
                        state.cos, state.sin)
     return State(state.pos, [{k: v.clone() for k, v in layer.items()} for layer in state.layers])
-
-
-def has_quantized_weights(path: str) -> bool:
-    """Whether a model directory's config records quantized weights (read without loading the model)."""
-    from .checkpoint import read_config, resolve_model_path
-
-    quantization = read_config(resolve_model_path(path)).quantization
-    return bool(quantization) and quantization.get("weights", "none") != "none"
 
 
 def is_llama_model(model) -> bool:
@@ -424,9 +419,6 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
             raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
                                f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
                                "`edgettt export` or models")
-        if cuda.compile and not is_export(path) and not is_genai(path) and has_quantized_weights(path):
-            raise EdgetttError(f"{path}: quantized weights; the compiled step would run them dequantized (its "
-                               "kernels are off under torch.compile): time it without --compile")
         if is_genai(path):
             try:
                 import onnxruntime_genai  # noqa: F401

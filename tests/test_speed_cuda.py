@@ -37,25 +37,46 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 
 
-def test_quantized_weights_are_told_apart_without_loading_the_model(tmp_path):
-    """`speed --compile` refuses models with quantized weights (their compiled steps would run them
-    dequantized), which it tells from config.json alone; a quantized state alone compiles."""
+@pytest.mark.parametrize("weights", ["int8", "int4"])
+def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(weights):
+    """`speed --compile` with int8 / int4 weights: each quantized layer is one `edgettt::<fmt>_linear` in the
+    traced graph (on CUDA the kernel, here the reference), and the compiled step (AOT-traced with the op's
+    fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
-    from edgettt.quant import QuantConfig
-    from edgettt.speed import has_quantized_weights
+    from edgettt.quant import QuantConfig, QuantLinear
+    from edgettt.speed import _copy_state
 
-    model = edgettt.load("ttt-linear-tiny-parallel")
-    edgettt.save(edgettt.quantize(model, QuantConfig("int4")), tmp_path / "q")
-    edgettt.save(edgettt.quantize(model, QuantConfig("none", state="int8")), tmp_path / "state-only")
-    assert has_quantized_weights(str(tmp_path / "q"))
-    assert not has_quantized_weights(str(tmp_path / "state-only"))
-    assert not has_quantized_weights("ttt-linear-tiny-parallel")
+    model = edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig(weights, 64))
+    op = getattr(torch.ops.edgettt, f"{weights}_linear").default
+    graphs = []
+
+    def recording(gm, inputs):  # dynamo's graph, then AOT autograd with the fake implementations
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        _, state = model.prefill(ids[:, :20])
+        compiled_state = _copy_state(state)
+        step = torch.compile(model.step, backend=recording, dynamic=False)
+        for t in range(20, 24):
+            want, state = model.step(ids[:, t], state)
+            got, compiled_state = step(ids[:, t], compiled_state)
+            assert rel_err(got, want) < 1e-5
+    torch._dynamo.reset()
+    calls = sum(node.target in (op, op.overloadpacket) for gm in graphs for node in gm.graph.nodes)
+    layers = sum(isinstance(m, QuantLinear) for m in model.modules())
+    assert graphs and calls == layers * len(graphs)
+    for a, b in zip(state.layers, compiled_state.layers):
+        for name in a:
+            assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
-                                           ("parallel", True), ("ttt", True), ("llama", True)])
+                                           ("parallel", True), ("ttt", True), ("llama", True),
+                                           ("parallel-int4", True), ("parallel-int8", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off)."""
     import contextlib
@@ -70,7 +91,14 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
             model = Llama(LlamaConfig(64, 2, 4, 128, 100))
     else:
         model = tiny_model("linear", seed=2, mini_batch_size=8)
-        model = (model if form == "ttt" else convert(model, form)).cuda()
+        form, _, weights = form.partition("-")
+        model = model if form == "ttt" else convert(model, form)
+        if weights:  # through the formats' kernels as ops in the compiled graph
+            from edgettt import quantize
+            from edgettt.quant import QuantConfig
+
+            model = quantize(model, QuantConfig(weights, 32))
+        model = model.cuda()
     model = model.to(torch.bfloat16).eval()
     ids = torch.randint(0, 61, (2, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():

@@ -131,6 +131,8 @@ class Int8(WeightFormat):
         return layouts.dequantize_int8(t)
 
     def matmul(self, x, layer):
+        if compiling():
+            return torch.ops.edgettt.int8_linear(x, layer.qweight, layer.scales, int8_activations(x, layer))
         if int8_activations(x, layer):
             from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
 
@@ -214,6 +216,8 @@ class Int4(WeightFormat):
 
     def matmul(self, x, layer):
         t = (layer.qweight, layer.scales, layer.zero_points)
+        if compiling():
+            return torch.ops.edgettt.int4_linear(x, *t, int8_activations(x, layer))
         if int8_activations(x, layer):
             from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
 
@@ -270,6 +274,51 @@ def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch
     N, blocks, block = qweight.shape
     values = (qweight.float() - zero_points.float()[..., None]) * scales[..., None]
     return values.reshape(N, blocks * block)[:, :K]
+
+
+# ---- the kernels as single operations in a torch.compile graph -----------------------------------------
+# Under torch.compile a QuantLinear multiplies through these opaque operations: inductor does not trace
+# into a Triton launch's host code (autotuning, shape choices), and without them a compiled step would run
+# the dequantized float weight. On CUDA they launch the format's kernel (which a captured CUDA graph then
+# replays), whatever `kernels_off` says; elsewhere they compute the format's reference.
+
+def compiling() -> bool:
+    """Whether torch.compile is tracing (edgettt's ONNX export swaps QuantLinear out before it traces)."""
+    return torch.compiler.is_compiling()
+
+
+@torch.library.custom_op("edgettt::int8_linear", mutates_args=())
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, a8: bool) -> torch.Tensor:
+    from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
+
+    if x.is_cuda:
+        return int8_matmul(x, qweight, scales, gemm="a8") if a8 else int8_matmul(x, qweight, scales)
+    if a8:
+        return int8_matmul_a8_ref(x, qweight, scales)
+    return F.linear(x, layouts.dequantize_int8({"qweight": qweight, "scales": scales}).to(x.dtype))
+
+
+@int8_linear.register_fake
+def _(x, qweight, scales, a8):
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+@torch.library.custom_op("edgettt::int4_linear", mutates_args=())
+def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                a8: bool) -> torch.Tensor:
+    from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
+
+    if x.is_cuda and kernel_supports(qweight.shape[2] * 2):
+        return int4_matmul(x, qweight, scales, zero_points, gemm="a8" if a8 else None)
+    if a8:
+        return int4_matmul_a8_ref(x, qweight, scales, zero_points)
+    t = {"qweight": qweight, "scales": scales, "zero_points": zero_points}
+    return F.linear(x, layouts.dequantize_int4(t).to(x.dtype))
+
+
+@int4_linear.register_fake
+def _(x, qweight, scales, zero_points, a8):
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
 
 
 def export_nbits_matmul(x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, block: int, bits: int,
