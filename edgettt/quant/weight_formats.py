@@ -131,7 +131,7 @@ class Int8(WeightFormat):
         return layouts.dequantize_int8(t)
 
     def matmul(self, x, layer):
-        if compiling():
+        if compiling(x):
             return torch.ops.edgettt.int8_linear(x, layer.qweight, layer.scales, int8_activations(x, layer))
         if int8_activations(x, layer):
             from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
@@ -216,7 +216,7 @@ class Int4(WeightFormat):
 
     def matmul(self, x, layer):
         t = (layer.qweight, layer.scales, layer.zero_points)
-        if compiling():
+        if compiling(x):
             return torch.ops.edgettt.int4_linear(x, *t, int8_activations(x, layer))
         if int8_activations(x, layer):
             from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
@@ -282,9 +282,10 @@ def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch
 # the dequantized float weight. On CUDA they launch the format's kernel (which a captured CUDA graph then
 # replays), whatever `kernels_off` says; elsewhere they compute the format's reference.
 
-def compiling() -> bool:
-    """Whether torch.compile is tracing (edgettt's ONNX export swaps QuantLinear out before it traces)."""
-    return torch.compiler.is_compiling()
+def compiling(x: torch.Tensor) -> bool:
+    """Whether torch.compile is tracing a product without autograd (the ops have no backward; edgettt's
+    ONNX export swaps QuantLinear out before it traces)."""
+    return torch.compiler.is_compiling() and not x.requires_grad
 
 
 @torch.library.custom_op("edgettt::int8_linear", mutates_args=())
