@@ -78,6 +78,7 @@ for arch in $DISTILL; do
   rm -rf "$WORK/$arch-parallel-mixed"
   CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
     --student "$WORK/$arch-parallel" --lengths 512,2048,8192 ${MIXED_OF[$arch]} --data "$DATA/$DISTILL_DATA" \
+    --eval-data "$DATA/test.bin" \
     --max-tokens 40960 --json "$WORK/$arch-mixed.json" --save "$WORK/$arch-parallel-mixed" \
     > "$WORK/$arch-mixed.log" 2>&1 &
   job=$((job + 1))
