@@ -174,48 +174,61 @@ class CudaEngine:
 
 
 def compile_step(model) -> None:
-    """`model.step` compiled by torch.compile; trace (and capture) it inside `kernels.kernels_off()`, so
-    that the whole step is inductor's but for quantized weights' matmuls, which run their kernels as
-    single operations (`weight_formats.int8_linear`, `int4_linear`). A TTT model's step compiles once for its first position, then
-    once more for any position with and without a commit (positions become symbolic)."""
+    """`model.step_in_place` (`step_in_place` on the model) compiled by torch.compile; trace (and capture)
+    it inside `kernels.kernels_off()`, so that the whole step is inductor's but for quantized weights'
+    matmuls, which run their kernels as single operations (`weight_formats.int8_linear`, `int4_linear`),
+    and the state's new values are written by the kernels that make them, not copied afterwards. A TTT
+    model's step compiles once for its first position, then once more for any position with and without
+    a commit (positions become symbolic)."""
+    import functools
+
     import torch
 
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    model.step = torch.compile(model.step)
+    model.step_in_place = torch.compile(functools.partial(step_in_place, model))
+
+
+def step_in_place(model, token, state, position: int | None):
+    """One decode step at `position` whose results land in `state`'s own tensors, as a CUDA graph must
+    leave them (the transformer's step writes its cache in place: `position` None). Returns the logits."""
+    from .model import State
+
+    if position is None:
+        return model.step(token, state)[0]
+    logits, new = model.step(token, State(position, [dict(layer) for layer in state.layers]))
+    for kept, layer in zip(state.layers, new.layers):  # results back into the state's tensors
+        for name, t in layer.items():
+            if t is not kept[name]:
+                kept[name].copy_(t)
+    return logits
 
 
 def capture_steps(model, state, start: int, batch: int):
-    """(the graphs' token input [batch], the CUDA graphs of `model.step` on `state`'s tensors): one graph
-    for the transformer, one for each place in the mini-batch for a TTT model (graph i steps a token
-    at a position = i mod b). Kernels autotune and allocate on a copy of the state first."""
+    """(the graphs' token input [batch], the CUDA graphs of one decode step on `state`'s tensors): one
+    graph for the transformer, one for each place in the mini-batch for a TTT model (graph i steps a
+    token at a position = i mod b). Kernels autotune (and a compiled step compiles) on a copy of the
+    state first."""
+    import functools
+
     import torch
 
-    from .model import State
-
     token = torch.zeros(batch, dtype=torch.long, device="cuda")
-    period = 1 if is_llama_model(model) else model.config.mini_batch_size
+    period = model.config.mini_batch_size if not is_llama_model(model) else None
+    # the first position at each place in the mini-batch (the transformer: one graph, no position)
+    positions = [None] if period is None else [start + (place - start) % period for place in range(period)]
+    advance = getattr(model, "step_in_place", None) or functools.partial(step_in_place, model)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up on a copy
         scratch = _copy_state(state)
-        for _ in range(period):
-            model.step(token, scratch)
+        for position in positions:
+            advance(token, scratch, position)
     torch.cuda.current_stream().wait_stream(side)
     pool, graphs = torch.cuda.graph_pool_handle(), []
-    for place in range(period):
+    for position in positions:
         graph = torch.cuda.CUDAGraph()
-        if period == 1:
-            with torch.cuda.graph(graph, pool=pool):
-                model.step(token, state)
-        else:
-            position = start + (place - start) % period  # the first position at this place
-            step_state = State(position, [dict(layer) for layer in state.layers])
-            with torch.cuda.graph(graph, pool=pool):
-                _, step_state = model.step(token, step_state)
-                for kept, new in zip(state.layers, step_state.layers):  # results back into the state's tensors
-                    for name, t in new.items():
-                        if t is not kept[name]:
-                            kept[name].copy_(t)
+        with torch.cuda.graph(graph, pool=pool):
+            advance(token, state, position)
         graphs.append(graph)
     return token, graphs
 

@@ -72,6 +72,39 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
             assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
+@pytest.mark.parametrize("form,state_format", [("parallel", "fp32"), ("exact", "int8"), ("ttt", "fp32")])
+def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, form, state_format):
+    """`compile_step`: the step and the copy of its results into the state's tensors are one compiled
+    function (`step_in_place`: on CUDA the copies fuse into the kernels), leaving what eager steps leave,
+    across a mini-batch's commit (here with AOT autograd's tracing, without inductor: the CPU proxy)."""
+    import functools
+
+    from edgettt import convert
+    from edgettt.quant import apply_state_format
+    from edgettt.speed import _copy_state, compile_step
+
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    model = tiny_model("linear", seed=2, mini_batch_size=8)
+    model = (model if form == "ttt" else convert(model, form)).eval()
+    if state_format != "fp32":
+        apply_state_format(model, state_format)
+    ids = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        _, state = model.prefill(ids[:, :13])
+        eager = _copy_state(state)
+        tensors = [dict(layer) for layer in state.layers]
+        compile_step(model)
+        for t in range(13, 24):
+            want, eager = model.step(ids[:, t], eager)
+            got = model.step_in_place(ids[:, t], state, t)
+            assert rel_err(got, want) < 1e-5
+    torch._dynamo.reset()
+    for kept, layer, stepped in zip(tensors, state.layers, eager.layers):
+        for name in stepped:
+            assert layer[name] is kept[name], name  # the same tensors, updated in place
+            assert rel_err(layer[name].float(), stepped[name].float()) < 1e-5, name
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
