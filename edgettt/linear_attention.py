@@ -35,6 +35,21 @@ def augment(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 1), value=1.0)  # one Pad node in an exported graph
 
 
+def fused_decode() -> bool:
+    """Whether torch.compile traces a decode step (not edgettt's ONNX export): the step's products with
+    the state are then written as element-wise products and sums, which inductor fuses with the
+    state's update into one kernel, where a matmul would be a cuBLAS GEMV each (a compiled decode step
+    is bound by its count of kernels: `benchmarks/results/compiled_decode_h200.md`)."""
+    return torch.compiler.is_compiling() and not exporting()
+
+
+def row_times(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """q @ S ([..., T, Dk] @ [..., Dk, Dv]); one token's under `fused_decode` as a product and a sum."""
+    if q.shape[-2] == 1 and fused_decode():
+        return (q.transpose(-1, -2) * S).sum(-2, keepdim=True)
+    return q @ S
+
+
 def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its mini-batch number (counted from the first token's) and index inside it."""
     pos = torch.arange(start, start + length, device=device)
@@ -135,10 +150,14 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
     for t in range(T):
         inner = (start + t) % b
         q_t, k_t, v_t = (x if T == 1 else x[:, :, t:t + 1] for x in (qa, ka, vh))  # [B, H, 1, D]
-        A = A + k_t.transpose(-1, -2) @ v_t  # the outer product ka^T vh
-        # q (S + eta A) without the sum of two states: in a decode graph each state-sized op costs
-        # as much as a small matmul
-        outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
+        if fused_decode():  # the update and the read as one reduction over the state (`fused_decode`)
+            A = A + k_t.transpose(-1, -2) * v_t
+            outputs.append(row_times(q_t, S + eta_tok[inner] * A))
+        else:
+            A = A + k_t.transpose(-1, -2) @ v_t  # the outer product ka^T vh
+            # q (S + eta A) without the sum of two states: in a decode graph each state-sized op costs
+            # as much as a small matmul
+            outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
         if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
             commit = (inner == b - 1).to(A.dtype)  # 1 at the mini-batch's last token, else 0
             if requant is None:  # S + 0 * A is S, A * 1 is A: the same as a select, in fewer, lighter nodes
@@ -159,7 +178,7 @@ def linear_values(ka, k, v, lr, S, gamma, beta):
     ka: [B, H, T, d+1]; k, v: [B, H, T, d]; lr: [B, H, T]; S: [B, H, d+1, d] or [H, d+1, d];
     gamma, beta: [H, 1, d].
     """
-    g = ln_l2_grad(ka @ S, v - k, gamma, beta)
+    g = ln_l2_grad(row_times(ka, S), v - k, gamma, beta)
     return -lr[..., None] * g
 
 
