@@ -131,19 +131,12 @@ class Int8(WeightFormat):
         return layouts.dequantize_int8(t)
 
     def matmul(self, x, layer):
+        a8 = int8_activations(x, layer)
         if compiling(x):
-            return torch.ops.edgettt.int8_linear(x, layer.qweight, layer.scales, int8_activations(x, layer))
-        if int8_activations(x, layer):
-            from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
-
-            if kernels_enabled(x):  # W8A8 on the int8 tensor cores
-                return int8_matmul(x, layer.qweight, layer.scales, gemm="a8")
-            return int8_matmul_a8_ref(x, layer.qweight, layer.scales)
-        if kernels_enabled(x) and not x.requires_grad:  # the kernel reads the stored bytes: no float copy
-            from ..kernels.int8 import int8_matmul
-
-            return int8_matmul(x, layer.qweight, layer.scales)
-        return super().matmul(x, layer)
+            return torch.ops.edgettt.int8_linear(x, layer.qweight, layer.scales, a8)
+        # the kernel reads the stored bytes (no float copy); autograd takes the dequantized weight
+        kernel = kernels_enabled(x) and (a8 or not x.requires_grad)
+        return int8_product(x, layer.qweight, layer.scales, a8, kernel, lambda: layer.weight)
 
     def label(self, method, group):
         return self.name if method == "rtn" else f"{self.name}-{method}"
@@ -216,20 +209,15 @@ class Int4(WeightFormat):
 
     def matmul(self, x, layer):
         t = (layer.qweight, layer.scales, layer.zero_points)
+        a8 = int8_activations(x, layer)
         if compiling(x):
-            return torch.ops.edgettt.int4_linear(x, *t, int8_activations(x, layer))
-        if int8_activations(x, layer):
-            from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
+            return torch.ops.edgettt.int4_linear(x, *t, a8)
+        kernel = kernels_enabled(x) and (a8 or not x.requires_grad)
+        if kernel:  # (Triton imported only where a kernel can run)
+            from ..kernels.int4 import kernel_supports
 
-            if kernels_enabled(x) and kernel_supports(layer.group_size):  # W4A8 on the int8 tensor cores
-                return int4_matmul(x, *t, gemm="a8")
-            return int4_matmul_a8_ref(x, *t)
-        if kernels_enabled(x) and not x.requires_grad:
-            from ..kernels.int4 import int4_matmul, kernel_supports
-
-            if kernel_supports(layer.group_size):
-                return int4_matmul(x, *t)
-        return super().matmul(x, layer)
+            kernel = kernel_supports(layer.group_size)
+        return int4_product(x, *t, a8, kernel, lambda: layer.weight)
 
     def label(self, method, group):
         return f"{self.name}-{method}-g{group}"
@@ -288,15 +276,30 @@ def compiling(x: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() and not x.requires_grad
 
 
-@torch.library.custom_op("edgettt::int8_linear", mutates_args=())
-def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, a8: bool) -> torch.Tensor:
+def int8_product(x, qweight, scales, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
+    """x @ W^T of an int8 weight, eager and compiled alike: with int8 activations (`a8`) the W8A8 kernel
+    on the int8 tensor cores or its reference, else the weight-only kernel or the weight `dequantized()`."""
     from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
 
-    if x.is_cuda:
-        return int8_matmul(x, qweight, scales, gemm="a8") if a8 else int8_matmul(x, qweight, scales)
     if a8:
-        return int8_matmul_a8_ref(x, qweight, scales)
-    return F.linear(x, layouts.dequantize_int8({"qweight": qweight, "scales": scales}).to(x.dtype))
+        return int8_matmul(x, qweight, scales, gemm="a8") if kernel else int8_matmul_a8_ref(x, qweight, scales)
+    return int8_matmul(x, qweight, scales) if kernel else F.linear(x, dequantized().to(x.dtype))
+
+
+def int4_product(x, qweight, scales, zero_points, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
+    """x @ W^T of an int4 weight, as `int8_product` (W4A8: the weight rounded to int8 rows first)."""
+    from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref
+
+    t = (qweight, scales, zero_points)
+    if a8:
+        return int4_matmul(x, *t, gemm="a8") if kernel else int4_matmul_a8_ref(x, *t)
+    return int4_matmul(x, *t) if kernel else F.linear(x, dequantized().to(x.dtype))
+
+
+@torch.library.custom_op("edgettt::int8_linear", mutates_args=())
+def int8_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, a8: bool) -> torch.Tensor:
+    return int8_product(x, qweight, scales, a8, x.is_cuda,
+                        lambda: layouts.dequantize_int8({"qweight": qweight, "scales": scales}))
 
 
 @int8_linear.register_fake
@@ -307,14 +310,11 @@ def _(x, qweight, scales, a8):
 @torch.library.custom_op("edgettt::int4_linear", mutates_args=())
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                 a8: bool) -> torch.Tensor:
-    from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref, kernel_supports
+    from ..kernels.int4 import kernel_supports
 
-    if x.is_cuda and kernel_supports(qweight.shape[2] * 2):
-        return int4_matmul(x, qweight, scales, zero_points, gemm="a8" if a8 else None)
-    if a8:
-        return int4_matmul_a8_ref(x, qweight, scales, zero_points)
     t = {"qweight": qweight, "scales": scales, "zero_points": zero_points}
-    return F.linear(x, layouts.dequantize_int4(t).to(x.dtype))
+    return int4_product(x, qweight, scales, zero_points, a8, x.is_cuda and kernel_supports(qweight.shape[2] * 2),
+                        lambda: layouts.dequantize_int4(t))
 
 
 @int4_linear.register_fake
