@@ -109,7 +109,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
                                            ("parallel", True), ("ttt", True), ("llama", True),
-                                           ("parallel-int4", True), ("parallel-int8", True)])
+                                           ("parallel:int4", True), ("parallel:int8", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off)."""
     import contextlib
@@ -124,7 +124,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
             model = Llama(LlamaConfig(64, 2, 4, 128, 100))
     else:
         model = tiny_model("linear", seed=2, mini_batch_size=8)
-        form, _, weights = form.partition("-")
+        form, _, weights = form.partition(":")  # FORM:WEIGHTS (compiled_decode.py's FORM-STATE is a state)
         model = model if form == "ttt" else convert(model, form)
         if weights:  # through the formats' kernels as ops in the compiled graph
             from edgettt import quantize
