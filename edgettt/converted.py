@@ -80,7 +80,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return state
 
     def learning_rates(self, x: torch.Tensor) -> torch.Tensor:
-        return self.lr_from_logits(self.lr_proj(x), self.config.ttt_base_lr / self.head_dim)
+        logits = la.token_linear(x, self.lr_proj.weight, self.lr_proj.bias)
+        return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
 
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
         q, k, v = self.project(x, state, start)
@@ -152,6 +153,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         kv = self.keeps_keys_and_values()
         if kv:  # every token's ka and vh as the buffer holds them, and A from the buffer
             ka, vh = ka.to(OPEN_DTYPE).to(qa.dtype), vh.to(OPEN_DTYPE).to(qa.dtype)
+            if qa.shape[2] == 1 and la.fused_decode() and self.observer is None:
+                return self._attend_open_token(level, st, qa, ka, vh, start)
             A = self._open_sum(st, level, start, qa.dtype)
         else:
             A = st[f"A{level}"]
@@ -162,6 +165,22 @@ class LinearAttentionLayer(StateScales, MixerBase):
             self._keep_open(st, level, ka, vh, start)
         else:
             st[f"A{level}"] = A
+        return zbar
+
+    def _attend_open_token(self, level, st, qa, ka, vh, start):
+        """One compiled decode token with the open mini-batch in the buffers (`la.open_token`): the
+        token's ka and vh written to its slot, A never formed; the buffers emptied at a commit."""
+        b = self.config.mini_batch_size
+        inner = start % b
+        slots = torch.arange(b, device=qa.device)
+        K, V = st[f"K{level}"], st[f"V{level}"]
+        K = torch.where((slots == inner)[:, None], ka.to(K.dtype), K)
+        V = torch.where((slots == inner)[:, None], vh.to(V.dtype), V)
+        filled = (slots <= inner).to(qa.dtype)
+        zbar, st[f"S{level}"] = la.open_token(qa, K.to(qa.dtype), V.to(qa.dtype), filled, st[f"S{level}"],
+                                              self.mask_eta, inner, self.requantizer(level), start + 1)
+        committed = inner == b - 1  # the next mini-batch starts with empty slots, as `_keep_open` leaves them
+        st[f"K{level}"], st[f"V{level}"] = (torch.zeros_like(K), torch.zeros_like(V)) if committed else (K, V)
         return zbar
 
     def _filled(self, start):

@@ -50,6 +50,16 @@ def row_times(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
     return q @ S
 
 
+def token_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) ([..., T, C] -> [..., T, N]); one token's under `fused_decode` as a
+    product and a sum, which inductor fuses with what reads the result (the learning-rate gate's small
+    product with a bias was a split-K GEMV, its reduction and a bias epilogue: 3 cuBLAS kernels a layer)."""
+    if x.shape[-2] == 1 and fused_decode():
+        out = (x.unsqueeze(-2) * weight).sum(-1)
+        return out if bias is None else out + bias
+    return F.linear(x, weight, bias)
+
+
 def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its mini-batch number (counted from the first token's) and index inside it."""
     pos = torch.arange(start, start + length, device=device)
@@ -170,6 +180,23 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
             if requant is not None:
                 S = requant(S, start + t + 1)
     return torch.cat(outputs, dim=2), S, A
+
+
+def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position: int = 0):
+    """`recurrent` for one token whose running sum A = K^T diag(filled) V is kept as the open
+    mini-batch's keys K [B, H, b, Dk] and values V [B, H, b, Dv] (the token's own in its slot `inner`,
+    `filled` [b] 1 for slots 0..inner). Returns (Zbar [B, H, 1, Dv], S).
+
+    q (S + eta A) is read as q S + eta sum_i (q . K_i) V_i: A (Dk Dv values a head) is never formed,
+    only b dot products; at the mini-batch's last token S + eta_last A is committed (then `requant`
+    at `position`, the tokens seen after this one)."""
+    scores = (qa * K).sum(-1, keepdim=True) * filled[:, None]  # [B, H, b, 1]
+    zbar = row_times(qa, S) + eta_tok[inner] * (scores * V).sum(-2, keepdim=True)
+    if inner == eta_tok.shape[0] - 1:  # end of a mini-batch: commit (every slot filled)
+        S = S + eta_tok[-1] * (K[..., :, None] * V[..., None, :]).sum(-3)
+        if requant is not None:
+            S = requant(S, position)
+    return zbar, S
 
 
 def linear_values(ka, k, v, lr, S, gamma, beta):

@@ -72,7 +72,8 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
             assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
-@pytest.mark.parametrize("form,state_format", [("parallel", "fp32"), ("exact", "int8"), ("ttt", "fp32")])
+@pytest.mark.parametrize("form,state_format", [("parallel", "fp32"), ("parallel", "int8"), ("exact", "int8"),
+                                               ("ttt", "fp32")])
 def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, form, state_format):
     """`compile_step`: the step and the copy of its results into the state's tensors are one compiled
     function (`step_in_place`: on CUDA the copies fuse into the kernels), leaving what eager steps leave,
@@ -109,7 +110,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
                                            ("parallel", True), ("ttt", True), ("llama", True),
-                                           ("parallel:int4", True), ("parallel:int8", True)])
+                                           ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off)."""
     import contextlib
@@ -124,8 +125,13 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
             model = Llama(LlamaConfig(64, 2, 4, 128, 100))
     else:
         model = tiny_model("linear", seed=2, mini_batch_size=8)
-        form, _, weights = form.partition(":")  # FORM:WEIGHTS (compiled_decode.py's FORM-STATE is a state)
+        form, _, weights = form.partition(":")  # FORM:WEIGHTS or FORM/STATE (compiled_decode.py's FORM-STATE)
+        form, _, state_format = form.partition("/")
         model = model if form == "ttt" else convert(model, form)
+        if state_format:
+            from edgettt.quant import apply_state_format
+
+            apply_state_format(model, state_format)
         if weights:  # through the formats' kernels as ops in the compiled graph
             from edgettt import quantize
             from edgettt.quant import QuantConfig
