@@ -72,9 +72,11 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
             assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
-@pytest.mark.parametrize("form,state_format", [("parallel", "fp32"), ("parallel", "int8"), ("exact", "int8"),
-                                               ("ttt", "fp32")])
-def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, form, state_format):
+@pytest.mark.parametrize("arch,form,state_format", [("linear", "parallel", "fp32"), ("linear", "parallel", "int8"),
+                                                    ("mlp", "parallel", "int8"), ("linear", "exact", "int8"),
+                                                    ("linear", "ttt", "fp32")])
+def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, arch, form,
+                                                                      state_format):
     """`compile_step`: the step and the copy of its results into the state's tensors are one compiled
     function (`step_in_place`: on CUDA the copies fuse into the kernels), leaving what eager steps leave,
     across a mini-batch's commit (here with AOT autograd's tracing, without inductor: the CPU proxy)."""
@@ -85,7 +87,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
     from edgettt.speed import _copy_state, compile_step
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
-    model = tiny_model("linear", seed=2, mini_batch_size=8)
+    model = tiny_model(arch, seed=2, mini_batch_size=8)
     model = (model if form == "ttt" else convert(model, form)).eval()
     if state_format != "fp32":
         apply_state_format(model, state_format)
