@@ -6,7 +6,8 @@
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
 Variants timed in the same run: "zero per group" (the kernel in edgettt: code * x * scale summed
 into a tile, the zero points applied once a group through the group sums of x) and "zero per code"
-(the previous kernel, kept here: (code - zero) * scale * x for every code). An earlier run (commit
+(the previous kernel, kept here: (code - zero) * scale * x for every code) and "split-K" (zero per group
+with K cut into slices, one program each, added atomically: more loads in flight). An earlier run (commit
 d220746) measured a "group-sum" kernel (each group summed across lanes every step) slower than
 zero per code on both shapes.
 """
@@ -19,7 +20,7 @@ import triton
 import triton.language as tl
 
 from edgettt.bench import copies_for, copy_bandwidth, time_rotating_ms, weight_rows, weight_variants
-from edgettt.kernels import int4
+from edgettt.kernels import autotune_configs, int4
 
 SHAPES = ((4096, 4096), (11008, 4096))
 
@@ -64,7 +65,60 @@ def zero_per_code(x, qweight, scales, zero_points):
     return y
 
 
-VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code}
+SPLIT_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb, "SPLIT": sp}, num_warps=w, num_stages=st)
+                 for bn, bkb, sp, w, st in [(8, 256, 2, 4, 3), (8, 256, 4, 4, 3), (16, 256, 4, 8, 3), (4, 512, 2, 4, 2),
+                                            (8, 128, 4, 4, 3), (16, 128, 8, 4, 3), (32, 128, 4, 8, 3), (4, 256, 8, 2, 3),
+                                            (16, 256, 2, 8, 3), (8, 512, 4, 8, 2), (32, 256, 2, 8, 2), (64, 128, 2, 8, 3)]]
+
+
+@triton.autotune(configs=autotune_configs(SPLIT_CONFIGS, [triton.Config({"BN": 16, "BKB": 64, "SPLIT": 3}, num_warps=4)]),
+                 key=["N", "K", "GROUP"], reset_to_zero=["y_ptr"])
+@triton.jit
+def split_k_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
+                   GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr, SPLIT: tl.constexpr):
+    """edgettt's kernel (zero points once a group) with K cut into SPLIT slices, one program each: SPLIT
+    times the programs, each with fewer bytes, so that more loads are in flight at once (a [4096, 4096]
+    int4 weight is 8 MB: at the copy bandwidth 2 us, about 4 MB of it must be on its way at any time);
+    the slices' partial sums are added atomically into a float32 y (zeroed before)."""
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    NGS: tl.constexpr = BKB // GH
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    j = tl.arange(0, BKB)
+    KB = K // 2
+    blocks = K // GROUP
+    per_slice = tl.cdiv(tl.cdiv(KB, SPLIT), BKB) * BKB  # bytes a slice: whole tiles (whole groups)
+    acc = tl.zeros([BN, BKB], dtype=tl.float32)
+    zacc = tl.zeros([BN, NGS], dtype=tl.float32)
+    for j0 in range(s * per_slice, tl.minimum((s + 1) * per_slice, KB), BKB):
+        j_ok = j0 + j < KB
+        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
+        lo, hi = int4._nibbles(byte.to(tl.int32))
+        xe = tl.load(x_ptr + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)
+        xo = tl.load(x_ptr + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
+        gi = j0 // GH + tl.arange(0, NGS)
+        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
+        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
+        zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)
+        x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)
+        zacc += zero * scale * x_group[None, :]
+        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
+        acc += (lo * xe[None, :] + hi * xo[None, :]) * scale
+    tl.atomic_add(y_ptr + n, tl.sum(acc, axis=1) - tl.sum(zacc, axis=1), mask=n_ok)
+
+
+def split_k(x, qweight, scales, zero_points):
+    """One row x [1, K]: the split-K kernel into a zeroed float32 y, then x's dtype (2 small kernels more)."""
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    y = torch.zeros(N, device=x.device, dtype=torch.float32)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT"])  # noqa: E731
+    split_k_kernel[grid](x, qweight, scales, zero_points, y, N, K, zero_points.shape[1], GROUP=GH * 2)
+    return y.to(x.dtype)[None]
+
+
+VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code, "split-K": split_k}
 
 
 def variant_rows(ceiling):
@@ -74,7 +128,8 @@ def variant_rows(ceiling):
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        assert torch.allclose(zero_per_code(x, *copies[0]), int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1)
+        for check in (zero_per_code, split_k):
+            assert torch.allclose(check(x, *copies[0]), int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1)
         for name, fn in VARIANTS.items():
             ms, _ = time_rotating_ms([lambda c=c, fn=fn: fn(x, *c) for c in copies])
             rows.append({"variant": name, "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
