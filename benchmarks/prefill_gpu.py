@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compiled_decode import build  # noqa: E402
 
 DENSE_BF16_FLOPS = 990e12  # H200 SXM datasheet, dense
+KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "ttt", "ttt-plain")
 
 
 def linear_parameters(model) -> int:
@@ -75,6 +76,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
     kinds = args.kinds.split(",")
+    unknown = [k for k in kinds if k not in KINDS]
+    if unknown or not torch.cuda.is_available():
+        print(f"prefill_gpu.py: {'unknown kinds ' + ', '.join(unknown) + ' (choose among ' + ', '.join(KINDS) + ')' if unknown else 'needs a CUDA GPU'}",
+              file=sys.stderr)
+        return 2
     torch.manual_seed(0)
     models = {kind: make(kind, args.preset) for kind in kinds}
     vocab = next(iter(models.values())).config.vocab_size
