@@ -85,26 +85,14 @@ def split_k_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
     NGS: tl.constexpr = BKB // GH
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    j = tl.arange(0, BKB)
     KB = K // 2
-    blocks = K // GROUP
     per_slice = tl.cdiv(tl.cdiv(KB, SPLIT), BKB) * BKB  # bytes a slice: whole tiles (whole groups)
     acc = tl.zeros([BN, BKB], dtype=tl.float32)
     zacc = tl.zeros([BN, NGS], dtype=tl.float32)
     for j0 in range(s * per_slice, tl.minimum((s + 1) * per_slice, KB), BKB):
-        j_ok = j0 + j < KB
-        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-        lo, hi = int4._nibbles(byte.to(tl.int32))
-        xe = tl.load(x_ptr + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)
-        xo = tl.load(x_ptr + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
-        gi = j0 // GH + tl.arange(0, NGS)
-        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
-        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-        zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)
-        x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)
-        zacc += zero * scale * x_group[None, :]
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
-        acc += (lo * xe[None, :] + hi * xo[None, :]) * scale
+        tile, zeros = int4.gemv_tile(x_ptr, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BN, BKB)
+        acc += tile
+        zacc += zeros
     tl.atomic_add(y_ptr + n, tl.sum(acc, axis=1) - tl.sum(zacc, axis=1), mask=n_ok)
 
 

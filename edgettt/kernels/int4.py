@@ -56,6 +56,29 @@ def _nibbles(byte):
     return lo, hi
 
 
+@triton.jit
+def gemv_tile(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
+              BN: tl.constexpr, BKB: tl.constexpr):
+    """The GEMV's bytes j0 .. j0 + BKB of rows n (whole groups): (code * x * scale as a [BN, BKB] tile,
+    zero * scale * the group sums of x [BN, NGS]), both to be summed over K."""
+    j = tl.arange(0, BKB)
+    KB = K // 2
+    blocks = K // (2 * GH)
+    j_ok = j0 + j < KB
+    byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
+    lo, hi = _nibbles(byte.to(tl.int32))  # [BN, BKB]
+    xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
+    xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
+    gi = j0 // GH + tl.arange(0, NGS)
+    mask2 = n_ok[:, None] & (gi < blocks)[None, :]
+    scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
+    zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
+    x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
+    zeros = zero * scale * x_group[None, :]
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
+    return (lo * xe[None, :] + hi * xo[None, :]) * scale, zeros
+
+
 GEMV_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
                 for bn, bkb, w, s in [(8, 128, 4, 3), (16, 128, 4, 3), (4, 256, 4, 3), (8, 256, 4, 3), (16, 256, 8, 3),
                                       (32, 128, 8, 3), (4, 512, 4, 2), (8, 512, 8, 2), (2, 512, 4, 3), (16, 64, 4, 4),
@@ -77,26 +100,13 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm
     NGS: tl.constexpr = BKB // GH
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    j = tl.arange(0, BKB)
     KB = K // 2
-    blocks = K // GROUP
     acc = tl.zeros([BN, BKB], dtype=tl.float32)
     zacc = tl.zeros([BN, NGS], dtype=tl.float32)
-    x_row = x_ptr + m * stride_xm
     for j0 in range(0, KB, BKB):
-        j_ok = j0 + j < KB
-        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-        lo, hi = _nibbles(byte.to(tl.int32))  # [BN, BKB]
-        xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
-        xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
-        gi = j0 // GH + tl.arange(0, NGS)
-        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
-        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-        zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
-        x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
-        zacc += zero * scale * x_group[None, :]
-        scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
-        acc += (lo * xe[None, :] + hi * xo[None, :]) * scale
+        tile, zeros = gemv_tile(x_ptr + m * stride_xm, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BN, BKB)
+        acc += tile
+        zacc += zeros
     y = tl.sum(acc, axis=1) - tl.sum(zacc, axis=1)
     tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
