@@ -54,10 +54,11 @@ def main():
         teacher = edgettt.convert(teacher, "exact")
     # the built-in python-docs text is the running CPython's documentation: another Python version, another
     # text (the shipped models' held-out numbers are on sha256 bc2e70a91ddd1419, Python 3.11's)
+    eval_text = read_text(args.eval_data)
     result = {"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),
-              "eval_text": read_text(args.eval_data).fingerprint(),
-              "teacher": bits_per_byte(teacher, lengths, args.eval_data, args.max_tokens),
-              "before": bits_per_byte(student, lengths, args.eval_data, args.max_tokens)}
+              "eval_text": eval_text.fingerprint(),
+              "teacher": bits_per_byte(teacher, lengths, eval_text, args.max_tokens),
+              "before": bits_per_byte(student, lengths, eval_text, args.max_tokens)}
     print(f"teacher {fmt(result['teacher'])}; student before {fmt(result['before'])} (bits per byte)", flush=True)
     write(result, args.json)
     t0 = time.time()
@@ -68,11 +69,9 @@ def main():
     result["minutes"] = (time.time() - t0) / 60
     if args.save:  # before the last measurement: a run cut short keeps its weights
         student.config.extra["distilled_ctx"] = max(lengths)
-        device = next(student.parameters()).device
-        edgettt.save(student.to("cpu"), args.save)
-        student.to(device)  # measured where it trained
+        edgettt.save(student, args.save)  # (its tensors copied to the CPU as written)
     write(result, args.json)
-    result["after"] = bits_per_byte(student, lengths, args.eval_data, args.max_tokens)
+    result["after"] = bits_per_byte(student, lengths, eval_text, args.max_tokens)
     for when in ("before", "after"):
         ratios = " / ".join(f"{result[when][n] / result['teacher'][n]:.3f}" for n in lengths)
         print(f"{when:6s} bits per byte ratio to the teacher at {args.lengths}: {ratios}")

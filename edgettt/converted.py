@@ -172,16 +172,19 @@ class LinearAttentionLayer(StateScales, MixerBase):
         token's ka and vh written to its slot, A never formed; the buffers emptied at a commit."""
         b = self.config.mini_batch_size
         inner = start % b
-        slots = torch.arange(b, device=qa.device)
-        K, V = st[f"K{level}"], st[f"V{level}"]
-        K = torch.where((slots == inner)[:, None], ka.to(K.dtype), K)
-        V = torch.where((slots == inner)[:, None], vh.to(V.dtype), V)
-        filled = (slots <= inner).to(qa.dtype)
+        K, V = self._write_slot(st[f"K{level}"], ka, inner), self._write_slot(st[f"V{level}"], vh, inner)
+        filled = (torch.arange(b, device=qa.device) <= inner).to(qa.dtype)
         zbar, st[f"S{level}"] = la.open_token(qa, K.to(qa.dtype), V.to(qa.dtype), filled, st[f"S{level}"],
                                               self.mask_eta, inner, self.requantizer(level), start + 1)
         committed = inner == b - 1  # the next mini-batch starts with empty slots, as `_keep_open` leaves them
         st[f"K{level}"], st[f"V{level}"] = (torch.zeros_like(K), torch.zeros_like(V)) if committed else (K, V)
         return zbar
+
+    def _write_slot(self, buffer, new, inner):
+        """`buffer` [B, H, b, D] with slot `inner` (an int, or a 0-d tensor in an exported graph) holding one
+        token's `new` [B, H, 1, D], in the buffer's type."""
+        slot = torch.arange(self.config.mini_batch_size, device=buffer.device) == inner
+        return torch.where(slot[:, None], new.to(buffer.dtype), buffer)
 
     def _filled(self, start):
         """Slots of the open mini-batch that hold a token before position `start` [b] (0/1)."""
@@ -200,8 +203,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         for name, new in ((f"K{level}", ka), (f"V{level}", vh)):
             old = st[name]
             if torch.is_tensor(start):  # one token at a tensor position (an exported decode graph)
-                slot = torch.arange(b, device=old.device) == start % b
-                st[name] = torch.where(slot[:, None], new.to(old.dtype), old)
+                st[name] = self._write_slot(old, new, start % b)
                 continue
             front, T = start % b, new.shape[2]
             tokens = torch.cat((old[:, :, :front].to(new.dtype), new), dim=2)  # from the open mini-batch's start
