@@ -864,11 +864,15 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
                    "a row and multiplies on the int8 tensor cores (its accuracy cost: "
                    "benchmarks/results/int8_activations_accuracy.md); float is weight-only.")
+@click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,
+              help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "
+                   "whole run (models load and steps compile once, all warming up side by side first) "
+                   "[default: kept with --device cuda, fresh on the CPU].")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, json_path,
-          md_path, force):
+def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, workers,
+          json_path, md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
@@ -879,9 +883,10 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
 
-    Every measurement runs in a fresh worker process, one at a time (its peak resident memory is its
-    own), after a short warm-up run of the same kind; the paths take turns, repetition after
-    repetition. Printed and written: the median tokens/s, min and max, the median ratio to the first
+    One measurement at a time, after an untimed warm-up run; the paths take turns, repetition after
+    repetition. On the CPU every measurement runs in a fresh worker process (its peak resident memory
+    its own); with --device cuda each path keeps one worker for the run (--workers), and the peak is
+    the GPU memory allocated during the test. Printed and written: the median tokens/s, min and max, the median ratio to the first
     PATH, peak memory and size on disk (and the decode graph's nodes for an export). Token ids are
     random: speed does not depend on them.
     """
@@ -891,7 +896,7 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations))
+                 CudaOptions(compile_steps, activations), None if workers is None else workers == "kept")
     click.echo(table(result))
     write(result, json_out, md_out)
 

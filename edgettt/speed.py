@@ -11,11 +11,14 @@ KV cache as users run one on the edge, timed through its Generator: the anchor).
     tgN@dD     decode N tokens one at a time, after a prefill of D tokens (not timed); D = 0 starts
                after a one-token prompt (the graphs take a state, and a fresh one is a prefill's)
 
-Every measurement runs in a fresh worker process, one at a time: it loads the model, warms up on a
-short run of the same kind (the first runs of a session allocate and plan), and times the test, so
-that its peak resident memory is its own and a machine holds one model's peak at a time (workers
-kept alive side by side held every variant's memory arena at once: five 125m exports ran out of
-24 GiB). The variants take turns: repetition r runs every test of every variant before repetition
+On the CPU every measurement runs in a fresh worker process, one at a time: it loads the model, warms
+up on a short run of the same kind (the first runs of a session allocate and plan), and times the
+test, so that its peak resident memory is its own and a machine holds one model's peak at a time
+(workers kept alive side by side held every variant's memory arena at once: five 125m exports ran out
+of 24 GiB). On CUDA each path keeps one worker for the whole run (`Workers`, `--workers kept`): a
+model loads, and its steps compile, once (a fresh worker a measurement compiled again every time),
+every worker runs every test once untimed, side by side, before the timing, and the GPU's peak is
+reset before each test. The variants take turns: repetition r runs every test of every variant before repetition
 r + 1, so a drift of a shared machine falls on all of them alike. Reported per variant and test: the
 median tokens/s over the repetitions, the minimum and maximum, the ratio to the first path (taken
 per repetition, then the median), the peak resident memory, and the size on disk (and the decode
@@ -171,6 +174,11 @@ class CudaEngine:
             token.copy_(self.ids[:, t])
             graphs[(start + t) % len(graphs)].replay()
         self.torch.cuda.synchronize()
+
+    def release(self):
+        """Drop the decode graphs and their memory pool (a kept worker's next test starts without them)."""
+        self.graphs = self.ids = None
+        self.torch.cuda.empty_cache()
 
 
 def compile_step(model) -> None:
@@ -328,31 +336,76 @@ def time_test(engine, test: Test, rng, batch: int = 1) -> float:
         engine.ready(ids[:, start:], start, states)
     t0 = time.perf_counter()
     engine.decode(ids[:, start:], start, states)
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    if hasattr(engine, "release"):  # (the graphs' memory freed before the next test)
+        engine.release()
+    return seconds
 
 
-def _measure(conn, path: str, threads: int | None, seed: int, test: Test, device: str = "cpu", batch: int = 1,
-             cuda: CudaOptions | None = None) -> None:
-    """One worker process: load `path`, warm up on a short run of the same kind (the first runs of a
-    session allocate and plan), time `test`, send (seconds, peak MB: resident memory on the CPU, the
-    GPU memory allocated on CUDA)."""
+def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu", batch: int = 1,
+            cuda: CudaOptions | None = None, siblings: int = 1) -> None:
+    """A worker process: load `path`, answer ("ready", pid) (or ("error", line)), then serve the parent's
+    requests until None: ("warm", test) runs the test once, untimed (the first runs of a session allocate,
+    plan, autotune and compile), answered ("warm",); ("time", test) warms up first if this worker has not
+    run the test yet, then times it, answered (seconds, peak MB, pid): the peak is resident memory on the
+    CPU (the process's high-water mark), the GPU memory allocated during the test on CUDA."""
+    import os
+
     import numpy as np
 
+    if siblings > 1 and device == "cuda" and cuda is not None and cuda.compile:
+        share_compile_threads(siblings)
     try:
         engine = CudaEngine(path, threads, cuda) if device == "cuda" else ENGINES[engine_name(path)](path, threads)
     except Exception as exc:  # reported to the parent as one line
         conn.send(("error", f"{path}: {exc}"))
         return
-    rng = np.random.default_rng(seed)
+    conn.send(("ready", os.getpid()))
+    rng, warmed = np.random.default_rng(seed), set()
+    while (request := _next_request(conn)) is not None:
+        kind, test = request
+        try:
+            if test not in warmed:
+                time_test(engine, warm_up_test(test, device), rng, batch)
+                warmed.add(test)
+            if kind == "warm":
+                conn.send(("warm",))
+                continue
+            reset_peak(device)
+            seconds = time_test(engine, test, rng, batch)
+            conn.send((seconds, peak_mb(device), os.getpid()))
+        except Exception as exc:
+            conn.send(("error", f"{path}: {test.name} failed: {type(exc).__name__}: {exc}"))
+            return
+
+
+def share_compile_threads(workers: int) -> None:
+    """Inductor's compile workers a kept worker may start: the cores shared among the `workers` that
+    compile side by side (each would otherwise start one a core: 14 workers, 224 processes)."""
+    import torch
+
+    torch._inductor.config.compile_threads = max(1, multiprocessing.cpu_count() // workers)
+
+
+def _next_request(conn):
+    """The parent's next request; None when it says so or has gone (its end of the pipe closed)."""
     try:
-        # on CUDA a prefill warms up at its own length: kernels autotune for each new shape
-        short = test if device == "cuda" and test.kind == "pp" else Test(test.kind, min(test.tokens, 16), min(test.depth, 16))
-        time_test(engine, short, rng, batch)
-        seconds = time_test(engine, test, rng, batch)
-    except Exception as exc:
-        conn.send(("error", f"{path}: {test.name} failed: {type(exc).__name__}: {exc}"))
-        return
-    conn.send((seconds, peak_mb(device)))
+        return conn.recv()
+    except EOFError:
+        return None
+
+
+def warm_up_test(test: Test, device: str) -> Test:
+    """The untimed run before a test: on CUDA the test itself (kernels autotune, and steps compile, for
+    each new shape), on the CPU a short run of the same kind."""
+    return test if device == "cuda" else Test(test.kind, min(test.tokens, 16), min(test.depth, 16))
+
+
+def reset_peak(device: str) -> None:
+    if device == "cuda":
+        import torch
+
+        torch.cuda.reset_peak_memory_stats()
 
 
 def peak_mb(device: str) -> float:
@@ -441,54 +494,110 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
-        seed: int = 0, device: str = "cpu", batch: int = 1, cuda: CudaOptions | None = None) -> dict:
-    """Time every test of every path `repetitions` times, the paths taking turns: each measurement in
-    a fresh worker process (one at a time: a machine holds one model's peak, and each peak is its
-    own). Returns the JSON."""
+        seed: int = 0, device: str = "cpu", batch: int = 1, cuda: CudaOptions | None = None,
+        keep_workers: bool | None = None) -> dict:
+    """Time every test of every path `repetitions` times, the paths taking turns, one measurement at a
+    time. Workers (`_worker`): fresh, a new process for each measurement (the CPU's default: each peak
+    resident memory is its own, and the machine holds one model at a time), or kept, one process a path
+    for the whole run (CUDA's default, `keep_workers`): models load, and steps compile, once, all workers
+    warming up on every test side by side before the timing starts. Returns the JSON."""
     from .progress import bar
 
     cuda = cuda or CudaOptions()
     check_paths(paths, device, cuda)
-    ctx = multiprocessing.get_context("spawn")  # a clean process each: nothing shared with the parent
+    keep = device == "cuda" if keep_workers is None else keep_workers
+    workers = Workers(paths, (threads, seed, device, batch, cuda, len(paths) if keep else 1), keep)
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
     order = []
-    with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
-        for r in range(1, repetitions + 1):
-            for test in test_list:
-                for path in paths:
-                    seconds, peak = _one(ctx, path, threads, seed, test, device, batch, cuda)
-                    times[(path, test.name)].append(seconds)
-                    peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
-                    order.append([r, path, test.name])
-                    progress.update()
+    try:
+        if keep:
+            workers.warm_up(test_list)
+        with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
+            for r in range(1, repetitions + 1):
+                for test in test_list:
+                    for path in paths:
+                        seconds, peak, pid = workers.time(path, test)
+                        times[(path, test.name)].append(seconds)
+                        peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
+                        order.append([r, path, test.name, pid])
+                        progress.update()
+    finally:
+        workers.close()
     result = summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
+    result["meta"]["workers"] = "one a path, kept" if keep else "one a measurement"
     if device == "cuda":
         result["meta"].update(compile=cuda.compile, activations=cuda.activations)
     return result
 
 
-def _one(ctx, path, threads, seed, test, device="cpu", batch=1, cuda=None) -> tuple[float, float]:
-    parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_measure, args=(child, path, threads, seed, test, device, batch, cuda), daemon=True)
-    proc.start()
+class Workers:
+    """The worker processes of a run (spawned: nothing shared with the parent): `keep`, one a path,
+    started together; else one a measurement, ended after it."""
+
+    def __init__(self, paths: list[str], options: tuple, keep: bool):
+        self.ctx = multiprocessing.get_context("spawn")
+        self.options, self.keep, self.kept = options, keep, {}
+        if keep:
+            self.kept = {path: self._start(path) for path in paths}
+            try:
+                for path, worker in self.kept.items():
+                    _receive(worker[0], path)
+            except EdgetttError:
+                self.close()
+                raise
+
+    def _start(self, path: str):
+        parent, child = self.ctx.Pipe()
+        proc = self.ctx.Process(target=_worker, args=(child, path, *self.options), daemon=True)
+        proc.start()
+        return parent, proc
+
+    def warm_up(self, test_list: list[Test]) -> None:
+        """Every kept worker runs every test once, untimed, all workers at the same time."""
+        for test in test_list:
+            for conn, _ in self.kept.values():
+                conn.send(("warm", test))
+        for test in test_list:
+            for path, (conn, _) in self.kept.items():
+                _receive(conn, path)
+
+    def time(self, path: str, test: Test) -> tuple[float, float, int]:
+        if self.keep:
+            return _receive(self.kept[path][0], path, ("time", test))
+        worker = self._start(path)
+        try:
+            _receive(worker[0], path)
+            return _receive(worker[0], path, ("time", test))
+        finally:
+            _stop(*worker)
+
+    def close(self) -> None:
+        for worker in self.kept.values():
+            _stop(*worker)
+        self.kept = {}
+
+
+def _stop(conn, proc) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(None)
+    proc.join(timeout=30)
+    if proc.is_alive():
+        proc.kill()
+
+
+def _receive(conn, path: str, request=None):
+    """Send `request` (if any) and return the worker's answer; a worker's error is raised as one line."""
     try:
-        answer = _receive(parent, path)
-    finally:
-        proc.join(timeout=30)
-        if proc.is_alive():
-            proc.kill()
+        if request is not None:
+            conn.send(request)
+        answer = conn.recv()
+    except (EOFError, OSError):
+        raise EdgetttError(f"{path}: its worker process ended without an answer (out of memory?); time it "
+                           "alone, or with fewer tokens") from None
     if answer[0] == "error":
         raise EdgetttError(answer[1])
     return answer
-
-
-def _receive(conn, path: str):
-    try:
-        return conn.recv()
-    except EOFError:
-        raise EdgetttError(f"{path}: its worker process ended without an answer (out of memory?); time it "
-                           "alone, or with fewer tokens") from None
 
 
 def summarise(paths, test_list, times, peaks, order, repetitions, threads, device="cpu", batch=1) -> dict:

@@ -1,0 +1,71 @@
+"""`edgettt speed`'s worker processes: fresh (one a measurement, the CPU's default) or kept (one a path
+for the run, CUDA's default: a model loads and its steps compile once). Checked on the CPU through the
+torch engine with a shipped model: the order records which process timed each measurement."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from edgettt.cli import cli
+
+MODELS = ["ttt-linear-tiny", "ttt-linear-tiny-parallel"]
+
+
+def speed(tmp_path, *options):
+    out = tmp_path / f"speed{len(list(tmp_path.iterdir()))}.json"
+    result = CliRunner().invoke(cli, ["speed", *MODELS, "--pp", "8", "--tg", "3", "--depth", "0,5", "-r", "2",
+                                      "--threads", "1", "--json", str(out), *options])
+    assert result.exit_code == 0, result.output
+    return json.loads(out.read_text())
+
+
+def test_kept_workers_time_every_measurement_of_a_path_in_one_process(tmp_path):
+    data = speed(tmp_path, "--workers", "kept")
+    pids = {}
+    for _, path, _, pid in data["order"]:
+        pids.setdefault(path, set()).add(pid)
+    assert len(data["order"]) == 2 * 2 * 3 and [o[1] for o in data["order"][:2]] == MODELS  # in turns
+    assert all(len(p) == 1 for p in pids.values()) and len(set.union(*pids.values())) == 2
+    assert data["meta"]["workers"] == "one a path, kept"
+    assert all(r["tokens_per_s"] > 0 and r["min"] <= r["tokens_per_s"] <= r["max"] for r in data["rows"])
+
+
+def test_fresh_workers_are_the_cpu_default_one_process_a_measurement(tmp_path):
+    data = speed(tmp_path, "--depth", "0", "-r", "1")  # (fewer measurements: each starts a process)
+    assert len({o[3] for o in data["order"]}) == len(data["order"]) == 4
+    assert data["meta"]["workers"] == "one a measurement"
+
+
+def test_a_kept_worker_that_fails_ends_the_run_in_one_line(tmp_path):
+    """A path whose worker cannot load it (its weights file cut short) ends a run with kept workers in
+    one line naming it, with no traceback, the other path's worker stopped."""
+    bad = tmp_path / "bad"
+    result = CliRunner().invoke(cli, ["convert", "ttt-linear-tiny", str(bad), "--form", "parallel", "--no-report"])
+    assert result.exit_code == 0, result.output
+    weights = next(f for f in bad.iterdir() if f.suffix == ".safetensors")
+    weights.write_bytes(weights.read_bytes()[:100])
+    result = CliRunner().invoke(cli, ["speed", MODELS[0], str(bad), "--pp", "8", "--tg", "2", "-r", "1",
+                                      "--workers", "kept"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert str(bad) in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_kept_workers_on_cuda_time_compiled_steps_and_reset_the_peak_per_test(tmp_path):
+    """`speed --device cuda --compile` (kept workers, the default there): every measurement of a path in
+    one process; the transformer's peak at depth 4096 (its KV cache, 151 MB more) stays above its peak at
+    depth 0, timed after it in the second repetition: the peak is each test's own, not the worker's
+    high-water mark."""
+    out = tmp_path / "s.json"
+    result = CliRunner().invoke(cli, ["speed", "llama:125m", "ttt-linear-tiny-parallel", "--device", "cuda",
+                                      "--compile", "--pp", "64", "--tg", "8", "--depth", "0,4096", "-r", "2",
+                                      "--json", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert len({(o[1], o[3]) for o in data["order"]}) == 2 and data["meta"]["workers"] == "one a path, kept"
+    peak = {(r["path"], r["test"]): r["peak_rss_mb"] for r in data["rows"]}
+    assert peak[("llama:125m", "tg8@d4096")] > peak[("llama:125m", "tg8@d0")] + 50  # 4096 x 12 layers x (k, v) x 768 x 2 B
+    assert peak[("llama:125m", "pp64")] < peak[("llama:125m", "tg8@d4096")]
