@@ -53,16 +53,6 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
-def state_bytes(model, state, batch: int) -> int:
-    """Bytes a step reads of the state: the KV cache (its capacity: the depth and the decoded tokens), or
-    the TTT model's decode state as stored (`decode_state_bytes`, one sequence's) for each sequence."""
-    from edgettt.llama import KVCache
-
-    if isinstance(state, KVCache):
-        return sum(t.nbytes for t in state.keys + state.values)
-    return model.decode_state_bytes() * batch
-
-
 def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
     from edgettt.kernels import kernels_off
     from edgettt.speed import capture_steps, compile_step
@@ -92,11 +82,10 @@ def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
         if llama:
             state.pos.fill_(args.depth)
         kernels = kernel_table(graphs, args.depth, args.tokens) if args.profile else None
-    from edgettt.quant import QuantLinear
+    from edgettt.speed import state_bytes, weight_bytes
 
-    weights = sum(p.nbytes for p in model.parameters()) + sum(m.nbytes() for m in model.modules()
-                                                               if isinstance(m, QuantLinear))
-    facts = {"weights_bytes": weights, "state_bytes": state_bytes(model, state, args.batch), "graphs": len(graphs)}
+    facts = {"weights_bytes": weight_bytes(model), "state_bytes": state_bytes(model, state, args.batch),
+             "graphs": len(graphs)}
     if kernels is not None:
         facts["kernels"] = kernels
     del model, state, graphs

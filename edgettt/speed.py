@@ -167,6 +167,7 @@ class CudaEngine:
         with self.torch.no_grad(), (kernels_off() if self.options.compile else contextlib.nullcontext()):
             self.graphs = capture_steps(self.model, state, start, ids.shape[0])
         self.torch.cuda.synchronize()
+        self.step_bytes = decode_bytes(self.model, state, ids.shape[0])
 
     def decode(self, ids, start, state):
         token, graphs = self.graphs
@@ -239,6 +240,29 @@ def capture_steps(model, state, start: int, batch: int):
             advance(token, state, position)
         graphs.append(graph)
     return token, graphs
+
+
+def decode_bytes(model, state, batch: int) -> int:
+    """Bytes a decode step must move at least: the weights and the state it reads."""
+    return weight_bytes(model) + state_bytes(model, state, batch)
+
+
+def weight_bytes(model) -> int:
+    """The weights as the GPU holds them (quantized layers: their codes and scales)."""
+    from .quant import QuantLinear
+
+    return sum(p.nbytes for p in model.parameters()) + sum(m.nbytes() for m in model.modules()
+                                                           if isinstance(m, QuantLinear))
+
+
+def state_bytes(model, state, batch: int) -> int:
+    """The state a step reads: the KV cache (its capacity: the depth and the decoded tokens), or the TTT
+    model's decode state as stored (`decode_state_bytes`, one sequence's) for each sequence."""
+    from .llama import KVCache
+
+    if isinstance(state, KVCache):
+        return sum(t.nbytes for t in state.keys + state.values)
+    return model.decode_state_bytes() * batch
 
 
 def _copy_state(state):
@@ -364,6 +388,11 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
     rng, warmed = np.random.default_rng(seed), set()
     while (request := _next_request(conn)) is not None:
         kind, test = request
+        if kind == "copy":  # the ceiling the decode rows are set against, measured while the GPU is idle
+            from .bench import copy_bandwidth
+
+            conn.send((copy_bandwidth(),))
+            continue
         try:
             if test not in warmed:
                 time_test(engine, warm_up_test(test, device), rng, batch)
@@ -372,8 +401,9 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
                 conn.send(("warm",))
                 continue
             reset_peak(device)
+            engine.step_bytes = None
             seconds = time_test(engine, test, rng, batch)
-            conn.send((seconds, peak_mb(device), os.getpid()))
+            conn.send((seconds, peak_mb(device), os.getpid(), engine.step_bytes))
         except Exception as exc:
             conn.send(("error", f"{path}: {test.name} failed: {type(exc).__name__}: {exc}"))
             return
@@ -509,17 +539,20 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
     workers = Workers(paths, (threads, seed, device, batch, cuda, len(paths) if keep else 1), keep)
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
-    order = []
+    moved, order, ceiling = {}, [], None
     try:
         if keep:
             workers.warm_up(test_list)
+        if device == "cuda":
+            ceiling = workers.copy_bandwidth(paths[0])
         with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
             for r in range(1, repetitions + 1):
                 for test in test_list:
                     for path in paths:
-                        seconds, peak, pid = workers.time(path, test)
+                        seconds, peak, pid, step_bytes = workers.time(path, test)
                         times[(path, test.name)].append(seconds)
                         peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
+                        moved[(path, test.name)] = step_bytes
                         order.append([r, path, test.name, pid])
                         progress.update()
     finally:
@@ -527,8 +560,17 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
     result = summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
     result["meta"]["workers"] = "one a path, kept" if keep else "one a measurement"
     if device == "cuda":
-        result["meta"].update(compile=cuda.compile, activations=cuda.activations)
+        result["meta"].update(compile=cuda.compile, activations=cuda.activations, copy_bandwidth_GBps=ceiling / 1e9)
+        for row in result["rows"]:
+            add_fraction_of_copy(row, moved[(row["path"], row["test"])], ceiling, batch)
     return result
+
+
+def add_fraction_of_copy(row: dict, step_bytes: int | None, ceiling: float, batch: int) -> None:
+    """A decode row's bytes a step must move (`decode_bytes`) and the fraction of the copy bandwidth
+    they take at its median speed (a step decodes `batch` tokens)."""
+    if step_bytes is not None:
+        row.update(step_bytes=step_bytes, fraction_of_copy=step_bytes * row["tokens_per_s"] / batch / ceiling)
 
 
 class Workers:
@@ -569,6 +611,17 @@ class Workers:
         try:
             _receive(worker[0], path)
             return _receive(worker[0], path, ("time", test))
+        finally:
+            _stop(*worker)
+
+    def copy_bandwidth(self, path: str) -> float:
+        """The GPU's copy bandwidth (`bench.copy_bandwidth`), measured by `path`'s worker."""
+        if self.keep:
+            return _receive(self.kept[path][0], path, ("copy", None))[0]
+        worker = self._start(path)
+        try:
+            _receive(worker[0], path)
+            return _receive(worker[0], path, ("copy", None))[0]
         finally:
             _stop(*worker)
 
@@ -649,13 +702,16 @@ def cpu_name() -> str:
 
 
 def table(result: dict) -> str:
-    """The rows as a Markdown table (also what the terminal shows)."""
-    lines = ["| path | engine | MB | test | tokens/s | min | max | x first | peak MB |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|"]
+    """The rows as a Markdown table (also what the terminal shows); on CUDA a decode row's fraction of
+    the copy bandwidth on the bytes a step must move."""
+    cuda = result["meta"].get("device") == "cuda"
+    lines = ["| path | engine | MB | test | tokens/s | min | max | x first | peak MB |" + (" of copy |" if cuda else ""),
+             "|---|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if cuda else "")]
     for r in result["rows"]:
+        copy = (f" {r['fraction_of_copy']:.1%} |" if "fraction_of_copy" in r else " |") if cuda else ""
         lines.append(f"| {r['path']} | {r['engine']} | {r['bytes'] / 1e6:.1f} | {r['test']} | "
                      f"{r['tokens_per_s']:.1f} | {r['min']:.1f} | {r['max']:.1f} | {r['vs_first']:.2f} | "
-                     f"{r['peak_rss_mb']:.0f} |")
+                     f"{r['peak_rss_mb']:.0f} |{copy}")
     return "\n".join(lines)
 
 
