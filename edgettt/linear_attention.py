@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .kernels import kernels_enabled
 from .ops import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 
 
@@ -116,9 +117,14 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
 
 def committed_states(S, U, eta_last, requant=None, ends=None):
     """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `requant`,
-    a loop that rounds S at every commit (`ends` [N]: the position of each commit)."""
+    a loop that rounds S at every commit (`ends` [N]: the position of each commit): for the int8
+    format on CUDA one kernel, in an exported graph one Scan."""
     if requant is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
+    if _commits_kernel_applies(requant, S, U):
+        from .kernels.commits import two_level_commits
+
+        return two_level_commits(S, requant.offset, U, eta_last)
     if exporting():  # a graph of any length: the loop becomes one ONNX Scan
         from torch._higher_order_ops.scan import scan
 
@@ -134,6 +140,15 @@ def committed_states(S, U, eta_last, requant=None, ends=None):
         S = requant(S + eta_last * U[:, :, n], int(ends[n]))
         out.append(S)
     return torch.stack(out, dim=2)
+
+
+def _commits_kernel_applies(requant, S, U) -> bool:
+    """The int8 format's chain of commits runs as one kernel (`kernels.commits`) on CUDA, outside
+    autograd (the kernel has no backward) and outside an exported graph (a Scan there)."""
+    from .quant.state_formats import TwoLevelRounding
+
+    return (isinstance(requant, TwoLevelRounding) and kernels_enabled(U) and not exporting()
+            and not (torch.is_grad_enabled() and (U.requires_grad or S.requires_grad)))
 
 
 def states_by_position(ka, vh, S, A, eta_tok, start):

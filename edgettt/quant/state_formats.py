@@ -82,6 +82,18 @@ def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
     return two_level_values(*two_level_codes(S, S0), S0)
 
 
+class TwoLevelRounding:
+    """The int8 format's commit, (S, position) -> S on its grid around `offset` (S0). An object, not a
+    lambda, so that a prefill's whole chain of commits can be handed to one kernel
+    (`linear_attention.committed_states`, `kernels.commits`), which needs the offset."""
+
+    def __init__(self, offset: torch.Tensor):
+        self.offset = offset
+
+    def __call__(self, S: torch.Tensor, position) -> torch.Tensor:
+        return two_level_round(S, self.offset)
+
+
 def pack_fine(fine: torch.Tensor) -> torch.Tensor:
     """Fine codes [..., Dv] (Dv even, values in [-7, 7]) as uint8 [..., Dv / 2]: column j in the low
     nibble and column j + Dv / 2 in the high one, each offset by 8 (the decode kernel reads the two
@@ -142,8 +154,7 @@ class Int8TwoLevelState(StateFormat):
     name, bytes_per_element, row_bytes, rounds_at_run_time, keeps_keys_and_values = "int8", 1.5, 4, True, True
 
     def requantizer(self, S0, scale_of):
-        S0 = S0.detach()
-        return lambda S, position: two_level_round(S, S0)
+        return TwoLevelRounding(S0.detach())
 
     def describe(self):
         return {"format": self.name, "scales": "one per sequence, head and row, recomputed at every commit",

@@ -11,7 +11,7 @@ from edgettt.quant import QuantConfig, quantize_model
 
 
 def use_kernels(monkeypatch, on: bool):
-    for module in ("edgettt.converted", "edgettt.quant.weight_formats"):
+    for module in ("edgettt.converted", "edgettt.quant.weight_formats", "edgettt.linear_attention"):
         monkeypatch.setattr(f"{module}.kernels_enabled", lambda x, on=on: on and (x.is_cuda or not torch.cuda.is_available()))
 
 
@@ -54,6 +54,27 @@ def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monk
     calls = count_calls(monkeypatch, [(f"edgettt.kernels.{weights}", f"{weights}_matmul")])
     assert rel_err(model(ids), expected) < 1e-5
     assert len(calls) > 0, "the kernel was not taken"
+
+
+@torch.no_grad()
+def test_the_int8_state_prefill_commits_in_one_kernel_as_the_torch_loop_does(tiny_model, monkeypatch):
+    """With the int8 state, the parallel form's prefill takes its chain of commits through
+    `kernels.commits` (one launch a level) and leaves the logits and the state the torch loop leaves."""
+    model = convert(tiny_model("linear", seed=5, mini_batch_size=8, hidden_size=64), "parallel")
+    quantize_model(model, QuantConfig(weights="none", state="int8"))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model.to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 53), generator=torch.Generator().manual_seed(2)).to(device)
+    use_kernels(monkeypatch, False)
+    expected, state_ref = prefill_then_decode(model, ids, 45)  # 5 commits in the prefill, one in the decode
+    use_kernels(monkeypatch, True)
+    calls = count_calls(monkeypatch, [("edgettt.kernels.commits", "two_level_commits")])
+    got, state = prefill_then_decode(model, ids, 45)
+    assert len(calls) == model.config.num_hidden_layers, "one chain a layer"
+    assert rel_err(got, expected) < 1e-5
+    for layer, layer_ref in zip(state.layers, state_ref.layers):
+        for name in layer_ref:
+            assert rel_err(layer[name].float(), layer_ref[name].float()) < 1e-5, name
 
 
 def count_calls(monkeypatch, functions):

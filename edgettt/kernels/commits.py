@@ -1,0 +1,70 @@
+"""A prefill's chain of mini-batch commits with the int8 state format, in one kernel.
+
+    for n in 0 .. N-1:  S <- round2(S + eta_last U_n);  S_after[n] = S
+
+round2 is the int8 format's two-level rounding around S0 (`quant.state_formats.two_level_round`: a step
+per row, max |S - S0| / 127, recomputed at every commit). The rounding makes the chain sequential, so
+with the int8 state the parallel form's prefill (`linear_attention.committed_states`) looped over the
+mini-batches in torch, a few small operations each: 512 commits a layer at 8192 tokens, 58x slower
+than the float state's prefill on the H200 (benchmarks/results/model_speed_h200.md, run 2). Rows are
+independent (each has its own step), so one program keeps ROWS rows of one sequence and head in
+registers and walks the whole chain, reading each U_n and writing each S_after[n] once.
+
+`two_level_commits_ref` is the plain-torch reference, `two_level_commits` the Triton kernel; same
+signature:
+    S [B, H, Dk, Dv] (the state before the first commit), S0 [H, Dk, Dv], U [B, H, N, Dk, Dv],
+    eta_last: a 0-d tensor; returns S_after [B, H, N, Dk, Dv] in S's dtype (the kernel computes in
+    float32).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..quant.state_formats import two_level_round
+from . import cdiv, fresh, next_power_of_2
+from .decode import _round_half_even
+
+
+def two_level_commits_ref(S, S0, U, eta_last):
+    out = []
+    for n in range(U.shape[2]):
+        S = two_level_round(S + eta_last * U[:, :, n], S0)
+        out.append(S)
+    return torch.stack(out, dim=2)
+
+
+@triton.jit
+def _two_level_commits_kernel(s_ptr, s0_ptr, u_ptr, out_ptr, eta_ptr, H, N, DK, DV,
+                              ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
+    bh, block = tl.program_id(0), tl.program_id(1)
+    r = block * ROWS + tl.arange(0, ROWS)
+    c = tl.arange(0, BLOCK_V)
+    mask = (r[:, None] < DK) & (c[None, :] < DV)
+    at = r[:, None] * DV + c[None, :]
+    size = DK * DV
+    s = tl.load(s_ptr + bh * size + at, mask=mask, other=0.0).to(tl.float32)
+    s0 = tl.load(s0_ptr + (bh % H) * size + at, mask=mask, other=0.0).to(tl.float32)
+    eta = tl.load(eta_ptr).to(tl.float32)
+    for n in range(N):
+        at_n = (bh * N + n).to(tl.int64) * size + at
+        u = tl.load(u_ptr + at_n, mask=mask, other=0.0).to(tl.float32)
+        d = s + eta * u - s0  # (masked elements stay 0: they do not move a row's maximum)
+        step = tl.maximum(tl.max(tl.abs(d), axis=1) / 127.0, 1e-30)[:, None]
+        coarse = _round_half_even(d / step)
+        fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * step) * (15.0 / step)), -7.0), 7.0)
+        s = s0 + (coarse + fine / 15.0) * step
+        tl.store(out_ptr + at_n, s.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def two_level_commits(S, S0, U, eta_last):
+    B, H, N, DK, DV = U.shape
+    S, S0, U = S.contiguous(), S0.contiguous(), U.contiguous()
+    eta = eta_last.detach().reshape(1).to(torch.float32).contiguous()
+    out = fresh(torch.empty(B, H, N, DK, DV, dtype=S.dtype, device=S.device))
+    rows = 8
+    grid = (B * H, cdiv(DK, rows))
+    _two_level_commits_kernel[grid](S, S0, U, out, eta, H, N, DK, DV, ROWS=rows, BLOCK_V=next_power_of_2(DV))
+    return out
