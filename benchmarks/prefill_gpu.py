@@ -12,6 +12,9 @@ warm-up each; every repeat runs each variant once, in turn, and the median is re
     parallel:int4  the same with int4 weights (group 64; --activations float: weight-only GEMM kernels)
     ttt            the original TTT-Linear through edgettt's exact-form kernel
     ttt-plain      the original as ttt-lm-pytorch runs it: plain torch, a mini-batch at a time
+    parallel-int8  the parallel form with the int8 state (its commits rounded one mini-batch after another:
+                   the chain in one kernel, `kernels.commits`; the rest of the prefill in torch)
+    parallel-int8-plain  the same with edgettt's kernels off (the chain a loop in torch, as before the kernel)
 Also the model FLOP rate (2 x parameters of the linear layers x tokens, attention and the TTT layers'
 own state math not counted) as a fraction of the H200's dense bf16 datasheet rate (990 TFLOP/s).
 """
@@ -31,7 +34,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compiled_decode import build  # noqa: E402
 
 DENSE_BF16_FLOPS = 990e12  # H200 SXM datasheet, dense
-KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "ttt", "ttt-plain")
+KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "ttt", "ttt-plain", "parallel-int8",
+         "parallel-int8-plain")
 
 
 def linear_parameters(model) -> int:
@@ -49,13 +53,13 @@ def linear_parameters(model) -> int:
 
 def make(kind: str, preset: str):
     form, _, weights = kind.partition(":")
-    return build("ttt" if form == "ttt-plain" else form, preset, True, weights or "none")
+    return build(form.removesuffix("-plain"), preset, True, weights or "none")
 
 
 def prefill_seconds(kind: str, model, ids) -> float:
     from edgettt.kernels import kernels_off
 
-    plain = kind == "ttt-plain"
+    plain = kind.endswith("-plain")
     with torch.no_grad(), (kernels_off() if plain else contextlib.nullcontext()):
         state = model.init_state(ids.shape[0], ids.shape[1]) if kind == "llama" else None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -100,10 +104,10 @@ def main(argv=None) -> int:
                      "fraction_of_dense_bf16": flops / median / DENSE_BF16_FLOPS})
     base = {r["kind"]: r["tokens_per_s"] for r in rows}
     for row in rows:
-        for ref in ("llama", "ttt", "ttt-plain", "parallel"):
+        for ref in ("llama", "ttt", "ttt-plain", "parallel", "parallel-int8-plain"):
             if ref in base and ref != row["kind"]:
                 row[f"x_{ref}"] = row["tokens_per_s"] / base[ref]
-        print(f"{row['kind']:<14} {row['tokens_per_s']:>10,.0f} tokens/s  "
+        print(f"{row['kind']:<19} {row['tokens_per_s']:>10,.0f} tokens/s  "
               + "  ".join(f"{k[2:]} {v:.2f}x" for k, v in row.items() if k.startswith("x_"))
               + f"  {row['fraction_of_dense_bf16']:.1%} of dense bf16", flush=True)
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "preset": args.preset,
