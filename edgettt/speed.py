@@ -604,24 +604,22 @@ class Workers:
             for path, (conn, _) in self.kept.items():
                 _receive(conn, path)
 
-    def time(self, path: str, test: Test) -> tuple[float, float, int]:
-        if self.keep:
-            return _receive(self.kept[path][0], path, ("time", test))
-        worker = self._start(path)
-        try:
-            _receive(worker[0], path)
-            return _receive(worker[0], path, ("time", test))
-        finally:
-            _stop(*worker)
+    def time(self, path: str, test: Test) -> tuple[float, float, int, int | None]:
+        """(seconds, peak MB, the worker's pid, bytes a decode step moves or None) of one measurement."""
+        return self._ask(path, ("time", test))
 
     def copy_bandwidth(self, path: str) -> float:
         """The GPU's copy bandwidth (`bench.copy_bandwidth`), measured by `path`'s worker."""
+        return self._ask(path, ("copy", None))[0]
+
+    def _ask(self, path: str, request):
+        """`path`'s kept worker's answer to `request`, or a fresh worker's (started, then stopped)."""
         if self.keep:
-            return _receive(self.kept[path][0], path, ("copy", None))[0]
+            return _receive(self.kept[path][0], path, request)
         worker = self._start(path)
         try:
             _receive(worker[0], path)
-            return _receive(worker[0], path, ("copy", None))[0]
+            return _receive(worker[0], path, request)
         finally:
             _stop(*worker)
 
