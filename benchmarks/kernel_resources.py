@@ -48,7 +48,7 @@ KERNELS = {
     "exact (one program per sequence and head)": (
         prefill._exact_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, s_in_ptr=F32,
-             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32, states_ptr=F32),
+             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32, states_ptr=F32, s0_ptr=F32),
         ["T", "H", "stride_sb", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh", "stride_lt", "stride_ob",
          "stride_oh", "stride_ot"],
         dict(D=64, BD=64, MB=16, BM=16, PREC="tf32", STORE_STATES=False)),

@@ -15,6 +15,9 @@ warm-up each; every repeat runs each variant once, in turn, and the median is re
     parallel-int8  the parallel form with the int8 state (its commits rounded one mini-batch after another:
                    the chain in one kernel, `kernels.commits`; the rest of the prefill in torch)
     parallel-int8-plain  the same with edgettt's kernels off (the chain a loop in torch, as before the kernel)
+    exact          the exact form (edgettt's exact-form kernel)
+    exact-int8     the exact form with the int8 state (the exact kernel rounding every commit,
+                   `prefill.exact(two_level=True)`); exact-int8-plain: kernels off (a mini-batch at a time in torch)
 Also the model FLOP rate (2 x parameters of the linear layers x tokens, attention and the TTT layers'
 own state math not counted) as a fraction of the H200's dense bf16 datasheet rate (990 TFLOP/s).
 """
@@ -35,7 +38,7 @@ from compiled_decode import build  # noqa: E402
 
 DENSE_BF16_FLOPS = 990e12  # H200 SXM datasheet, dense
 KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "ttt", "ttt-plain", "parallel-int8",
-         "parallel-int8-plain")
+         "parallel-int8-plain", "exact", "exact-int8", "exact-int8-plain")
 
 
 def linear_parameters(model) -> int:
@@ -104,7 +107,7 @@ def main(argv=None) -> int:
                      "fraction_of_dense_bf16": flops / median / DENSE_BF16_FLOPS})
     base = {r["kind"]: r["tokens_per_s"] for r in rows}
     for row in rows:
-        for ref in ("llama", "ttt", "ttt-plain", "parallel", "parallel-int8-plain"):
+        for ref in ("llama", "ttt", "ttt-plain", "parallel", "parallel-int8-plain", "exact", "exact-int8-plain"):
             if ref in base and ref != row["kind"]:
                 row[f"x_{ref}"] = row["tokens_per_s"] / base[ref]
         print(f"{row['kind']:<19} {row['tokens_per_s']:>10,.0f} tokens/s  "

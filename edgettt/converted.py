@@ -33,7 +33,7 @@ from .config import ModelConfig
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
-from .quant.state_formats import state_format
+from .quant.state_formats import TwoLevelRounding, state_format
 from .quant.state_scales import StateScales
 
 OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
@@ -91,15 +91,53 @@ class LinearAttentionLayer(StateScales, MixerBase):
             out = self._prefill_kernel(state, q, k, v, lr, start)
         elif self.config.form == "parallel":
             out = self._mix(state, q, k, v, lr, start, self.initial_states(), attend)
-        else:  # exact: values at each mini-batch's boundary state, so one mini-batch at a time
-            outs = []
-            for offset, count, _ in segments(start, x.shape[1], self.config.mini_batch_size):
-                sl = slice(offset, offset + count)
-                boundary = [state[f"S{level}"] for level in range(1, len(self.initial_states()) + 1)]
-                outs.append(self._mix(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl],
-                                      start + offset, boundary, attend))
-            out = torch.cat(outs, dim=2)
+        elif not decode and self._two_level_kernel_applies(x):
+            out = self._exact_two_level(state, q, k, v, lr, start, attend)
+        else:
+            out = self._exact(state, q, k, v, lr, start, attend)
         return self.finish(x, out)
+
+    def _exact(self, state, q, k, v, lr, start, attend):
+        """The exact form: values at each mini-batch's boundary state, so one mini-batch at a time."""
+        outs = []
+        for offset, count, _ in segments(start, q.shape[2], self.config.mini_batch_size):
+            sl = slice(offset, offset + count)
+            boundary = [state[f"S{level}"] for level in range(1, len(self.initial_states()) + 1)]
+            outs.append(self._mix(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl],
+                                  start + offset, boundary, attend))
+        return torch.cat(outs, dim=2)
+
+    def _two_level_kernel_applies(self, x: torch.Tensor) -> bool:
+        """The exact form of TTT-Linear with the int8 state prefills its whole mini-batches through the
+        exact kernel (`prefill.exact(two_level=True)`); the float state's conditions otherwise."""
+        if self.config.form != "exact" or not isinstance(self.requantizer(1), TwoLevelRounding):
+            return False
+        if self.mlp or self.observer is not None or (torch.is_grad_enabled() and self.state0.requires_grad):
+            return False
+        return mini_batch_supported(self.config.mini_batch_size) and kernels_enabled(x)
+
+    def _exact_two_level(self, st, q, k, v, lr, start, attend):
+        """The tokens up to the first mini-batch boundary and after the last one through the torch path
+        (they fill the open mini-batch's buffers), the whole mini-batches between through the kernel
+        (from a boundary the buffers are empty, and stay so)."""
+        from .kernels import prefill
+
+        b, T = self.config.mini_batch_size, q.shape[2]
+        lead = min((-start) % b, T)
+        done = lead + (T - lead) // b * b
+        parts = [] if lead == 0 else [self._exact(st, q[:, :, :lead], k[:, :, :lead], v[:, :, :lead],
+                                                  lr[:, :, :lead], start, attend)]
+        if done > lead:
+            sl = slice(lead, done)
+            out, S, _ = prefill.exact(q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], self.state0,
+                                      self.value_norm.weight, self.value_norm.bias, self.mask_eta, start + lead,
+                                      st["S1"], None, two_level=True)
+            st["S1"] = S.to(st["S1"].dtype)
+            parts.append(out)
+        if done < T:
+            sl = slice(done, T)
+            parts.append(self._exact(st, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], start + done, attend))
+        return torch.cat(parts, dim=2)
 
     def _prefill_kernel_applies(self, x: torch.Tensor) -> bool:
         """The Triton prefill kernels cover TTT-Linear with a float state, without autograd (the

@@ -37,6 +37,15 @@ def two_level_commits_ref(S, S0, U, eta_last):
 
 
 @triton.jit
+def _two_level_rows(d):
+    """d [R, C] = S - S0 on the int8 format's grid, a step a row (`state_formats.two_level_round`, less S0)."""
+    step = tl.maximum(tl.max(tl.abs(d), axis=1) / 127.0, 1e-30)[:, None]
+    coarse = _round_half_even(d / step)
+    fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * step) * (15.0 / step)), -7.0), 7.0)
+    return (coarse + fine / 15.0) * step
+
+
+@triton.jit
 def _two_level_commits_kernel(s_ptr, s0_ptr, u_ptr, out_ptr, eta_ptr, H, N, DK, DV,
                               ROWS: tl.constexpr, BLOCK_V: tl.constexpr):
     bh, block = tl.program_id(0), tl.program_id(1)
@@ -51,11 +60,7 @@ def _two_level_commits_kernel(s_ptr, s0_ptr, u_ptr, out_ptr, eta_ptr, H, N, DK, 
     for n in range(N):
         at_n = (bh * N + n).to(tl.int64) * size + at
         u = tl.load(u_ptr + at_n, mask=mask, other=0.0).to(tl.float32)
-        d = s + eta * u - s0  # (masked elements stay 0: they do not move a row's maximum)
-        step = tl.maximum(tl.max(tl.abs(d), axis=1) / 127.0, 1e-30)[:, None]
-        coarse = _round_half_even(d / step)
-        fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * step) * (15.0 / step)), -7.0), 7.0)
-        s = s0 + (coarse + fine / 15.0) * step
+        s = s0 + _two_level_rows(s + eta * u - s0)  # (masked elements stay 0: no row's maximum moves)
         tl.store(out_ptr + at_n, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 

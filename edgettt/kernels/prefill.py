@@ -44,7 +44,9 @@ import triton.language as tl
 
 from .. import linear_attention as la
 from ..ops import layer_norm, segments
+from ..quant.state_formats import two_level_round
 from . import autotune_configs, cdiv, fresh, next_power_of_2
+from .commits import _two_level_rows
 
 
 # ---- references -----------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ def parallel_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None)
     return q + layer_norm(zbar, g, bt), S, A
 
 
-def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, two_level=False):
     g, bt = _gamma_beta(gamma, beta)
     q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
     S, A = _fresh_state(q, S0, S, A)
@@ -83,7 +85,11 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
         sl = slice(offset, offset + count)
         qa, ka = la.augment(q[:, :, sl]), la.augment(k[:, :, sl])
         vh = la.linear_values(ka, k[:, :, sl], v[:, :, sl], lr[:, :, sl], S, g, bt)
-        zbar, S, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start + offset)
+        if two_level:  # the int8 format reads every token's ka and vh as its float16 buffers keep them
+            ka, vh = ka.half().float(), vh.half().float()
+        zbar, S_new, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start + offset)
+        committed = (start + offset + count) % eta_tok.shape[0] == 0
+        S = two_level_round(S_new, S0.float()) if two_level and committed else S_new
         outs.append(q[:, :, sl] + layer_norm(zbar, g, bt))
     return torch.cat(outs, dim=2), S, A
 
@@ -440,15 +446,17 @@ def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
 @triton.autotune(configs=_configs(EXACT_CONFIGS), key=["D", "MB"])
 @triton.jit
 def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_in_ptr, o_ptr,
-                  s_out_ptr, a_out_ptr, states_ptr, T, H, stride_sb,
+                  s_out_ptr, a_out_ptr, states_ptr, s0_ptr, T, H, stride_sb,
                   stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
                   stride_ob, stride_oh, stride_ot,
                   D: tl.constexpr, BD: tl.constexpr, MB: tl.constexpr, BM: tl.constexpr, PREC: tl.constexpr,
-                  STORE_STATES: tl.constexpr = False):
+                  STORE_STATES: tl.constexpr = False, TWO_LEVEL: tl.constexpr = False):
     """One (sequence, head): mini-batch after mini-batch, values at the boundary state (W, wb).
     A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real.
     With STORE_STATES every boundary state is written to states [B*H, T/MB, D+1, D] (for the
-    backward of kernels/train.py)."""
+    backward of kernels/train.py). With TWO_LEVEL the int8 state format: the keys and values that
+    attend and commit rounded to float16 (its open mini-batch's buffers), and every commit's state
+    rounded to the format's grid around S0 (s0_ptr [H, D+1, D]), a step a row."""
     bh = tl.program_id(0)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -469,6 +477,9 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     mask = _chunk_mask(BM, eta_ptr, MB)  # [BM, BM]: one mini-batch's M (rows >= MB unused)
     aw = tl.zeros([BD, BD], dtype=tl.float32)
     ab = tl.zeros([BD], dtype=tl.float32)
+    if TWO_LEVEL:
+        w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(tl.float32)
+        b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
     for start in range(0, T, MB):
         if STORE_STATES:
             at = states_ptr + (bh.to(tl.int64) * tl.cdiv(T, MB) + start // MB) * (D + 1) * D
@@ -485,6 +496,9 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
         z = tl.dot(k, w_dt, input_precision=PREC) + wb[None, :]
         vh = _ln_l2_values(z, k.to(tl.float32), v, lr, gamma, beta, d_ok, D)
         vh = tl.where(row_ok[:, None], vh, 0.0)
+        if TWO_LEVEL:
+            k = k.to(tl.float16).to(dt)
+            vh = vh.to(tl.float16).to(tl.float32)
         p = (tl.dot(q, tl.trans(k), input_precision=PREC) + 1.0) * mask
         zbar = tl.dot(q, w_dt, input_precision=PREC) + wb[None, :] + tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)
         out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
@@ -494,6 +508,9 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
         if start + MB <= T:  # a whole mini-batch: commit
             w += eta_last * uw
             wb += eta_last * ub
+            if TWO_LEVEL:
+                w = w0 + _two_level_rows(w - w0)
+                wb = b0 + tl.sum(_two_level_rows((wb - b0)[None, :]), axis=0)  # (one row: its own step)
         else:  # the unfinished last one stays in A
             aw, ab = uw, ub
     st = bh.to(tl.int64) * (D + 1) * D
@@ -503,9 +520,10 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     tl.store(a_out_ptr + st + D * D + cols, ab, mask=d_ok)
 
 
-def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precision=None):
+def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precision=None, two_level=False):
     """The exact kernel from a mini-batch boundary; `states` ([B*H, T/MB, D+1, D] fp32), when given,
-    receives every boundary state; `precision` of the dots (default: `_precision(q.dtype)`)."""
+    receives every boundary state; `precision` of the dots (default: `_precision(q.dtype)`);
+    `two_level`: the int8 state format (see `exact`)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
@@ -515,12 +533,18 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precis
     o = fresh(torch.empty_like(q))
     gamma, beta, eta = gamma.float().contiguous(), beta.float().contiguous(), eta_tok.float().contiguous()
     _exact_kernel[(B * H,)](q, k, v, lr, gamma, beta, eta, S, o, S_out, A_out, S_out if states is None else states,
-                            T, H, S.stride(0), *q.stride()[:3], *lr.stride(), *o.stride()[:3],
-                            D=D, BD=BD, MB=MB, BM=max(16, MB), PREC=precision or _precision(q.dtype),
-                            STORE_STATES=states is not None)
+                            S0.float().contiguous() if two_level else S_out, T, H, S.stride(0), *q.stride()[:3],
+                            *lr.stride(), *o.stride()[:3], D=D, BD=BD, MB=MB, BM=max(16, MB),
+                            PREC=precision or _precision(q.dtype), STORE_STATES=states is not None,
+                            TWO_LEVEL=two_level)
     return o, S_out, A_out
 
 
-def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, two_level=False):
+    """`two_level`: the int8 state format (`quant.state_formats`): each commit's S rounded to its grid
+    around S0, every token's ka and vh read as float16 (A, the unfinished mini-batch's sum, stays float)."""
     q, k, v = _same_layout(q, k, v)
+    if two_level:
+        return _with_head(functools.partial(_exact_aligned, two_level=True), functools.partial(exact_ref, two_level=True),
+                          q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
     return _with_head(_exact_aligned, exact_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)

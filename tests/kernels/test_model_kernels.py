@@ -57,24 +57,43 @@ def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monk
 
 
 @torch.no_grad()
-def test_the_int8_state_prefill_commits_in_one_kernel_as_the_torch_loop_does(tiny_model, monkeypatch):
+@pytest.mark.parametrize("form,kernel,prefills", [("parallel", ("edgettt.kernels.commits", "two_level_commits"), 2),
+                                                  ("exact", ("edgettt.kernels.prefill", "exact"), 1)])
+def test_the_int8_state_prefill_through_its_kernel_as_the_torch_loop_does(tiny_model, monkeypatch, form, kernel,
+                                                                          prefills):
     """With the int8 state, the parallel form's prefill takes its chain of commits through
-    `kernels.commits` (one launch a level) and leaves the logits and the state the torch loop leaves."""
-    model = convert(tiny_model("linear", seed=5, mini_batch_size=8, hidden_size=64), "parallel")
+    `kernels.commits`, the exact form its whole mini-batches through the exact kernel (one launch a
+    layer each), and both leave the logits and the state the torch loop leaves, also when the prefill
+    starts and ends inside a mini-batch (a second prefill continues the first)."""
+    model = convert(tiny_model("linear", seed=5, mini_batch_size=8, hidden_size=64), form)
     quantize_model(model, QuantConfig(weights="none", state="int8"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
-    ids = torch.randint(0, model.config.vocab_size, (2, 53), generator=torch.Generator().manual_seed(2)).to(device)
+    ids = torch.randint(0, model.config.vocab_size, (2, 58), generator=torch.Generator().manual_seed(2)).to(device)
+
+    def run():
+        _, state = model.prefill(ids[:, :5])
+        logits, state = model.prefill(ids[:, 5:45], state)  # from position 5 to 45: 4 commits
+        outs = [logits]
+        for t in range(45, 58):  # decode across a commit
+            step, state = model.step(ids[:, t], state)
+            outs.append(step[:, None])
+        return torch.cat(outs, dim=1), state
+
     use_kernels(monkeypatch, False)
-    expected, state_ref = prefill_then_decode(model, ids, 45)  # 5 commits in the prefill, one in the decode
+    expected, state_ref = run()
     use_kernels(monkeypatch, True)
-    calls = count_calls(monkeypatch, [("edgettt.kernels.commits", "two_level_commits")])
-    got, state = prefill_then_decode(model, ids, 45)
-    assert len(calls) == model.config.num_hidden_layers, "one chain a layer"
+    calls = count_calls(monkeypatch, [kernel])
+    got, state = run()
+    # a launch a layer for each prefill that commits (the exact form's first, 5 tokens, has no whole
+    # mini-batch: the torch path takes it)
+    assert len(calls) == prefills * model.config.num_hidden_layers
     assert rel_err(got, expected) < 1e-5
     for layer, layer_ref in zip(state.layers, state_ref.layers):
+        # (the kernel's sums in another order can flip a rounding of S, which moves a value by one fine
+        # step, max |S - S0| of its row / 1905, and the next layer's float16 keys and values by an ulp)
         for name in layer_ref:
-            assert rel_err(layer[name].float(), layer_ref[name].float()) < 1e-5, name
+            assert rel_err(layer[name].float(), layer_ref[name].float()) < 5e-4, name
 
 
 def count_calls(monkeypatch, functions):
