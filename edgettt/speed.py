@@ -371,8 +371,9 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
     """A worker process: load `path`, answer ("ready", pid) (or ("error", line)), then serve the parent's
     requests until None: ("warm", test) runs the test once, untimed (the first runs of a session allocate,
     plan, autotune and compile), answered ("warm",); ("time", test) warms up first if this worker has not
-    run the test yet, then times it, answered (seconds, peak MB, pid): the peak is resident memory on the
-    CPU (the process's high-water mark), the GPU memory allocated during the test on CUDA."""
+    run the test yet, then times it, answered (seconds, peak MB, pid, bytes a decode step moves or None):
+    the peak is resident memory on the CPU (the process's high-water mark), the GPU memory allocated
+    during the test on CUDA; ("copy", None) measures the GPU's copy bandwidth, answered (bytes/s,)."""
     import os
 
     import numpy as np
