@@ -109,12 +109,9 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     def _two_level_kernel_applies(self, x: torch.Tensor) -> bool:
         """The exact form of TTT-Linear with the int8 state prefills its whole mini-batches through the
-        exact kernel (`prefill.exact(two_level=True)`); the float state's conditions otherwise."""
-        if self.config.form != "exact" or not isinstance(self.requantizer(1), TwoLevelRounding):
-            return False
-        if self.mlp or self.observer is not None or (torch.is_grad_enabled() and self.state0.requires_grad):
-            return False
-        return mini_batch_supported(self.config.mini_batch_size) and kernels_enabled(x)
+        exact kernel (`prefill.exact(two_level=True)`), under the prefill kernels' other conditions."""
+        return (self.config.form == "exact" and isinstance(self.requantizer(1), TwoLevelRounding)
+                and self._kernels_may_prefill(x))
 
     def _exact_two_level(self, st, q, k, v, lr, start, attend):
         """The tokens up to the first mini-batch boundary and after the last one through the torch path
@@ -140,10 +137,14 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return torch.cat(parts, dim=2)
 
     def _prefill_kernel_applies(self, x: torch.Tensor) -> bool:
-        """The Triton prefill kernels cover TTT-Linear with a float state, without autograd (the
-        kernels have no backward: distillation trains through the torch path) and without a
-        calibration observer; the mini-batch size must be a power of two."""
-        if self.mlp or self.state_format != "fp32" or self.observer is not None:
+        """The Triton prefill kernels (both forms) cover TTT-Linear with a float state."""
+        return self.state_format == "fp32" and self._kernels_may_prefill(x)
+
+    def _kernels_may_prefill(self, x: torch.Tensor) -> bool:
+        """What every prefill kernel needs: TTT-Linear, no autograd (the kernels have no backward:
+        distillation trains through the torch path), no calibration observer, a power-of-two
+        mini-batch size, kernels on for `x`."""
+        if self.mlp or self.observer is not None:
             return False
         if torch.is_grad_enabled() and self.state0.requires_grad:
             return False

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from .kernels import kernels_enabled
 from .ops import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
+from .quant.state_formats import TwoLevelRounding
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -145,8 +146,6 @@ def committed_states(S, U, eta_last, requant=None, ends=None):
 def _commits_kernel_applies(requant, S, U) -> bool:
     """The int8 format's chain of commits runs as one kernel (`kernels.commits`) on CUDA, outside
     autograd (the kernel has no backward) and outside an exported graph (a Scan there)."""
-    from .quant.state_formats import TwoLevelRounding
-
     return (isinstance(requant, TwoLevelRounding) and kernels_enabled(U) and not exporting()
             and not (torch.is_grad_enabled() and (U.requires_grad or S.requires_grad)))
 

@@ -544,7 +544,6 @@ def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, two_le
     """`two_level`: the int8 state format (`quant.state_formats`): each commit's S rounded to its grid
     around S0, every token's ka and vh read as float16 (A, the unfinished mini-batch's sum, stays float)."""
     q, k, v = _same_layout(q, k, v)
-    if two_level:
-        return _with_head(functools.partial(_exact_aligned, two_level=True), functools.partial(exact_ref, two_level=True),
-                          q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
-    return _with_head(_exact_aligned, exact_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
+    return _with_head(functools.partial(_exact_aligned, two_level=two_level),
+                      functools.partial(exact_ref, two_level=two_level), q, k, v, lr, S0, gamma, beta, eta_tok,
+                      start, S, A)
