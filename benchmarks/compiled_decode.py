@@ -53,12 +53,17 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
-def run_variant(kind: str, compiled: bool, args) -> tuple[list[float], dict]:
+def run_variant(kind: str, step: str, args) -> tuple[list[float], dict]:
     from edgettt.kernels import kernels_off
     from edgettt.speed import capture_steps, compile_step
 
     torch.manual_seed(0)
     model = build(kind, args.preset, not args.separate_projections, "none" if kind == "llama" else args.weights)
+    compiled = step != "eager"
+    if step == "compile-rows":  # batch-1 weight products as products and sums inductor fuses
+        from edgettt.row_products import use_row_products
+
+        use_row_products(model)
     llama = kind == "llama"
     ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
     with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
@@ -121,7 +126,8 @@ def main(argv=None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel; "
                         "FORM-STATE for a state format, e.g. parallel-int8")
-    parser.add_argument("--steps", default="eager,compile", help="eager, compile or both, for every kind")
+    parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
+                        "batch-1 step's weight products as products and sums: `row_products`), for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],
@@ -145,10 +151,9 @@ def main(argv=None) -> int:
             "copy_bandwidth_GBps": ceiling / 1e9}
     rows = []
     for kind in args.kinds.split(","):
-        for compiled in [step == "compile" for step in args.steps.split(",")]:
-            step = "torch.compile" if compiled else "eager"
+        for step in args.steps.split(","):
             try:
-                times, facts = run_variant(kind, compiled, args)
+                times, facts = run_variant(kind, step, args)
             except Exception as exc:  # one variant's failure is a row, not the end of the run
                 rows.append({"model": kind, "step": step, "error": repr(exc)[:300]})
                 print(f"{kind} {step}: failed: {exc!r}"[:400], flush=True)

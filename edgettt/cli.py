@@ -864,6 +864,9 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
                    "a row and multiplies on the int8 tensor cores (its accuracy cost: "
                    "benchmarks/results/int8_activations_accuracy.md); float is weight-only.")
+@click.option("--row-products/--no-row-products", default=True, show_default=True,
+              help="With --device cuda --compile: a batch-1 step's float weight products as products and sums that "
+                   "inductor fuses with the operations around them (every model, llama: too), instead of cuBLAS GEMVs.")
 @click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,
               help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "
                    "whole run (models load and steps compile once, all warming up side by side first) "
@@ -871,8 +874,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, workers,
-          json_path, md_path, force):
+def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, row_products,
+          workers, json_path, md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
@@ -896,7 +899,7 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations), None if workers is None else workers == "kept")
+                 CudaOptions(compile_steps, activations, row_products), None if workers is None else workers == "kept")
     click.echo(table(result))
     write(result, json_out, md_out)
 

@@ -28,21 +28,13 @@ import torch
 import torch.nn.functional as F
 
 from .kernels import kernels_enabled
-from .ops import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
+from .ops import exporting, fused_decode, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 from .quant.state_formats import TwoLevelRounding
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
     """[..., D] -> [..., D+1] with a constant 1 feature (the bias row of the state)."""
     return F.pad(x, (0, 1), value=1.0)  # one Pad node in an exported graph
-
-
-def fused_decode() -> bool:
-    """Whether torch.compile traces a decode step (not edgettt's ONNX export): the step's products with
-    the state are then written as element-wise products and sums, which inductor fuses with the
-    state's update into one kernel, where a matmul would be a cuBLAS GEMV each (a compiled decode step
-    is bound by its count of kernels: `benchmarks/results/compiled_decode_h200.md`)."""
-    return torch.compiler.is_compiling() and not exporting()
 
 
 def row_times(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:

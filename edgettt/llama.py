@@ -110,6 +110,8 @@ class Llama(nn.Module):
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(Block(config) for _ in range(config.num_hidden_layers))
         self.norm = nn.Parameter(torch.ones(config.hidden_size))
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head.weight = self.embed_tokens.weight  # tied
 
     def init_state(self, batch: int, capacity: int) -> KVCache:
         c, p = self.config, self.embed_tokens.weight
@@ -130,10 +132,10 @@ class Llama(nn.Module):
         state.pos.fill_(T)
         if logits_from is not None:
             h = h[:, logits_from:]
-        return F.linear(h, self.embed_tokens.weight).float(), state
+        return self.lm_head(h).float(), state
 
     def step(self, ids: torch.Tensor, state: KVCache):
         """One token a sequence, ids [B], at the cache's position; logits [B, V]. Advances state.pos."""
         h = self._run(ids[:, None], state, state.cos.index_select(0, state.pos), state.sin.index_select(0, state.pos))
         state.pos.add_(1)
-        return F.linear(h[:, 0], self.embed_tokens.weight).float(), state
+        return self.lm_head(h[:, 0]).float(), state

@@ -27,6 +27,15 @@ def exporting() -> bool:
     return _onnx_export
 
 
+def fused_decode() -> bool:
+    """Whether torch.compile traces a decode step (not edgettt's ONNX export): the step's products with
+    the state (and, under `row_products`, with the weights) are then written as element-wise products and
+    sums, which inductor fuses with what makes and reads them into its own kernels, where a matmul would be
+    a cuBLAS GEMV each (a compiled decode step is bound by its count of kernels:
+    `benchmarks/results/compiled_decode_h200.md`)."""
+    return torch.compiler.is_compiling() and not exporting()
+
+
 @contextlib.contextmanager
 def onnx_export():
     """Within: `exporting()` is true (the ONNX exporter's trace)."""

@@ -29,7 +29,8 @@ CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:
 same-size transformer of `edgettt.llama`; a model's projections of one input run as one GEMM (q/k/v,
 gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
 torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
-operations in the graph), `--activations int8` runs the
+operations in the graph; at batch 1 the float layers' products as products and sums inductor fuses,
+`row_products`, unless `--no-row-products`), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
@@ -111,10 +112,14 @@ class CudaOptions:
     fuses each step's operations; edgettt's state kernels off inside, the int8 / int4 weight kernels as
     opaque operations, `weight_formats.int4_linear`) before they are
     captured; `activations`, the quantized int8 / int4 layers' prefill GEMMs with "int8" activations
-    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only)."""
+    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only);
+    `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
+    inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
+    `benchmarks/results/compiled_decode_h200.md` run 7)."""
 
     compile: bool = False
     activations: str = "float"
+    row_products: bool = True
 
 
 class CudaEngine:
@@ -144,6 +149,10 @@ class CudaEngine:
             set_activations(model, self.options.activations)
             fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
         self.model = model.to("cuda", torch.bfloat16).eval()
+        if self.options.compile and self.options.row_products:
+            from .row_products import use_row_products
+
+            use_row_products(self.model)
         if self.options.compile:
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
@@ -495,7 +504,7 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile and --activations choose how --device cuda runs models; add "
+        raise EdgetttError("speed: --compile, --activations and --row-products choose how --device cuda runs models; add "
                            "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
         import torch
@@ -561,7 +570,8 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
     result = summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
     result["meta"]["workers"] = "one a path, kept" if keep else "one a measurement"
     if device == "cuda":
-        result["meta"].update(compile=cuda.compile, activations=cuda.activations, copy_bandwidth_GBps=ceiling / 1e9)
+        result["meta"].update(compile=cuda.compile, activations=cuda.activations,
+                              row_products=cuda.compile and cuda.row_products, copy_bandwidth_GBps=ceiling / 1e9)
         for row in result["rows"]:
             add_fraction_of_copy(row, moved[(row["path"], row["test"])], ceiling, batch)
     return result
@@ -727,6 +737,7 @@ def footer(meta: dict) -> str:
     """Where and how the table was measured, in one line."""
     if meta.get("device") == "cuda":
         how = ("decode steps compiled (torch.compile), " if meta.get("compile") else "") + \
+            ("batch-1 float products as inductor's reductions, " if meta.get("row_products") else "") + \
             ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "")
         return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "
                 f"{meta['decode']}; peak MB: {meta['peak']}; {meta['repetitions']} repetitions, batch {meta['batch']}.")

@@ -69,7 +69,8 @@ def test_every_readme_command_and_the_snippet_run_verbatim(tmp_path):
 
 
 def options_of(command: click.Command) -> set[str]:
-    return {o for p in command.params if isinstance(p, click.Option) for o in p.opts if o.startswith("--")} - {"--help"}
+    return {o for p in command.params if isinstance(p, click.Option) for o in p.opts + p.secondary_opts
+            if o.startswith("--")} - {"--help"}  # (secondary: a flag's negation, --no-...)
 
 
 def test_the_commands_table_lists_every_option_of_every_command():

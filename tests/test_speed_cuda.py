@@ -32,7 +32,7 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"]):  # CUDA options without --device cuda
+    for option in (["--compile"], ["--activations", "int8"], ["--no-row-products"]):  # CUDA options, no --device cuda
         result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 
@@ -112,16 +112,21 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
                                            ("parallel", True), ("ttt", True), ("llama", True),
-                                           ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True)])
+                                           ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True),
+                                           ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
-    """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off)."""
+    """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off), and
+    with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence)."""
     import contextlib
 
     from edgettt import convert
     from edgettt.kernels import kernels_off
     from edgettt.llama import Llama, LlamaConfig
+    from edgettt.row_products import use_row_products
     from edgettt.speed import _copy_state, capture_steps, compile_step
 
+    form, rows, _ = form.partition("+rows")
+    batch = 1 if rows else 2
     if form == "llama":
         with torch.device("cuda"):
             model = Llama(LlamaConfig(64, 2, 4, 128, 100))
@@ -141,9 +146,11 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
             model = quantize(model, QuantConfig(weights, 32))
         model = model.cuda()
     model = model.to(torch.bfloat16).eval()
-    ids = torch.randint(0, 61, (2, 40), device="cuda")  # (the tiny models' vocabulary: 61)
+    if rows:
+        use_row_products(model)
+    ids = torch.randint(0, 61, (batch, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():
-        state = model.init_state(2, 40) if form == "llama" else None
+        state = model.init_state(batch, 40) if form == "llama" else None
         _, state = model.prefill(ids[:, :13], state)
         eager = _copy_state(state)
         for t in range(13, 40):
@@ -151,7 +158,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
         if compiled:
             compile_step(model)
         with kernels_off() if compiled else contextlib.nullcontext():
-            token, graphs = capture_steps(model, state, 13, batch=2)
+            token, graphs = capture_steps(model, state, 13, batch=batch)
         for t in range(13, 40):
             token.copy_(ids[:, t])
             graphs[t % len(graphs)].replay()
@@ -170,5 +177,5 @@ def test_the_cuda_table_says_how_the_models_ran():
     meta = {"device": "cuda", "gpu": "H200", "torch": "2", "triton": "3", "dtype": "bfloat16", "decode": "graphs",
             "peak": "allocated", "repetitions": 3, "batch": 1}
     assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta)
-    text = footer({**meta, "compile": True, "activations": "int8"})
-    assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text
+    text = footer({**meta, "compile": True, "activations": "int8", "row_products": True})
+    assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text and "reductions" in text

@@ -27,9 +27,10 @@ def test_two_level_commits_match_the_reference(device, shape):
     ref = two_level_commits_ref(S, S0, U, eta)
     got = two_level_commits(S, S0, U, eta)
     assert got.shape == ref.shape and not torch.isnan(got).any()
-    # the same float32 operations in the same order: equal but for a rare rounding flip on a GPU (its
-    # division may differ by an ulp), which moves a value by one fine step
-    assert (got != ref).float().mean() < 1e-3 and rel_err(got, ref) < 1e-5
+    # the same float32 operations in the same order: equal to an ulp or two (a GPU fuses a product and a sum
+    # into one rounding: 17% of the values differ in their last bits on the H200) but for a rare rounding
+    # flip (a division an ulp off), which moves a value by one fine step
+    assert ((got - ref).abs() > 1e-5).float().mean() < 1e-3 and rel_err(got, ref) < 1e-5
     coarse, fine, step = two_level_codes(got, S0[None, :, None])  # every state on the format's grid
     assert torch.allclose(S0[None, :, None] + (coarse + fine / 15) * step, got, atol=1e-6, rtol=0)
 

@@ -1,0 +1,50 @@
+"""Batch-1 decode's weight products as element-wise products and sums (`use_row_products`), for a decode
+step that torch.compile traces on a GPU.
+
+At one row (one sequence, one token) a linear layer is a GEMV, and cuBLAS runs each as a kernel of its own
+(often split-K, then a reduction kernel and a bias epilogue) between the kernels inductor makes for the
+norms and activations around it: a compiled 125m step was ~220 kernels a token, bound by their count and
+not by its bytes (`benchmarks/results/compiled_decode_h200.md`). Written as `(x * W).sum(-1)`, the product
+is a reduction that inductor generates itself and fuses with what makes its input (a norm's scaling) and
+what reads its result (an activation, a residual add). Anywhere else (eager, the ONNX export, more than one
+row) the layers multiply as before. Quantized layers keep their GEMV kernels: their dequantization written
+into the same reduction measured no faster (125m, int4 g64: 1,761 against 1,744 tokens/s,
+`benchmarks/results/compiled_decode_h200.md` run 7).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .ops import fused_decode
+
+
+def one_compiled_row(x: torch.Tensor) -> bool:
+    """Whether `x` is a single row (batch 1, one token) of a decode step torch.compile traces."""
+    return x.numel() == x.shape[-1] and fused_decode()
+
+
+def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) as a product and a sum over the input dimension ([..., K] x [N, K] -> [..., N])."""
+    out = (x.unsqueeze(-2) * weight).sum(-1)
+    return out if bias is None else out + bias
+
+
+class RowProductLinear(nn.Linear):
+    """nn.Linear whose single compiled row is a `row_product` (same parameters, same state dict)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if one_compiled_row(x):
+            return row_product(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+def use_row_products(model: nn.Module) -> int:
+    """Every float nn.Linear of `model` a `RowProductLinear`, in place (its parameters shared and unchanged).
+    Returns the number of layers changed."""
+    linears = [m for m in model.modules() if type(m) is nn.Linear]
+    for module in linears:
+        module.__class__ = RowProductLinear
+    return len(linears)
