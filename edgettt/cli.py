@@ -871,7 +871,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "
                    "whole run (models load and steps compile once, all warming up side by side first) "
                    "[default: kept with --device cuda, fresh on the CPU].")
-@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here (rewritten after each repetition: a run cut short keeps what it measured).")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
 def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, row_products,
@@ -899,7 +899,8 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations, row_products), None if workers is None else workers == "kept")
+                 CudaOptions(compile_steps, activations, row_products), None if workers is None else workers == "kept",
+                 partial=lambda so_far: write(so_far, json_out, md_out))  # rewritten after every repetition
     click.echo(table(result))
     write(result, json_out, md_out)
 

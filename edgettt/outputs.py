@@ -181,6 +181,7 @@ class Output:
     force: bool = False
     api: bool = False  # errors name force=True (the Python API) rather than --force (the command line)
     created_parents: list[Path] = field(default_factory=list)
+    published: bool = False  # written once already: a later `write()` replaces it (a partial result)
 
     @property
     def is_dir(self) -> bool:
@@ -307,8 +308,10 @@ class Output:
     def _publish(self, tmp: Path, staging: Path) -> None:
         final = self.path
         exists = final.exists() or final.is_symlink()
-        if exists and not (self.force and recognise(final, self.kind)):  # appeared or changed during the work
+        # (an output this plan already published, a command's partial result, it replaces as with force)
+        if exists and not ((self.force or self.published) and recognise(final, self.kind)):  # appeared or changed
             raise EdgetttError(f"{final}: appeared or changed while this run worked; nothing replaced, run again")
+        self.published = True
         if not self.is_dir or not exists:
             os.replace(tmp, final)  # a file over the old one; a directory where there was none
             return

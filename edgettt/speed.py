@@ -535,12 +535,14 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
 
 def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: int | None = None,
         seed: int = 0, device: str = "cpu", batch: int = 1, cuda: CudaOptions | None = None,
-        keep_workers: bool | None = None) -> dict:
+        keep_workers: bool | None = None, partial=None) -> dict:
     """Time every test of every path `repetitions` times, the paths taking turns, one measurement at a
     time. Workers (`_worker`): fresh, a new process for each measurement (the CPU's default: each peak
     resident memory is its own, and the machine holds one model at a time), or kept, one process a path
     for the whole run (CUDA's default, `keep_workers`): models load, and steps compile, once, all workers
-    warming up on every test side by side before the timing starts. Returns the JSON."""
+    warming up on every test side by side before the timing starts. `partial`, if given, is called with
+    the result of the repetitions done after each but the last (a run cut short keeps what it measured).
+    Returns the JSON."""
     from .progress import bar
 
     cuda = cuda or CudaOptions()
@@ -550,6 +552,17 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
     moved, order, ceiling = {}, [], None
+
+    def result_after(done: int) -> dict:
+        result = summarise(paths, test_list, times, peaks, order, done, threads, device, batch)
+        result["meta"].update(repetitions_asked=repetitions, workers="one a path, kept" if keep else "one a measurement")
+        if device == "cuda":
+            result["meta"].update(compile=cuda.compile, activations=cuda.activations,
+                                  row_products=cuda.compile and cuda.row_products, copy_bandwidth_GBps=ceiling / 1e9)
+            for row in result["rows"]:
+                add_fraction_of_copy(row, moved[(row["path"], row["test"])], ceiling, batch)
+        return result
+
     try:
         if keep:
             workers.warm_up(test_list)
@@ -565,16 +578,11 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
                         moved[(path, test.name)] = step_bytes
                         order.append([r, path, test.name, pid])
                         progress.update()
+                if partial is not None and r < repetitions:
+                    partial(result_after(r))
     finally:
         workers.close()
-    result = summarise(paths, test_list, times, peaks, order, repetitions, threads, device, batch)
-    result["meta"]["workers"] = "one a path, kept" if keep else "one a measurement"
-    if device == "cuda":
-        result["meta"].update(compile=cuda.compile, activations=cuda.activations,
-                              row_products=cuda.compile and cuda.row_products, copy_bandwidth_GBps=ceiling / 1e9)
-        for row in result["rows"]:
-            add_fraction_of_copy(row, moved[(row["path"], row["test"])], ceiling, batch)
-    return result
+    return result_after(repetitions)
 
 
 def add_fraction_of_copy(row: dict, step_bytes: int | None, ceiling: float, batch: int) -> None:

@@ -174,6 +174,22 @@ def test_a_file_output_replaces_atomically(tmp_path):
     assert json.loads((tmp_path / "r.json").read_text()) == {"new": 1}
 
 
+def test_an_output_rewrites_what_it_published_but_not_what_appeared_before(tmp_path):
+    """A partial result (`speed` after each repetition) is replaced by the plan's next write without force;
+    a file that appeared between planning and the first write is not."""
+    out = Output.plan(tmp_path / "r.json", "json")
+    for n in (1, 2):
+        with out.write() as tmp:
+            tmp.write_text(json.dumps({"repetitions": n}))
+    assert json.loads((tmp_path / "r.json").read_text()) == {"repetitions": 2}
+    late = Output.plan(tmp_path / "s.json", "json")
+    (tmp_path / "s.json").write_text('{"theirs": 1}')
+    with pytest.raises(EdgetttError, match="appeared or changed"):
+        with late.write() as tmp:
+            tmp.write_text('{"ours": 1}')
+    assert json.loads((tmp_path / "s.json").read_text()) == {"theirs": 1}
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through any permission bits")
 def test_a_folder_that_cannot_be_written_is_found_before_the_work(tmp_path):
     folder = tmp_path / "ro"

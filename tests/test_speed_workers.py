@@ -52,6 +52,32 @@ def test_a_kept_worker_that_fails_ends_the_run_in_one_line(tmp_path):
     assert str(bad) in result.output and len(result.output.strip().splitlines()) == 1
 
 
+def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch):
+    """The JSON and the table are rewritten after every repetition: a run whose worker fails in its second
+    repetition ends in one line and leaves the first's results (the same files a whole run replaces)."""
+    from edgettt import speed as speed_module
+    from edgettt.errors import EdgetttError
+
+    timed = speed_module.Workers.time
+    calls = []
+
+    def failing_in_the_second_repetition(self, path, test):
+        calls.append(path)
+        if len(calls) > 2 * 2:  # 2 paths x 2 tests a repetition
+            raise EdgetttError(f"{path}: the worker stopped (simulated)")
+        return timed(self, path, test)
+
+    monkeypatch.setattr(speed_module.Workers, "time", failing_in_the_second_repetition)
+    out, md = tmp_path / "s.json", tmp_path / "s.md"
+    result = CliRunner().invoke(cli, ["speed", *MODELS, "--pp", "8", "--tg", "2", "-r", "3", "--workers", "kept",
+                                      "--threads", "1", "--json", str(out), "--markdown", str(md)])
+    assert result.exit_code == 1 and "simulated" in result.output and "Traceback" not in result.output
+    data = json.loads(out.read_text())
+    assert data["meta"]["repetitions"] == 1 and data["meta"]["repetitions_asked"] == 3
+    assert len(data["order"]) == 4 and len(data["rows"]) == 4 and "ttt-linear-tiny" in md.read_text()
+    assert [f.name for f in tmp_path.iterdir() if f.name.startswith(".")] == []  # no staging left behind
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_kept_workers_on_cuda_time_compiled_steps_and_reset_the_peak_per_test(tmp_path):
