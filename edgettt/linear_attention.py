@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from .kernels import kernels_enabled
 from .ops import exporting, fused_decode, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 from .quant.state_formats import TwoLevelRounding
+from .row_products import row_product
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -49,8 +50,7 @@ def token_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     product and a sum, which inductor fuses with what reads the result (the learning-rate gate's small
     product with a bias was a split-K GEMV, its reduction and a bias epilogue: 3 cuBLAS kernels a layer)."""
     if x.shape[-2] == 1 and fused_decode():
-        out = (x.unsqueeze(-2) * weight).sum(-1)
-        return out if bias is None else out + bias
+        return row_product(x, weight, bias)
     return F.linear(x, weight, bias)
 
 
