@@ -7,8 +7,8 @@ inductor's). Issue 21 asks whether a converted layer's decode is bound by its nu
     python benchmarks/compiled_decode.py --preset 125m --depth 8192 --tokens 128 --repeats 3 --json out.json
 
 Random weights in bfloat16, batch 1 (--batch), one prefill of --depth tokens (not timed), then --tokens
-replays, timed with CUDA events; the median of --repeats back to back (each variant builds its own model:
-one at a time on the GPU). Bytes a token: the weights (the embedding's row aside), plus the decode state
+replays, timed with CUDA events; the median of --repeats, the variants in turns (all are built, prefilled,
+compiled and captured first; each holds its own model on the GPU). Bytes a token: the weights (the embedding's row aside), plus the decode state
 (TTT) or the KV cache up to the depth (Llama), against the copy bandwidth measured in the same run.
 """
 
@@ -53,59 +53,65 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
-def run_variant(kind: str, step: str, args) -> tuple[list[float], dict]:
-    from edgettt.kernels import kernels_off
-    from edgettt.speed import capture_steps, compile_step
+class Variant:
+    """One model and step kind, ready to time: built, prefilled to the depth (not timed), its step compiled
+    if asked and captured as CUDA graphs. Variants are all prepared first, then timed in turns."""
 
-    torch.manual_seed(0)
-    model = build(kind, args.preset, not args.separate_projections, "none" if kind == "llama" else args.weights)
-    compiled = step != "eager"
-    if step == "compile-rows":  # batch-1 weight products as products and sums inductor fuses
-        from edgettt.row_products import use_row_products
+    def __init__(self, kind: str, step: str, args):
+        from edgettt.kernels import kernels_off
+        from edgettt.speed import capture_steps, compile_step
 
-        use_row_products(model)
-    llama = kind == "llama"
-    ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-    with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
-        state = model.init_state(args.batch, args.depth + args.tokens) if llama else None
-        _, state = model.prefill(ids[:, :args.depth], state)
-        if compiled:
-            compile_step(model)
-        token, graphs = capture_steps(model, state, args.depth, args.batch)
-        times = []
-        for _ in range(args.repeats):
-            if llama:  # each repeat decodes the same positions (the cache holds depth + tokens)
-                state.pos.fill_(args.depth)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for t in range(args.tokens):
-                token.copy_(ids[:, args.depth + t])
-                graphs[(args.depth + t) % len(graphs)].replay()
-            end.record()
-            torch.cuda.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        if llama:
-            state.pos.fill_(args.depth)
-        kernels = kernel_table(graphs, args.depth, args.tokens) if args.profile else None
-    from edgettt.speed import state_bytes, weight_bytes
+        self.kind, self.step, self.args, self.llama = kind, step, args, kind == "llama"
+        torch.manual_seed(0)
+        model = build(kind, args.preset, not args.separate_projections, "none" if self.llama else args.weights)
+        compiled = step != "eager"
+        if step == "compile-rows":  # batch-1 weight products as products and sums inductor fuses
+            from edgettt.row_products import use_row_products
 
-    facts = {"weights_bytes": weight_bytes(model), "state_bytes": state_bytes(model, state, args.batch),
-             "graphs": len(graphs)}
-    if kernels is not None:
-        facts["kernels"] = kernels
-    del model, state, graphs
-    torch.cuda.empty_cache()
-    return times, facts
+            use_row_products(model)
+        self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
+        with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
+            state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
+            _, state = model.prefill(self.ids[:, :args.depth], state)
+            if compiled:
+                compile_step(model)
+            self.token, self.graphs = capture_steps(model, state, args.depth, args.batch)
+        self.model, self.state, self.times = model, state, []
+
+    def replay(self) -> None:
+        """The tokens from the depth, one graph replay each (each round decodes the same positions: the
+        transformer's cache is reset to the depth, the TTT graphs depend on the position mod b only)."""
+        if self.llama:
+            self.state.pos.fill_(self.args.depth)
+        for t in range(self.args.tokens):
+            self.token.copy_(self.ids[:, self.args.depth + t])
+            self.graphs[(self.args.depth + t) % len(self.graphs)].replay()
+
+    def time_once(self) -> None:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        self.replay()
+        end.record()
+        torch.cuda.synchronize()
+        self.times.append(start.elapsed_time(end) / 1e3)
+
+    def facts(self) -> dict:
+        from edgettt.speed import state_bytes, weight_bytes
+
+        facts = {"weights_bytes": weight_bytes(self.model), "state_bytes": state_bytes(self.model, self.state,
+                 self.args.batch), "graphs": len(self.graphs)}
+        if self.args.profile:
+            facts["kernels"] = kernel_table(self, self.args.tokens)
+        return facts
 
 
-def kernel_table(graphs, depth: int, tokens: int, top: int = 30) -> dict:
-    """Where a token's time goes: the GPU kernels of `tokens` replays from position `depth` under
-    torch.profiler, as kernels a token and microseconds a token, the largest `top` by time."""
+def kernel_table(variant: Variant, tokens: int, top: int = 30) -> dict:
+    """Where a token's time goes: the GPU kernels of one round of `tokens` replays under torch.profiler, as
+    kernels a token and microseconds a token, the largest `top` by time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for t in range(tokens):
-            graphs[(depth + t) % len(graphs)].replay()
+        variant.replay()
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
@@ -149,29 +155,33 @@ def main(argv=None) -> int:
     ceiling = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
             "copy_bandwidth_GBps": ceiling / 1e9}
-    rows = []
+    rows, variants = [], []
     for kind in args.kinds.split(","):
         for step in args.steps.split(","):
             try:
-                times, facts = run_variant(kind, step, args)
+                variants.append(Variant(kind, step, args))
             except Exception as exc:  # one variant's failure is a row, not the end of the run
                 rows.append({"model": kind, "step": step, "error": repr(exc)[:300]})
                 print(f"{kind} {step}: failed: {exc!r}"[:400], flush=True)
-                continue
-            seconds = statistics.median(times)
-            moved = facts["weights_bytes"] + facts["state_bytes"]
-            rows.append({"model": kind, "step": step, **facts, "tokens_per_s": args.tokens * args.batch / seconds,
-                         "ms_per_token": seconds / args.tokens * 1e3,
-                         "fraction_of_copy": moved / (seconds / args.tokens) / ceiling, "times_s": times})
-            r = rows[-1]
-            print(f"{kind:9s} {step:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
-                  f"{r['fraction_of_copy']:.1%} of copy", flush=True)
-            if "kernels" in r:
-                print(f"          {r['kernels']['kernels_per_token']:.0f} kernels a token, "
-                      f"{r['kernels']['us_per_token']:.0f} us of kernel time", flush=True)
-            if args.json:  # after every row: a run cut short keeps what it measured
-                with open(args.json, "w") as f:
-                    json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    for _ in range(args.repeats):  # the variants in turns, repeat after repeat
+        for variant in variants:
+            variant.time_once()
+    for variant in variants:
+        seconds = statistics.median(variant.times)
+        facts = variant.facts()
+        moved = facts["weights_bytes"] + facts["state_bytes"]
+        rows.append({"model": variant.kind, "step": variant.step, **facts,
+                     "tokens_per_s": args.tokens * args.batch / seconds, "ms_per_token": seconds / args.tokens * 1e3,
+                     "fraction_of_copy": moved / (seconds / args.tokens) / ceiling, "times_s": variant.times})
+        r = rows[-1]
+        print(f"{r['model']:9s} {r['step']:13s} {r['tokens_per_s']:9.0f} tokens/s  {r['ms_per_token']:.3f} ms/token  "
+              f"{r['fraction_of_copy']:.1%} of copy", flush=True)
+        if "kernels" in r:
+            print(f"          {r['kernels']['kernels_per_token']:.0f} kernels a token, "
+                  f"{r['kernels']['us_per_token']:.0f} us of kernel time", flush=True)
+        if args.json:  # after every row: a run cut short (by a profile) keeps what it measured
+            with open(args.json, "w") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
     return 0
 
 
