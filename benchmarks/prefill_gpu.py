@@ -19,7 +19,8 @@ warm-up each; every repeat runs each variant once, in turn, and the median is re
     exact-int8     the exact form with the int8 state (the exact kernel rounding every commit,
                    `prefill.exact(two_level=True)`); exact-int8-plain: kernels off (a mini-batch at a time in torch)
 Also the model FLOP rate (2 x parameters of the linear layers x tokens, attention and the TTT layers'
-own state math not counted) as a fraction of the H200's dense bf16 datasheet rate (990 TFLOP/s).
+own state math not counted; `speed.linear_parameters`) as a fraction of the GPU's dense bf16 datasheet rate
+(`speed.dense_bf16_flops`: 989 TFLOP/s on an H100 or H200 SXM; runs before 2026-12-03 took 990).
 """
 
 from __future__ import annotations
@@ -36,22 +37,10 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compiled_decode import build  # noqa: E402
 
-DENSE_BF16_FLOPS = 990e12  # H200 SXM datasheet, dense
+from edgettt.speed import dense_bf16_flops, linear_parameters  # noqa: E402
+
 KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "ttt", "ttt-plain", "parallel-int8",
          "parallel-int8-plain", "exact", "exact-int8", "exact-int8-plain")
-
-
-def linear_parameters(model) -> int:
-    """Parameters of the linear layers (float or quantized; the LM head included, the embedding not)."""
-    from edgettt.quant import QuantLinear
-
-    total = 0
-    for module in model.modules():
-        if isinstance(module, torch.nn.Linear):
-            total += module.weight.numel()
-        elif isinstance(module, QuantLinear):
-            total += module.in_features * module.out_features
-    return total
 
 
 def make(kind: str, preset: str):
@@ -99,12 +88,12 @@ def main(argv=None) -> int:
         for kind in kinds:
             times[kind].append(prefill_seconds(kind, models[kind], ids))
     tokens = args.batch * args.length
-    rows = []
+    rows, peak = [], dense_bf16_flops(torch.cuda.get_device_name()) or float("nan")
     for kind in kinds:
         median = statistics.median(times[kind])
-        flops = 2 * linear_parameters(models[kind]) * tokens
+        flops = 2 * linear_parameters(models[kind]) * tokens  # (every token's logits: the head counted)
         rows.append({"kind": kind, "tokens_per_s": tokens / median, "seconds": median, "times_s": times[kind],
-                     "fraction_of_dense_bf16": flops / median / DENSE_BF16_FLOPS})
+                     "fraction_of_dense_bf16": flops / median / peak})
     base = {r["kind"]: r["tokens_per_s"] for r in rows}
     for row in rows:
         for ref in ("llama", "ttt", "ttt-plain", "parallel", "parallel-int8-plain", "exact", "exact-int8-plain"):

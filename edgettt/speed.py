@@ -157,6 +157,8 @@ class CudaEngine:
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
         self.graphs = None
+        # a prefill's matmul FLOPs a token (the head multiplies the last token's only: left out)
+        self.prefill_flops_per_token = 2 * linear_parameters(self.model, head=False)
 
     def prefill(self, ids, room: int = 0):
         torch = self.torch
@@ -254,6 +256,29 @@ def capture_steps(model, state, start: int, batch: int):
 def decode_bytes(model, state, batch: int) -> int:
     """Bytes a decode step must move at least: the weights and the state it reads."""
     return weight_bytes(model) + state_bytes(model, state, batch)
+
+
+def linear_parameters(model, head: bool = True) -> int:
+    """Parameters of the linear layers, float or quantized (the embedding not; the LM head unless `head`
+    is False): a token's matmul FLOPs are twice this."""
+    from torch import nn
+
+    from .quant import QuantLinear
+
+    total = 0
+    for name, module in model.named_modules():
+        if not head and name == "lm_head":
+            continue
+        if isinstance(module, nn.Linear):
+            total += module.weight.numel()
+        elif isinstance(module, QuantLinear):
+            total += module.in_features * module.out_features
+    return total
+
+
+def dense_bf16_flops(gpu: str) -> float | None:
+    """The GPU's dense bfloat16 tensor-core rate from its datasheet (FLOP/s), for the GPUs it is known for."""
+    return 989.4e12 if any(name in gpu for name in ("H100", "H200")) else None  # SXM; H100 PCIe is lower
 
 
 def weight_bytes(model) -> int:
@@ -413,7 +438,8 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
             reset_peak(device)
             engine.step_bytes = None
             seconds = time_test(engine, test, rng, batch)
-            conn.send((seconds, peak_mb(device), os.getpid(), engine.step_bytes))
+            conn.send((seconds, peak_mb(device), os.getpid(), engine.step_bytes,
+                       getattr(engine, "prefill_flops_per_token", None)))
         except Exception as exc:
             conn.send(("error", f"{path}: {test.name} failed: {type(exc).__name__}: {exc}"))
             return
@@ -551,7 +577,7 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
     workers = Workers(paths, (threads, seed, device, batch, cuda, len(paths) if keep else 1), keep)
     times = {(p, t.name): [] for p in paths for t in test_list}
     peaks = {(p, t.name): 0.0 for p in paths for t in test_list}
-    moved, order, ceiling = {}, [], None
+    moved, flops, order, ceiling = {}, {}, [], None
 
     def result_after(done: int) -> dict:
         result = summarise(paths, test_list, times, peaks, order, done, threads, device, batch)
@@ -559,8 +585,12 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         if device == "cuda":
             result["meta"].update(compile=cuda.compile, activations=cuda.activations,
                                   row_products=cuda.compile and cuda.row_products, copy_bandwidth_GBps=ceiling / 1e9)
+            peak_flops = dense_bf16_flops(result["meta"]["gpu"])
+            result["meta"]["dense_bf16_TFLOPs"] = peak_flops and peak_flops / 1e12
             for row in result["rows"]:
                 add_fraction_of_copy(row, moved[(row["path"], row["test"])], ceiling, batch)
+                if row["test"].startswith("pp") and peak_flops:
+                    row["fraction_of_dense_bf16"] = flops[row["path"]] * row["tokens_per_s"] / peak_flops
         return result
 
     try:
@@ -572,7 +602,7 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
             for r in range(1, repetitions + 1):
                 for test in test_list:
                     for path in paths:
-                        seconds, peak, pid, step_bytes = workers.time(path, test)
+                        seconds, peak, pid, step_bytes, flops[path] = workers.time(path, test)
                         times[(path, test.name)].append(seconds)
                         peaks[(path, test.name)] = max(peaks[(path, test.name)], peak)
                         moved[(path, test.name)] = step_bytes
@@ -623,8 +653,9 @@ class Workers:
             for path, (conn, _) in self.kept.items():
                 _receive(conn, path)
 
-    def time(self, path: str, test: Test) -> tuple[float, float, int, int | None]:
-        """(seconds, peak MB, the worker's pid, bytes a decode step moves or None) of one measurement."""
+    def time(self, path: str, test: Test) -> tuple[float, float, int, int | None, int | None]:
+        """(seconds, peak MB, the worker's pid, bytes a decode step moves or None, a prefill token's matmul
+        FLOPs or None) of one measurement."""
         return self._ask(path, ("time", test))
 
     def copy_bandwidth(self, path: str) -> float:
@@ -719,16 +750,20 @@ def cpu_name() -> str:
 
 
 def table(result: dict) -> str:
-    """The rows as a Markdown table (also what the terminal shows); on CUDA a decode row's fraction of
-    the copy bandwidth on the bytes a step must move."""
+    """The rows as a Markdown table (also what the terminal shows); on CUDA each row against its hardware
+    limit: a decode row's fraction of the copy bandwidth on the bytes a step must move, a prefill row's of
+    the GPU's dense bf16 rate on its matmul FLOPs."""
     cuda = result["meta"].get("device") == "cuda"
-    lines = ["| path | engine | MB | test | tokens/s | min | max | x first | peak MB |" + (" of copy |" if cuda else ""),
+    lines = ["| path | engine | MB | test | tokens/s | min | max | x first | peak MB |" + (" of limit |" if cuda else ""),
              "|---|---|---:|---|---:|---:|---:|---:|---:|" + ("---:|" if cuda else "")]
     for r in result["rows"]:
-        copy = (f" {r['fraction_of_copy']:.1%} |" if "fraction_of_copy" in r else " |") if cuda else ""
+        limit = ""
+        if cuda:
+            limit = (f" {r['fraction_of_copy']:.1%} copy |" if "fraction_of_copy" in r else
+                     f" {r['fraction_of_dense_bf16']:.1%} bf16 |" if "fraction_of_dense_bf16" in r else " |")
         lines.append(f"| {r['path']} | {r['engine']} | {r['bytes'] / 1e6:.1f} | {r['test']} | "
                      f"{r['tokens_per_s']:.1f} | {r['min']:.1f} | {r['max']:.1f} | {r['vs_first']:.2f} | "
-                     f"{r['peak_rss_mb']:.0f} |{copy}")
+                     f"{r['peak_rss_mb']:.0f} |{limit}")
     return "\n".join(lines)
 
 

@@ -179,3 +179,28 @@ def test_the_cuda_table_says_how_the_models_ran():
     assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta)
     text = footer({**meta, "compile": True, "activations": "int8", "row_products": True})
     assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text and "reductions" in text
+
+
+def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_shows_each_rows_limit():
+    """`speed.linear_parameters` (float and quantized layers alike; the head counted or not) and the CUDA
+    table's last column: a decode row against the copy bandwidth, a prefill row against the dense bf16 rate."""
+    import edgettt
+    from edgettt.quant import QuantConfig
+    from edgettt.speed import dense_bf16_flops, linear_parameters, table
+
+    model = edgettt.load("ttt-linear-tiny-parallel")
+    c = model.config
+    head = c.vocab_size * c.hidden_size
+    assert linear_parameters(model) - linear_parameters(model, head=False) == head
+    per_layer = sum(m.weight.numel() for m in model.model.layers[0].modules() if isinstance(m, torch.nn.Linear))
+    assert linear_parameters(model, head=False) == c.num_hidden_layers * per_layer
+    assert linear_parameters(edgettt.quantize(model, QuantConfig("int4", 64))) == linear_parameters(model)
+    assert dense_bf16_flops("NVIDIA H200") == dense_bf16_flops("NVIDIA H100 80GB HBM3") == 989.4e12
+    assert dense_bf16_flops("NVIDIA A100-SXM4-80GB") is None
+    row = {"path": "m", "engine": "torch cuda", "bytes": 1e6, "tokens_per_s": 10.0, "min": 9.0, "max": 11.0,
+           "vs_first": 1.0, "peak_rss_mb": 5.0}
+    rows = [{**row, "test": "pp512", "fraction_of_dense_bf16": 0.218},
+            {**row, "test": "tg128@d0", "fraction_of_copy": 0.094}, {**row, "test": "pp8"}]
+    lines = table({"meta": {"device": "cuda"}, "rows": rows}).splitlines()
+    assert "of limit" in lines[0] and lines[2].endswith(" 21.8% bf16 |") and lines[3].endswith(" 9.4% copy |")
+    assert lines[4].endswith("| |")
