@@ -65,10 +65,14 @@ class Variant:
         torch.manual_seed(0)
         model = build(kind, args.preset, not args.separate_projections, "none" if self.llama else args.weights)
         compiled = step != "eager"
-        if step == "compile-rows":  # batch-1 weight products as products and sums inductor fuses
+        if "-rows" in step:  # batch-1 weight products as products and sums inductor fuses
             from edgettt.row_products import use_row_products
 
             use_row_products(model)
+        if "-token" in step:  # each converted layer's token in one kernel (parallel TTT-Linear, float state)
+            from edgettt.kernels.decode_token import use_token_kernel
+
+            use_token_kernel(model)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
@@ -133,7 +137,9 @@ def main(argv=None) -> int:
     parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel; "
                         "FORM-STATE for a state format, e.g. parallel-int8")
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
-                        "batch-1 step's weight products as products and sums: `row_products`), for every kind")
+                        "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
+                        "converted layer's token in one kernel: `kernels.decode_token`), compile-rows-token; for "
+                        "every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],

@@ -56,6 +56,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         self.mask_eta = nn.Parameter(torch.ones(config.mini_batch_size))
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
+        self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
@@ -84,6 +85,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
 
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
+        if decode and self.token_kernel and x.shape[1] == 1 and la.fused_decode() and self.token_kernel_applies():
+            return self.finish(x, self._decode_token(x, state, start))
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         attend = self._decode_attend if decode else la.chunk
@@ -96,6 +99,23 @@ class LinearAttentionLayer(StateScales, MixerBase):
         else:
             out = self._exact(state, q, k, v, lr, start, attend)
         return self.finish(x, out)
+
+    def token_kernel_applies(self) -> bool:
+        """`kernels.decode_token` covers the parallel form of TTT-Linear with a float state, q and k projected
+        (not `share_qk`'s convolutions), outside calibration and autograd."""
+        return (self.config.form == "parallel" and not self.mlp and not self.config.share_qk
+                and self.state_format == "fp32" and self.observer is None and not torch.is_grad_enabled())
+
+    def _decode_token(self, x, st, start):
+        """One compiled token from its projections to the heads' outputs [B, H, 1, d] in one operation."""
+        from .kernels.decode_token import decode_token_op  # noqa: F401  (registers edgettt::decode_token)
+
+        q, k, v = (self.split_heads(t)[:, :, 0] for t in self.project_inputs(x))
+        out = torch.ops.edgettt.decode_token(q, k, v, self.learning_rates(x)[:, :, 0], self.state0,
+                                             self.value_norm.weight, self.value_norm.bias, st["S1"], st["A1"],
+                                             self.mask_eta, start % self.config.mini_batch_size,
+                                             self.config.rope_theta)
+        return out[:, :, None]
 
     def _exact(self, state, q, k, v, lr, start, attend):
         """The exact form: values at each mini-batch's boundary state, so one mini-batch at a time."""

@@ -113,10 +113,12 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
                                            ("parallel", True), ("ttt", True), ("llama", True),
                                            ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True),
-                                           ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True)])
+                                           ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True),
+                                           ("parallel+token", True), ("parallel+rows+token", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off), and
-    with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence)."""
+    with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence) and with
+    each layer's token in one kernel (`+token`: `use_token_kernel`)."""
     import contextlib
 
     from edgettt import convert
@@ -125,7 +127,8 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
     from edgettt.row_products import use_row_products
     from edgettt.speed import _copy_state, capture_steps, compile_step
 
-    form, rows, _ = form.partition("+rows")
+    form, *extras = form.split("+")
+    rows = "rows" in extras
     batch = 1 if rows else 2
     if form == "llama":
         with torch.device("cuda"):
@@ -148,6 +151,10 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
     model = model.to(torch.bfloat16).eval()
     if rows:
         use_row_products(model)
+    if "token" in extras:
+        from edgettt.kernels.decode_token import use_token_kernel
+
+        assert use_token_kernel(model) > 0
     ids = torch.randint(0, 61, (batch, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():
         state = model.init_state(batch, 40) if form == "llama" else None
