@@ -108,7 +108,8 @@ def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta:
     last = eta_tok.shape[0] - 1
     _decode_token_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, A, out, eta_tok, inner, last, H, D,
                                    math.log2(theta), LN_EPS, COMMIT=inner == last,
-                                   BLOCK_K=next_power_of_2(D + 1), BLOCK_D=next_power_of_2(D))
+                                   BLOCK_K=next_power_of_2(D + 1), BLOCK_D=next_power_of_2(D),
+                                   num_warps=8)  # three [d+1, d] fp32 tiles a program (S0, S, A): 8 warps hold them
     return out
 
 
