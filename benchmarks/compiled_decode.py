@@ -69,7 +69,7 @@ class Variant:
             from edgettt.row_products import use_row_products
 
             use_row_products(model)
-        if "-token" in step:  # each converted layer's token in one kernel (parallel TTT-Linear, float state)
+        if "-token" in step:  # each converted layer's token in one kernel (TTT-Linear, float state)
             from edgettt.kernels.decode_token import use_token_kernel
 
             use_token_kernel(model)

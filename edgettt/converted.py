@@ -101,9 +101,9 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return self.finish(x, out)
 
     def token_kernel_applies(self) -> bool:
-        """`kernels.decode_token` covers the parallel form of TTT-Linear with a float state, q and k projected
-        (not `share_qk`'s convolutions), outside calibration and autograd."""
-        return (self.config.form == "parallel" and not self.mlp and not self.config.share_qk
+        """`kernels.decode_token` covers TTT-Linear (both forms) with a float state, q and k projected (not
+        `share_qk`'s convolutions), outside calibration and autograd."""
+        return (not self.mlp and not self.config.share_qk
                 and self.state_format == "fp32" and self.observer is None and not torch.is_grad_enabled())
 
     def _decode_token(self, x, st, start):
@@ -114,7 +114,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         out = torch.ops.edgettt.decode_token(q, k, v, self.learning_rates(x)[:, :, 0], self.state0,
                                              self.value_norm.weight, self.value_norm.bias, st["S1"], st["A1"],
                                              self.mask_eta, start % self.config.mini_batch_size,
-                                             self.config.rope_theta)
+                                             self.config.rope_theta, self.config.form == "exact")
         return out[:, :, None]
 
     def _exact(self, state, q, k, v, lr, start, attend):

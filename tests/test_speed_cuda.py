@@ -114,7 +114,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
                                            ("parallel", True), ("ttt", True), ("llama", True),
                                            ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True),
                                            ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True),
-                                           ("parallel+token", True), ("parallel+rows+token", True)])
+                                           ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off), and
     with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence) and with

@@ -28,14 +28,15 @@ def dtypes(device):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(2, 3, 16), (1, 2, 64), (1, 1, 24)])  # 24: padded blocks
 @pytest.mark.parametrize("inner", [0, 1, 3])  # 1: an int argument Triton takes as a constant; 3 commits (b = 4)
-def test_decode_token_matches_reference(device, shape, inner):
+@pytest.mark.parametrize("at_state", [False, True])  # values at S0 (parallel form) or at S (exact)
+def test_decode_token_matches_reference(device, shape, inner, at_state):
     eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
     for dtype in dtypes(device):
         q, k, v, lr, S0, gamma, beta, S, A = inputs(*shape, dtype, device)
         S_ref, A_ref = S.float().clone(), A.float().clone()
         want = decode_token_ref(q.float(), k.float(), v.float(), lr.float(), S0.float(), gamma.float(),
-                                beta.float(), S_ref, A_ref, eta, inner, 10000.0)
-        got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0)
+                                beta.float(), S_ref, A_ref, eta, inner, 10000.0, at_state)
+        got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0, at_state)
         assert not torch.isnan(got).any() and got.dtype == dtype
         assert rel_err(got.float(), want) < TOL[dtype], dtype
         assert rel_err(S.float(), S_ref) < TOL[dtype] and rel_err(A.float(), A_ref) < TOL[dtype] + (inner == 3), dtype
@@ -43,14 +44,15 @@ def test_decode_token_matches_reference(device, shape, inner):
             assert (A == 0).all()  # committed
 
 
-def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, monkeypatch):
-    """A converted model (parallel, TTT-Linear) stepping through `edgettt::decode_token` (the reference on the
+@pytest.mark.parametrize("form", ["parallel", "exact"])
+def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form):
+    """A converted TTT-Linear model stepping through `edgettt::decode_token` (the reference on the
     CPU; aot_eager stands in for inductor) gives the torch path's logits and state across a commit, and the
     traced graph holds the op once a layer."""
     from edgettt import convert
     from edgettt.speed import _copy_state
 
-    model = convert(tiny_model("linear", seed=3, mini_batch_size=8), "parallel").eval()
+    model = convert(tiny_model("linear", seed=3, mini_batch_size=8), form).eval()
     graphs = []
 
     def recording(gm, inputs):
