@@ -23,6 +23,18 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((a - e).norm() / e.norm().clamp_min(1e-30)).item()
 
 
+def compiled_recording(fn):
+    """(`fn` compiled by torch.compile with AOT autograd and no inductor, the CPU's stand-in for it; the list
+    dynamo's traced graphs are appended to, to look for the operations a compiled step holds)."""
+    graphs = []
+
+    def recording(gm, inputs):
+        graphs.append(gm)
+        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
+
+    return torch.compile(fn, backend=recording, dynamic=False), graphs
+
+
 def tiny_config(**overrides) -> ModelConfig:
     base = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                 num_attention_heads=4, mini_batch_size=8)

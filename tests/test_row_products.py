@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import rel_err
+from conftest import compiled_recording, rel_err
 
 
 def calls(graphs, targets) -> int:
@@ -39,17 +39,11 @@ def compiled_steps(model, batch: int, steps: int = 3):
     from edgettt.speed import _copy_state
 
     llama = not hasattr(model, "form")
-    graphs = []
-
-    def recording(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-
     ids = torch.randint(0, 100, (batch, 10 + steps), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :10], model.init_state(batch, 10 + steps) if llama else None)
         other = _copy_state(state) if not llama else model.prefill(ids[:, :10], model.init_state(batch, 10 + steps))[1]
-        step = torch.compile(model.step, backend=recording, dynamic=False)
+        step, graphs = compiled_recording(model.step)
         for t in range(10, 10 + steps):
             want, state = model.step(ids[:, t], state)
             got, other = step(ids[:, t], other)

@@ -4,7 +4,7 @@
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import compiled_recording, rel_err
 
 
 def test_the_transformer_baseline_decodes_as_it_prefills():
@@ -48,17 +48,11 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
 
     model = edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig(weights, 64))
     op = getattr(torch.ops.edgettt, f"{weights}_linear").default
-    graphs = []
-
-    def recording(gm, inputs):  # dynamo's graph, then AOT autograd with the fake implementations
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :20])
         compiled_state = _copy_state(state)
-        step = torch.compile(model.step, backend=recording, dynamic=False)
+        step, graphs = compiled_recording(model.step)  # AOT autograd runs the ops' fake implementations
         for t in range(20, 24):
             want, state = model.step(ids[:, t], state)
             got, compiled_state = step(ids[:, t], compiled_state)

@@ -1,12 +1,10 @@
 """The whole-token decode kernel (`kernels.decode_token`) against its plain-torch reference, and the
 reference against the converted layer's own decode (CPU: Triton interpreter; GPU: compiled)."""
 
-import functools
-
 import pytest
 import torch
 
-from conftest import rel_err
+from conftest import compiled_recording, rel_err
 from edgettt.kernels.decode_token import decode_token, decode_token_ref, use_token_kernel
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -53,18 +51,12 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     from edgettt.speed import _copy_state
 
     model = convert(tiny_model("linear", seed=3, mini_batch_size=8), form).eval()
-    graphs = []
-
-    def recording(gm, inputs):
-        graphs.append(gm)
-        return torch._dynamo.backends.debugging.aot_eager(gm, inputs)
-
     ids = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         other = _copy_state(state)
         assert use_token_kernel(model) == model.config.num_hidden_layers
-        step = torch.compile(functools.partial(model.step), backend=recording, dynamic=False)
+        step, graphs = compiled_recording(model.step)
         for t in range(13, 24):
             want, state = model.step(ids[:, t], state)  # eager: the layer's torch path
             got, other = step(ids[:, t], other)
