@@ -115,11 +115,13 @@ class CudaOptions:
     (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only);
     `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
     inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
-    `benchmarks/results/compiled_decode_h200.md` run 7)."""
+    `benchmarks/results/compiled_decode_h200.md` run 7); `token_kernel`, with `compile`: each converted
+    TTT-Linear layer's token in one kernel (`kernels.decode_token.use_token_kernel`; not yet timed)."""
 
     compile: bool = False
     activations: str = "float"
     row_products: bool = True
+    token_kernel: bool = False
 
 
 class CudaEngine:
@@ -153,6 +155,10 @@ class CudaEngine:
             from .row_products import use_row_products
 
             use_row_products(self.model)
+        if self.options.compile and self.options.token_kernel and not is_llama(path):
+            from .kernels.decode_token import use_token_kernel
+
+            use_token_kernel(self.model)
         if self.options.compile:
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
@@ -530,7 +536,8 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile, --activations and --row-products choose how --device cuda runs models; add "
+        raise EdgetttError("speed: --compile, --activations, --row-products and --token-kernel choose how --device cuda "
+                           "runs models; add "
                            "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
         import torch
@@ -584,7 +591,8 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         result["meta"].update(repetitions_asked=repetitions, workers="one a path, kept" if keep else "one a measurement")
         if device == "cuda":
             result["meta"].update(compile=cuda.compile, activations=cuda.activations,
-                                  row_products=cuda.compile and cuda.row_products, copy_bandwidth_GBps=ceiling / 1e9)
+                                  row_products=cuda.compile and cuda.row_products,
+                                  token_kernel=cuda.compile and cuda.token_kernel, copy_bandwidth_GBps=ceiling / 1e9)
             peak_flops = dense_bf16_flops(result["meta"]["gpu"])
             result["meta"]["dense_bf16_TFLOPs"] = peak_flops and peak_flops / 1e12
             for row in result["rows"]:
@@ -781,6 +789,7 @@ def footer(meta: dict) -> str:
     if meta.get("device") == "cuda":
         how = ("decode steps compiled (torch.compile), " if meta.get("compile") else "") + \
             ("batch-1 float products as inductor's reductions, " if meta.get("row_products") else "") + \
+            ("a TTT layer's token in one kernel, " if meta.get("token_kernel") else "") + \
             ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "")
         return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "
                 f"{meta['decode']}; peak MB: {meta['peak']}; {meta['repetitions']} repetitions, batch {meta['batch']}.")

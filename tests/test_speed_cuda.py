@@ -32,7 +32,7 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"], ["--no-row-products"]):  # CUDA options, no --device cuda
+    for option in (["--compile"], ["--activations", "int8"], ["--no-row-products"], ["--token-kernel"]):  # no cuda
         result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 
@@ -178,8 +178,9 @@ def test_the_cuda_table_says_how_the_models_ran():
     meta = {"device": "cuda", "gpu": "H200", "torch": "2", "triton": "3", "dtype": "bfloat16", "decode": "graphs",
             "peak": "allocated", "repetitions": 3, "batch": 1}
     assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta)
-    text = footer({**meta, "compile": True, "activations": "int8", "row_products": True})
+    text = footer({**meta, "compile": True, "activations": "int8", "row_products": True, "token_kernel": True})
     assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text and "reductions" in text
+    assert "token in one kernel" in text
 
 
 def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_shows_each_rows_limit():
