@@ -105,13 +105,14 @@ class Variant:
         facts = {"weights_bytes": weight_bytes(self.model), "state_bytes": state_bytes(self.model, self.state,
                  self.args.batch), "graphs": len(self.graphs)}
         if self.args.profile:
-            facts["kernels"] = kernel_table(self, self.args.tokens)
+            facts["kernels"] = kernel_table(self)
         return facts
 
 
-def kernel_table(variant: Variant, tokens: int, top: int = 30) -> dict:
-    """Where a token's time goes: the GPU kernels of one round of `tokens` replays under torch.profiler, as
-    kernels a token and microseconds a token, the largest `top` by time."""
+def kernel_table(variant: Variant, top: int = 30) -> dict:
+    """Where a token's time goes: the GPU kernels of one round of the variant's replays under torch.profiler,
+    as kernels a token and microseconds a token, the largest `top` by time."""
+    tokens = variant.args.tokens
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:

@@ -288,6 +288,7 @@ class Output:
                 raise EdgetttError(f"{self.path}: nothing was written")
             _usual_permissions(tmp)
             self._publish(tmp, staging)
+            self.published = True
         except BaseException:
             if staging is not None:
                 shutil.rmtree(staging, ignore_errors=True)
@@ -311,7 +312,6 @@ class Output:
         # (an output this plan already published, a command's partial result, it replaces as with force)
         if exists and not ((self.force or self.published) and recognise(final, self.kind)):  # appeared or changed
             raise EdgetttError(f"{final}: appeared or changed while this run worked; nothing replaced, run again")
-        self.published = True
         if not self.is_dir or not exists:
             os.replace(tmp, final)  # a file over the old one; a directory where there was none
             return

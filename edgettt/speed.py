@@ -151,15 +151,15 @@ class CudaEngine:
             set_activations(model, self.options.activations)
             fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
         self.model = model.to("cuda", torch.bfloat16).eval()
-        if self.options.compile and self.options.row_products:
-            from .row_products import use_row_products
-
-            use_row_products(self.model)
-        if self.options.compile and self.options.token_kernel and not is_llama(path):
-            from .kernels.decode_token import use_token_kernel
-
-            use_token_kernel(self.model)
         if self.options.compile:
+            if self.options.row_products:
+                from .row_products import use_row_products
+
+                use_row_products(self.model)
+            if self.options.token_kernel:  # (the transformer has no layer that takes it)
+                from .kernels.decode_token import use_token_kernel
+
+                use_token_kernel(self.model)
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
         self.graphs = None
@@ -411,7 +411,8 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
     """A worker process: load `path`, answer ("ready", pid) (or ("error", line)), then serve the parent's
     requests until None: ("warm", test) runs the test once, untimed (the first runs of a session allocate,
     plan, autotune and compile), answered ("warm",); ("time", test) warms up first if this worker has not
-    run the test yet, then times it, answered (seconds, peak MB, pid, bytes a decode step moves or None):
+    run the test yet, then times it, answered (seconds, peak MB, pid, bytes a decode step moves or None, a
+    prefill token's matmul FLOPs or None):
     the peak is resident memory on the CPU (the process's high-water mark), the GPU memory allocated
     during the test on CUDA; ("copy", None) measures the GPU's copy bandwidth, answered (bytes/s,)."""
     import os
