@@ -25,7 +25,8 @@ from edgettt.kernels import autotune_configs, int4
 SHAPES = ((4096, 4096), (11008, 4096))
 
 
-@triton.autotune(configs=int4.GEMV_CONFIGS, key=["N", "K", "GROUP"])
+@triton.autotune(configs=autotune_configs(int4.GEMV_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
+                 key=["N", "K", "GROUP"])
 @triton.jit
 def zero_per_code_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
                          GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
@@ -106,7 +107,72 @@ def split_k(x, qweight, scales, zero_points):
     return y.to(x.dtype)[None]
 
 
-VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code, "split-K": split_k}
+@triton.jit
+def words_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, ZPW, KW: tl.constexpr, WPG: tl.constexpr,
+                 BN: tl.constexpr, BW: tl.constexpr, SPLIT: tl.constexpr):
+    """The weight read as 32-bit words (8 codes each: code k = 8w + i is nibble i of word w) in [BN, BW]
+    tiles, over a K slice unrolled at compile time (K a constant: every tile's load can be issued before
+    the first is used); each word's 8 products summed, then scaled with its group's zero point applied
+    through the word's sum of x. SPLIT slices of K a row block, added atomically into a float32 y (SPLIT
+    = 1: stored in y's type)."""
+    pid_n, s = tl.program_id(0), tl.program_id(1)
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    words = qw_ptr.to(tl.pointer_type(tl.int32))
+    PER: tl.constexpr = (KW + SPLIT * BW - 1) // (SPLIT * BW) * BW  # words a slice: whole tiles
+    acc = tl.zeros([BN, BW], dtype=tl.float32)
+    for w0 in tl.static_range(0, PER, BW):
+        w = s * PER + w0 + tl.arange(0, BW)
+        w_ok = w < KW
+        mask = n_ok[:, None] & w_ok[None, :]
+        word = tl.load(words + n[:, None] * KW + w[None, :], mask=mask, other=0)
+        part = tl.zeros([BN, BW], dtype=tl.float32)
+        x_sum = tl.zeros([BW], dtype=tl.float32)
+        for i in tl.static_range(8):
+            x_i = tl.load(x_ptr + w * 8 + i, mask=w_ok, other=0.0).to(tl.float32)
+            code = (((word >> (4 * i)) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+            part += code * x_i[None, :]
+            x_sum += x_i
+        g = w // WPG
+        scale = tl.load(sc_ptr + n[:, None] * (KW // WPG) + g[None, :], mask=mask, other=0.0).to(tl.float32)
+        zero = int4._zero_points(zp_ptr, n, g, ZPW, mask)
+        acc += (part - zero * x_sum[None, :]) * scale
+    y = tl.sum(acc, axis=1)
+    if SPLIT == 1:
+        tl.store(y_ptr + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    else:
+        tl.atomic_add(y_ptr + n, y, mask=n_ok)
+
+
+WORD_TILES = [(8, 64, 4), (4, 128, 4), (8, 128, 4), (16, 64, 4), (4, 64, 2), (2, 128, 2), (16, 128, 8), (4, 256, 4),
+              (8, 32, 2), (32, 32, 4)]  # (BN, BW, warps)
+words_single = triton.autotune(
+    configs=autotune_configs([triton.Config({"BN": bn, "BW": bw, "SPLIT": 1}, num_warps=w) for bn, bw, w in WORD_TILES],
+                             [triton.Config({"BN": 4, "BW": 16, "SPLIT": 1}, num_warps=1)]),
+    key=["N", "KW"])(words_kernel)
+words_split = triton.autotune(
+    configs=autotune_configs([triton.Config({"BN": bn, "BW": bw, "SPLIT": sp}, num_warps=w)
+                              for bn, bw, w in WORD_TILES for sp in (2, 4, 8)],
+                             [triton.Config({"BN": 4, "BW": 16, "SPLIT": 3}, num_warps=1)]),
+    key=["N", "KW"], reset_to_zero=["y_ptr"])(words_kernel)
+
+
+def words(x, qweight, scales, zero_points, split=False):
+    """One row x [1, K] through the word kernel: straight into x's dtype, or (split) K in slices into a
+    zeroed float32 y, then x's dtype (2 small kernels more)."""
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    assert K % 8 == 0 and GH % 4 == 0, "whole 32-bit words, whole groups of them"
+    y = torch.zeros(N, device=x.device, dtype=torch.float32) if split else torch.empty(N, device=x.device,
+                                                                                       dtype=x.dtype)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT"])  # noqa: E731
+    (words_split if split else words_single)[grid](x, qweight, scales, zero_points, y, N, zero_points.shape[1],
+                                                   KW=K // 8, WPG=GH // 4)
+    return (y.to(x.dtype) if split else y)[None]
+
+
+VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code, "split-K": split_k,
+            "words": words, "words split-K": lambda *a: words(*a, split=True)}
 
 
 def variant_rows(ceiling):
@@ -116,7 +182,7 @@ def variant_rows(ceiling):
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        for check in (zero_per_code, split_k):
+        for name, check in VARIANTS.items():
             assert torch.allclose(check(x, *copies[0]), int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1)
         for name, fn in VARIANTS.items():
             ms, _ = time_rotating_ms([lambda c=c, fn=fn: fn(x, *c) for c in copies])

@@ -289,9 +289,11 @@ def _decode_step_int8kv_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr,
 
 
 def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None, rows: int = 4,
-                       warps: int = 1, seqs: int = 1):
+                       warps: int = 1, seqs: int = 1, commit_warps: int | None = None):
     """One token for B sequences; a program takes one head of `seqs` sequences (a power of two), which
-    then read their head's float32 S0 once between them."""
+    then read their head's float32 S0 once between them. `commit_warps`: the warps of a program at the
+    mini-batch's last token (which also forms A's rows and rounds S: more arithmetic a row), by default
+    `warps`."""
     B, H, DK = qa.shape
     DV = vh.shape[-1]
     SLOTS = K.shape[2]
@@ -301,9 +303,11 @@ def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, 
     z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
     last = eta_tok.shape[0] - 1
     assert seqs & (seqs - 1) == 0, "seqs: a power of two"
+    commit = inner == last
     _decode_step_int8kv_kernel[(cdiv(B, seqs) * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last,
-                                                     B, H, DK, DV, SLOTS, COMMIT=inner == last,
+                                                     B, H, DK, DV, SLOTS, COMMIT=commit,
                                                      MINI=next_power_of_2(SLOTS), BLOCK_K=next_power_of_2(DK),
                                                      HALF=next_power_of_2(DV // 2), ROWS=rows,
-                                                     ROW_END=cdiv(DK, rows) * rows, SEQS=seqs, num_warps=warps)
+                                                     ROW_END=cdiv(DK, rows) * rows, SEQS=seqs,
+                                                     num_warps=(commit_warps or warps) if commit else warps)
     return z

@@ -132,8 +132,8 @@ def int8kv_state(B, H, DK, DV, b, device, seed=2):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 65, 64), (2, 1, 33, 6)])
 @pytest.mark.parametrize("inner", [0, 2, 3])  # 3 = the last of a mini-batch of 4: commit
-@pytest.mark.parametrize("seqs", [1, 4])  # sequences a program (4: more than B, a partial block)
-def test_int8kv_state_decode_step_matches_reference(device, shape, inner, seqs):
+@pytest.mark.parametrize("seqs,commit_warps", [(1, None), (4, None), (1, 4)])  # seqs 4: more than B, a partial block
+def test_int8kv_state_decode_step_matches_reference(device, shape, inner, seqs, commit_warps):
     from edgettt.kernels.decode import decode_step_int8kv, decode_step_int8kv_ref
     from edgettt.quant.state_formats import two_level_values, unpack_fine
 
@@ -145,7 +145,7 @@ def test_int8kv_state_decode_step_matches_reference(device, shape, inner, seqs):
     state_ref = [t.clone() for t in state]
     z_ref = decode_step_int8kv_ref(qa, ka, vh, *state_ref, eta, inner)
     z = torch.full((B, H, DV), float("nan"), device=device)
-    decode_step_int8kv(qa, ka, vh, *state, eta, inner, out=z, rows=16, seqs=seqs)
+    decode_step_int8kv(qa, ka, vh, *state, eta, inner, out=z, rows=16, seqs=seqs, commit_warps=commit_warps)
     assert rel_err(z, z_ref) < 1e-5
     C8, C4, step, S0, K, V = state
     assert torch.equal(K[:, :, inner], state_ref[4][:, :, inner]) and torch.equal(V, state_ref[5])
