@@ -8,7 +8,8 @@ post-norm (float state): rotary, the value map, the state step and the output no
     out = q + LN(zbar)                                      (gamma, beta: the layer's value norm)
 
 `decode_token_ref` is the plain-torch reference (the layer's own functions), `decode_token` the Triton
-kernel, one program a (sequence, head) holding its whole [d+1, d] tiles of S0, S and A; same signature:
+kernel, one program a (sequence, head) holding its [d+1, d] matrices S0, S and A (as a [d, d] tile and the
+bias row apart); same signature:
     q, k, v [B, H, d] (not rotated)   lr [B, H]   S0 [H, d+1, d]   gamma, beta [H, d]
     S, A [B, H, d+1, d] (read, and updated in place)   eta_tok [b]   inner: the place in the mini-batch
     theta: the rotary base;  at_state: the values at S (the exact form) instead of S0;  returns out [B, H, d]
@@ -63,44 +64,52 @@ def _normed(x, ok, D, EPS):
 @triton.jit
 def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, a_ptr, o_ptr, eta_ptr,
                          INNER, LAST, H, D, LOG2_THETA, EPS,
-                         COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_D: tl.constexpr):
-    bh = tl.program_id(0)  # one (sequence, head)
+                         COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr):
+    # one (sequence, head); the [d+1, d] matrices as a [d, d] tile of the feature rows and the bias row
+    # (index d) apart, so that a tile of d = 64 is not padded to 128 rows. Every load of the state is issued
+    # first: the program's time is its chain of dependent steps, not its bytes.
+    bh = tl.program_id(0)
     h = bh % H
-    rows = tl.arange(0, BLOCK_K)  # the state's rows: d features, then the bias row (index D)
-    cols = tl.arange(0, BLOCK_D)  # its columns
-    col_ok = cols < D
-    pos = INNER + 0.0  # (an int argument of 1 arrives as a constant)
-    qa = tl.where(rows == D, 1.0, _rotated(q_ptr + bh * D, rows, D, pos, LOG2_THETA))
-    ka = tl.where(rows == D, 1.0, _rotated(k_ptr + bh * D, rows, D, pos, LOG2_THETA))
-    q_cols = _rotated(q_ptr + bh * D, cols, D, pos, LOG2_THETA)
-    target = tl.load(v_ptr + bh * D + cols, mask=col_ok, other=0.0).to(tl.float32) - \
-        _rotated(k_ptr + bh * D, cols, D, pos, LOG2_THETA)
-    gamma = tl.load(g_ptr + h * D + cols, mask=col_ok, other=0.0).to(tl.float32)
-    beta = tl.load(b_ptr + h * D + cols, mask=col_ok, other=0.0).to(tl.float32)
-    tile = rows[:, None] * D + cols[None, :]  # into a [d+1, d] matrix
-    mask = (rows <= D)[:, None] & col_ok[None, :]
-    state = bh * (D + 1) * D + tile
-    s = tl.load(s_ptr + state, mask=mask, other=0.0).to(tl.float32)
-    # the value map at W (S0, or S itself): the LN-L2 gradient of z = ka W towards v - k, times -lr
+    i = tl.arange(0, BLOCK_D)  # rows and columns
+    ok = i < D
+    mask = ok[:, None] & ok[None, :]
+    tile = i[:, None] * D + i[None, :]
+    state = bh * (D + 1) * D
+    s, s_bias = tl.load(s_ptr + state + tile, mask=mask, other=0.0), tl.load(s_ptr + state + D * D + i, mask=ok, other=0.0)
+    a, a_bias = tl.load(a_ptr + state + tile, mask=mask, other=0.0), tl.load(a_ptr + state + D * D + i, mask=ok, other=0.0)
     if AT_STATE:
-        w = s
+        w, w_bias = s, s_bias
     else:
-        w = tl.load(s0_ptr + h * (D + 1) * D + tile, mask=mask, other=0.0).to(tl.float32)
-    xh, inv = _normed(tl.sum(ka[:, None] * w, axis=0), col_ok, D, EPS)
-    e = tl.where(col_ok, (gamma * xh + beta - target) * gamma, 0.0)
-    grad = (e - tl.sum(e, axis=0) / D - xh * (tl.sum(e * xh, axis=0) / D)) * inv
-    vh = tl.where(col_ok, -tl.load(lr_ptr + bh).to(tl.float32) * grad, 0.0)
-    # the state step (`decode.decode_step`)
+        w = tl.load(s0_ptr + h * (D + 1) * D + tile, mask=mask, other=0.0)
+        w_bias = tl.load(s0_ptr + h * (D + 1) * D + D * D + i, mask=ok, other=0.0)
+    pos = INNER + 0.0  # (an int argument of 1 arrives as a constant)
+    q = _rotated(q_ptr + bh * D, i, D, pos, LOG2_THETA)
+    k = _rotated(k_ptr + bh * D, i, D, pos, LOG2_THETA)
+    target = tl.load(v_ptr + bh * D + i, mask=ok, other=0.0).to(tl.float32) - k
+    gamma = tl.load(g_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
+    lr = tl.load(lr_ptr + bh).to(tl.float32)
     eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
     eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
-    a = tl.load(a_ptr + state, mask=mask, other=0.0).to(tl.float32) + ka[:, None] * vh[None, :]
-    zbar = tl.sum(qa[:, None] * (s + eta_i * a), axis=0)
+    # the value map at W (S0, or S itself): the LN-L2 gradient of z = ka W towards v - k, times -lr
+    z = tl.sum(k[:, None] * w.to(tl.float32), axis=0) + w_bias.to(tl.float32)
+    xh, inv = _normed(z, ok, D, EPS)
+    e = tl.where(ok, (gamma * xh + beta - target) * gamma, 0.0)
+    grad = (e - tl.sum(e, axis=0) / D - xh * (tl.sum(e * xh, axis=0) / D)) * inv
+    vh = tl.where(ok, -lr * grad, 0.0)
+    # the state step (`decode.decode_step`): A += ka^T vh, zbar = qa (S + eta_i A)
+    a = a.to(tl.float32) + k[:, None] * vh[None, :]
+    a_bias = a_bias.to(tl.float32) + vh
+    s, s_bias = s.to(tl.float32), s_bias.to(tl.float32)
+    zbar = tl.sum(q[:, None] * (s + eta_i * a), axis=0) + s_bias + eta_i * a_bias
     if COMMIT:
-        tl.store(s_ptr + state, (s + eta_b * a).to(s_ptr.dtype.element_ty), mask=mask)
-        a = a * 0.0
-    tl.store(a_ptr + state, a.to(a_ptr.dtype.element_ty), mask=mask)
-    zn, _ = _normed(zbar, col_ok, D, EPS)
-    tl.store(o_ptr + bh * D + cols, (q_cols + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=col_ok)
+        tl.store(s_ptr + state + tile, (s + eta_b * a).to(s_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + state + D * D + i, (s_bias + eta_b * a_bias).to(s_ptr.dtype.element_ty), mask=ok)
+        a, a_bias = a * 0.0, a_bias * 0.0
+    tl.store(a_ptr + state + tile, a.to(a_ptr.dtype.element_ty), mask=mask)
+    tl.store(a_ptr + state + D * D + i, a_bias.to(a_ptr.dtype.element_ty), mask=ok)
+    zn, _ = _normed(zbar, ok, D, EPS)
+    tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
 
 
 def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
@@ -112,8 +121,7 @@ def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta:
     last = eta_tok.shape[0] - 1
     _decode_token_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, A, out, eta_tok, inner, last, H, D,
                                    math.log2(theta), LN_EPS, COMMIT=inner == last, AT_STATE=at_state,
-                                   BLOCK_K=next_power_of_2(D + 1), BLOCK_D=next_power_of_2(D),
-                                   num_warps=8)  # three [d+1, d] fp32 tiles a program (S0, S, A): 8 warps hold them
+                                   BLOCK_D=next_power_of_2(D), num_warps=8)  # three [d, d] fp32 tiles (S0, S, A)
     return out
 
 
