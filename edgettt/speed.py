@@ -30,7 +30,8 @@ same-size transformer of `edgettt.llama`; a model's projections of one input run
 gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
 torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
 operations in the graph; at batch 1 the float layers' products as products and sums inductor fuses,
-`row_products`, unless `--no-row-products`), `--activations int8` runs the
+`row_products`, unless `--no-row-products`; each converted TTT-Linear layer's token with a float state in one
+kernel, `kernels.decode_token`, unless `--no-token-kernel`), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
@@ -116,12 +117,13 @@ class CudaOptions:
     `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
     inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
     `benchmarks/results/compiled_decode_h200.md` run 7); `token_kernel`, with `compile`: each converted
-    TTT-Linear layer's token in one kernel (`kernels.decode_token.use_token_kernel`; not yet timed)."""
+    TTT-Linear layer's token (float state) in one kernel (`kernels.decode_token.use_token_kernel`; 1.38x at
+    125m, batch 1, `compiled_decode_h200.md` run 8)."""
 
     compile: bool = False
     activations: str = "float"
     row_products: bool = True
-    token_kernel: bool = False
+    token_kernel: bool = True
 
 
 class CudaEngine:
@@ -537,7 +539,7 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile, --activations, --row-products and --token-kernel choose how --device cuda "
+        raise EdgetttError("speed: --compile, --activations, --no-row-products and --no-token-kernel choose how --device cuda "
                            "runs models; add "
                            "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
