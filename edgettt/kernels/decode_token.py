@@ -139,10 +139,13 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state):
     return torch.empty_like(q)
 
 
-def use_token_kernel(model: torch.nn.Module) -> int:
+def use_token_kernel(model: torch.nn.Module, stack_inputs: bool = False) -> int:
     """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel`) to decode a compiled
-    token through `edgettt::decode_token`. Returns the number of layers that will."""
+    token through `edgettt::decode_token`; `stack_inputs`: its input products as one, where its layers are
+    float (`LinearAttentionLayer.stack_token_inputs`; not yet timed). Returns the number of layers that will."""
     layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
     for layer in layers:
         layer.token_kernel = True
+        if stack_inputs and layer.token_kernel_fits():
+            layer.stack_token_inputs()
     return sum(layer.token_kernel_applies() for layer in layers)
