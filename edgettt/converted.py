@@ -114,8 +114,9 @@ class LinearAttentionLayer(StateScales, MixerBase):
     def stack_token_inputs(self) -> bool:
         """Stack the rows of the products a decode token makes of its input (q, k, v, the gate and the
         learning-rate logits) into one weight, so that `_decode_token` makes them in one product (at batch 1
-        one reduction, where they were three); the layers' own weights and the gate's bias become views into
-        it (no second copy). Float layers only; returns whether it stacked."""
+        one reduction, where they were two, or three with a gate); the layers' own weights and the learning
+        rate's bias become views into it (no second copy). Float layers only, on their final device and dtype
+        (a later `.to()` copies the layers' weights, not the stack); returns whether it stacked."""
         from .row_products import RowProductLinear
 
         fused = getattr(self, "fused_inputs", None)
