@@ -102,8 +102,7 @@ class Variant:
     def facts(self) -> dict:
         from edgettt.speed import state_bytes, weight_bytes
 
-        facts = {"weights_bytes": weight_bytes(self.model), "state_bytes": state_bytes(self.model, self.state,
-                 self.args.batch), "graphs": len(self.graphs)}
+        facts = {"weights_bytes": weight_bytes(self.model), "state_bytes": state_bytes(self.state), "graphs": len(self.graphs)}
         if self.args.profile:
             facts["kernels"] = kernel_table(self)
         return facts

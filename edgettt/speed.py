@@ -186,7 +186,7 @@ class CudaEngine:
         with self.torch.no_grad(), (kernels_off() if self.options.compile else contextlib.nullcontext()):
             self.graphs = capture_steps(self.model, state, start, ids.shape[0])
         self.torch.cuda.synchronize()
-        self.step_bytes = decode_bytes(self.model, state, ids.shape[0])
+        self.step_bytes = decode_bytes(self.model, state)
 
     def decode(self, ids, start, state):
         token, graphs = self.graphs
@@ -261,9 +261,9 @@ def capture_steps(model, state, start: int, batch: int):
     return token, graphs
 
 
-def decode_bytes(model, state, batch: int) -> int:
+def decode_bytes(model, state) -> int:
     """Bytes a decode step must move at least: the weights and the state it reads."""
-    return weight_bytes(model) + state_bytes(model, state, batch)
+    return weight_bytes(model) + state_bytes(state)
 
 
 def linear_parameters(model, head: bool = True) -> int:
@@ -297,14 +297,15 @@ def weight_bytes(model) -> int:
                                                            if isinstance(m, QuantLinear))
 
 
-def state_bytes(model, state, batch: int) -> int:
-    """The state a step reads: the KV cache (its capacity: the depth and the decoded tokens), or the TTT
-    model's decode state as stored (`decode_state_bytes`, one sequence's) for each sequence."""
+def state_bytes(state) -> int:
+    """The state a step reads, as the step holds it: the KV cache (its capacity: the depth and the decoded
+    tokens), or a TTT model's state tensors, every sequence's. (In torch the int8 state formats keep S on
+    their grid in the model's float type, so this is more than the stored format's `decode_state_bytes`.)"""
     from .llama import KVCache
 
     if isinstance(state, KVCache):
         return sum(t.nbytes for t in state.keys + state.values)
-    return model.decode_state_bytes() * batch
+    return sum(t.nbytes for layer in state.layers for t in layer.values())
 
 
 def _copy_state(state):

@@ -206,3 +206,23 @@ def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_s
     lines = table({"meta": {"device": "cuda"}, "rows": rows}).splitlines()
     assert "of limit" in lines[0] and lines[2].endswith(" 21.8% bf16 |") and lines[3].endswith(" 9.4% copy |")
     assert lines[4].endswith("| |")
+
+
+@pytest.mark.parametrize("state_format", ["fp32", "int8"])
+def test_a_steps_state_bytes_are_its_tensors_as_held(tiny_model, state_format):
+    """`speed.state_bytes` (the bytes behind the decode rows' copy fraction) counts the state as the step holds
+    it, every sequence's: for the float state what the stored format says too; for the int8 format more (its
+    S is held on its grid in the model's float type, where the stored format keeps 1.5 bytes a value)."""
+    from edgettt import convert
+    from edgettt.quant import apply_state_format
+    from edgettt.speed import state_bytes
+
+    model = convert(tiny_model("linear", seed=2, mini_batch_size=8), "parallel").eval()
+    if state_format != "fp32":
+        apply_state_format(model, state_format)
+    with torch.no_grad():
+        _, state = model.prefill(torch.randint(0, 61, (3, 13), generator=torch.Generator().manual_seed(1)))
+    held = sum(t.numel() * t.element_size() for layer in state.layers for t in layer.values())
+    assert state_bytes(state) == held
+    assert (held == 3 * model.decode_state_bytes()) == (state_format == "fp32")
+    assert held >= 3 * model.decode_state_bytes()
