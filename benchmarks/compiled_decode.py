@@ -69,10 +69,10 @@ class Variant:
             from edgettt.row_products import use_row_products
 
             use_row_products(model)
-        if "-token" in step:  # each converted layer's token in one kernel (TTT-Linear, float state)
+        if "-token" in step:  # each converted layer's token in one kernel (TTT-Linear; float or int8 state)
             from edgettt.kernels.decode_token import use_token_kernel
 
-            use_token_kernel(model, stack_inputs=step.endswith("-stack"))
+            use_token_kernel(model, stack_inputs=step.endswith("-stack"), int8_state=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
@@ -138,9 +138,9 @@ def main(argv=None) -> int:
                         "FORM-STATE for a state format, e.g. parallel-int8")
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
-                        "converted layer's token in one kernel: `kernels.decode_token`), compile-rows-token, "
-                        "compile-rows-token-stack (its input products as one: `use_token_kernel(stack_inputs=True)`); "
-                        "for every kind")
+                        "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
+                        "parallel-int8, `decode_token_int8`), compile-rows-token, compile-rows-token-stack (its input "
+                        "products as one: `use_token_kernel(stack_inputs=True)`); for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],

@@ -57,6 +57,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
         self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
+        self.token_kernel_int8 = False  # ... with the int8 state format too (opt-in until timed)
         self.token_inputs = None  # (weight, bias, sizes): the token's input products stacked (`stack_token_inputs`)
 
     def initial_states(self) -> list[torch.Tensor]:
@@ -107,8 +108,10 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return not self.mlp and not self.config.share_qk
 
     def token_kernel_applies(self) -> bool:
-        """... with a float state, outside calibration and autograd."""
-        return (self.token_kernel_fits() and self.state_format == "fp32" and self.observer is None
+        """... with a float state (or the int8 format, where `token_kernel_int8`), outside calibration and
+        autograd."""
+        formats = ("fp32", "int8") if self.token_kernel_int8 else ("fp32",)
+        return (self.token_kernel_fits() and self.state_format in formats and self.observer is None
                 and not torch.is_grad_enabled())
 
     def stack_token_inputs(self) -> bool:
@@ -151,12 +154,15 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     def _decode_token(self, x, st, start):
         """One compiled token from the layer's input to its output, the heads' part in one operation."""
-        from .kernels.decode_token import decode_token_op  # noqa: F401  (registers edgettt::decode_token)
+        from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int8)
 
         q, k, v, gate, lr = self._token_inputs(x)
-        out = torch.ops.edgettt.decode_token(q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias,
-                                             st["S1"], st["A1"], self.mask_eta, start % self.config.mini_batch_size,
-                                             self.config.rope_theta, self.config.form == "exact")
+        common = (q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias)
+        place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact")
+        if self.keeps_keys_and_values():  # the int8 format: the open mini-batch's keys and values in slots
+            out = torch.ops.edgettt.decode_token_int8(*common, st["S1"], st["K1"], st["V1"], *place)
+        else:
+            out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
         return self.finish(x, out[:, :, None], gate)
 
     def _exact(self, state, q, k, v, lr, start, attend):

@@ -15,6 +15,10 @@ bias row apart); same signature:
     theta: the rotary base;  at_state: the values at S (the exact form) instead of S0;  returns out [B, H, d]
 A compiled decode step runs it as one operation (`edgettt::decode_token`, on CUDA the kernel, elsewhere the
 reference), in place of the ~8 kernels inductor makes of these operations (`use_token_kernel` turns it on).
+
+`decode_token_int8` (`decode_token_int8_ref`, `edgettt::decode_token_int8`) is the same token with the int8 state
+format: A's place taken by the open mini-batch's keys and values in float16 slots K [B, H, b, d+1], V [B, H, b, d],
+and S rounded to the format's grid at the commit (`quant.state_formats.two_level_round`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import triton.language as tl
 from ..linear_attention import augment, linear_values
 from ..ops import LN_EPS, layer_norm, rotary
 from . import fresh, next_power_of_2
-from .decode import decode_step_ref
+from .decode import _round_half_even, decode_step_ref
 
 
 def decode_token_ref(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
@@ -62,6 +66,24 @@ def _normed(x, ok, D, EPS):
 
 
 @triton.jit
+def _token_values(q_ptr, k_ptr, v_ptr, lr_ptr, g_ptr, b_ptr, bh, h, i, ok, w, w_bias, pos, D, LOG2_THETA, EPS):
+    """One (sequence, head)'s q and k rotated at `pos` and its value vh: the LN-L2 gradient of z = ka W
+    towards v - k, times -lr (W: the [d, d] tile `w` and bias row `w_bias` of S0 or S); and the value norm's
+    gamma, beta. Each [BLOCK_D], 0 past d."""
+    q = _rotated(q_ptr + bh * D, i, D, pos, LOG2_THETA)
+    k = _rotated(k_ptr + bh * D, i, D, pos, LOG2_THETA)
+    target = tl.load(v_ptr + bh * D + i, mask=ok, other=0.0).to(tl.float32) - k
+    gamma = tl.load(g_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
+    beta = tl.load(b_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
+    lr = tl.load(lr_ptr + bh).to(tl.float32)
+    z = tl.sum(k[:, None] * w.to(tl.float32), axis=0) + w_bias.to(tl.float32)
+    xh, inv = _normed(z, ok, D, EPS)
+    e = tl.where(ok, (gamma * xh + beta - target) * gamma, 0.0)
+    grad = (e - tl.sum(e, axis=0) / D - xh * (tl.sum(e * xh, axis=0) / D)) * inv
+    return q, k, tl.where(ok, -lr * grad, 0.0), gamma, beta
+
+
+@triton.jit
 def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, a_ptr, o_ptr, eta_ptr,
                          INNER, LAST, H, D, LOG2_THETA, EPS,
                          COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr):
@@ -82,21 +104,10 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
     else:
         w = tl.load(s0_ptr + h * (D + 1) * D + tile, mask=mask, other=0.0)
         w_bias = tl.load(s0_ptr + h * (D + 1) * D + D * D + i, mask=ok, other=0.0)
-    pos = INNER + 0.0  # (an int argument of 1 arrives as a constant)
-    q = _rotated(q_ptr + bh * D, i, D, pos, LOG2_THETA)
-    k = _rotated(k_ptr + bh * D, i, D, pos, LOG2_THETA)
-    target = tl.load(v_ptr + bh * D + i, mask=ok, other=0.0).to(tl.float32) - k
-    gamma = tl.load(g_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
-    beta = tl.load(b_ptr + h * D + i, mask=ok, other=0.0).to(tl.float32)
-    lr = tl.load(lr_ptr + bh).to(tl.float32)
+    q, k, vh, gamma, beta = _token_values(q_ptr, k_ptr, v_ptr, lr_ptr, g_ptr, b_ptr, bh, h, i, ok, w, w_bias,
+                                          INNER + 0.0, D, LOG2_THETA, EPS)  # (INNER of 1 arrives as a constant)
     eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
     eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
-    # the value map at W (S0, or S itself): the LN-L2 gradient of z = ka W towards v - k, times -lr
-    z = tl.sum(k[:, None] * w.to(tl.float32), axis=0) + w_bias.to(tl.float32)
-    xh, inv = _normed(z, ok, D, EPS)
-    e = tl.where(ok, (gamma * xh + beta - target) * gamma, 0.0)
-    grad = (e - tl.sum(e, axis=0) / D - xh * (tl.sum(e * xh, axis=0) / D)) * inv
-    vh = tl.where(ok, -lr * grad, 0.0)
     # the state step (`decode.decode_step`): A += ka^T vh, zbar = qa (S + eta_i A)
     a = a.to(tl.float32) + k[:, None] * vh[None, :]
     a_bias = a_bias.to(tl.float32) + vh
@@ -139,13 +150,146 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state):
     return torch.empty_like(q)
 
 
-def use_token_kernel(model: torch.nn.Module, stack_inputs: bool = False) -> int:
+# ---- the int8 state format (`quant.state_formats.Int8TwoLevelState`), as the torch path holds it -------------
+# S [B, H, d+1, d] on the format's grid in the model's float type; the open mini-batch's ka and vh in float16
+# slots K [B, H, b, d+1], V [B, H, b, d] in place of A (`converted.LinearAttentionLayer._attend_open_token`):
+#     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j;   at the last token: S <- round2(S + eta_b K^T V), K = V = 0
+
+def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
+                          at_state: bool = False):
+    from ..quant.state_formats import two_level_round
+
+    position = torch.tensor([inner], device=q.device)
+    q, k = (rotary(x[:, :, None], position, theta)[:, :, 0] for x in (q, k))
+    qa, ka = augment(q), augment(k)
+    vh = linear_values(ka[:, :, None], k[:, :, None], v[:, :, None], lr[:, :, None], S if at_state else S0,
+                       gamma[:, None], beta[:, None])[:, :, 0]
+    K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
+    keys, values = K[:, :, :inner + 1].float(), V[:, :, :inner + 1].float()
+    scores = (qa.float()[:, :, None] * keys).sum(-1)  # [B, H, inner + 1]
+    zbar = (qa.float()[..., None] * S.float()).sum(-2) + eta_tok[inner] * (scores[..., None] * values).sum(-2)
+    if inner == eta_tok.shape[0] - 1:
+        S.copy_(two_level_round(S.float() + eta_tok[-1] * keys.transpose(-1, -2) @ values, S0.float()))
+        K.zero_()
+        V.zero_()
+    return q + layer_norm(zbar.to(q.dtype), gamma, beta)
+
+
+@triton.jit
+def _two_level_rounded(s, s0, ok_cols, STATE_CLIP: tl.constexpr, FINE: tl.constexpr):
+    """The rows of tile s on the int8 format's grid around s0 (`state_formats.two_level_round`): step =
+    max |s - s0| over the row / STATE_CLIP, coarse = round(d / step), fine = round((d - coarse step) FINE /
+    step) in [-(FINE // 2), FINE // 2]; both half to even, as torch.round."""
+    d = tl.where(ok_cols[None, :], s - s0, 0.0)
+    step = tl.maximum(tl.max(tl.abs(d), axis=1) / STATE_CLIP, 1e-30)[:, None]
+    coarse = _round_half_even(d / step)
+    half: tl.constexpr = FINE // 2
+    fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * step) * (FINE / step)), -half), half)
+    return s0 + (coarse + fine / FINE) * step
+
+
+@triton.jit
+def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, kk_ptr, vv_ptr, o_ptr, eta_ptr,
+                              INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr, FINE: tl.constexpr,
+                              COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr,
+                              MINI: tl.constexpr):
+    # one (sequence, head): S as a [d, d] tile and its bias row, the open slots as [MINI, d] tiles and the
+    # keys' bias column (1 in a filled slot); every state load issued first, as in `_decode_token_kernel`
+    bh = tl.program_id(0)
+    h = bh % H
+    i, j = tl.arange(0, BLOCK_D), tl.arange(0, MINI)
+    ok, before = i < D, j < INNER
+    mask = ok[:, None] & ok[None, :]
+    tile = i[:, None] * D + i[None, :]
+    state, s0_at = bh * (D + 1) * D, h * (D + 1) * D
+    s, s_bias = tl.load(s_ptr + state + tile, mask=mask, other=0.0), tl.load(s_ptr + state + D * D + i, mask=ok, other=0.0)
+    s0 = tl.load(s0_ptr + s0_at + tile, mask=mask, other=0.0)
+    s0_bias = tl.load(s0_ptr + s0_at + D * D + i, mask=ok, other=0.0)
+    slots_k, slots_v = kk_ptr + bh * SLOTS * (D + 1), vv_ptr + bh * SLOTS * D
+    keys = tl.load(slots_k + j[:, None] * (D + 1) + i[None, :], mask=before[:, None] & ok[None, :], other=0.0)
+    key_bias = tl.load(slots_k + j * (D + 1) + D, mask=before, other=0.0)
+    values = tl.load(slots_v + j[:, None] * D + i[None, :], mask=before[:, None] & ok[None, :], other=0.0)
+    if AT_STATE:
+        w, w_bias = s, s_bias
+    else:
+        w, w_bias = s0, s0_bias
+    q, k, vh, gamma, beta = _token_values(q_ptr, k_ptr, v_ptr, lr_ptr, g_ptr, b_ptr, bh, h, i, ok, w, w_bias,
+                                          INNER + 0.0, D, LOG2_THETA, EPS)
+    eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
+    # this token into its slot, and from here on as the slot holds it
+    tl.store(slots_k + INNER * (D + 1) + i, k.to(kk_ptr.dtype.element_ty), mask=ok)
+    tl.store(slots_k + INNER * (D + 1) + D, tl.full([], 1.0, kk_ptr.dtype.element_ty))
+    tl.store(slots_v + INNER * D + i, vh.to(vv_ptr.dtype.element_ty), mask=ok)
+    k = k.to(kk_ptr.dtype.element_ty).to(tl.float32)
+    vh = vh.to(vv_ptr.dtype.element_ty).to(tl.float32)
+    keys, key_bias, values = keys.to(tl.float32), key_bias.to(tl.float32), values.to(tl.float32)
+    s, s_bias = s.to(tl.float32), s_bias.to(tl.float32)
+    scores = tl.sum(keys * q[None, :], axis=1) + key_bias  # qa . K_j for the slots before this token
+    zbar = tl.sum(q[:, None] * s, axis=0) + s_bias + \
+        eta_i * (tl.sum(scores[:, None] * values, axis=0) + (tl.sum(q * k, axis=0) + 1.0) * vh)
+    if COMMIT:  # every slot filled: S + eta_b K^T V, rounded to the grid; the slots emptied
+        eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
+        a = k[:, None] * vh[None, :]  # K^T V, a slot at a time (a [MINI, d, d] product would not fit registers)
+        for jj in tl.static_range(MINI):
+            filled = ok & (tl.full([BLOCK_D], jj, tl.int32) < INNER)
+            key_j = tl.load(slots_k + jj * (D + 1) + i, mask=filled, other=0.0).to(tl.float32)
+            value_j = tl.load(slots_v + jj * D + i, mask=filled, other=0.0).to(tl.float32)
+            a += key_j[:, None] * value_j[None, :]
+        a_bias = tl.sum(key_bias[:, None] * values, axis=0) + vh
+        s = _two_level_rounded(s + eta_b * a, s0.to(tl.float32), ok, STATE_CLIP, FINE)
+        s_bias = tl.sum(_two_level_rounded((s_bias + eta_b * a_bias)[None, :], s0_bias.to(tl.float32)[None, :], ok,
+                                           STATE_CLIP, FINE), axis=0)  # (a one-row tile)
+        tl.store(s_ptr + state + tile, s.to(s_ptr.dtype.element_ty), mask=mask)
+        tl.store(s_ptr + state + D * D + i, s_bias.to(s_ptr.dtype.element_ty), mask=ok)
+        every = j < SLOTS
+        tl.store(slots_k + j[:, None] * (D + 1) + i[None, :], tl.zeros([MINI, BLOCK_D], kk_ptr.dtype.element_ty),
+                 mask=every[:, None] & ok[None, :])
+        tl.store(slots_k + j * (D + 1) + D, tl.zeros([MINI], kk_ptr.dtype.element_ty), mask=every)
+        tl.store(slots_v + j[:, None] * D + i[None, :], tl.zeros([MINI, BLOCK_D], vv_ptr.dtype.element_ty),
+                 mask=every[:, None] & ok[None, :])
+    zn, _ = _normed(zbar, ok, D, EPS)
+    tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
+
+
+def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
+                      at_state: bool = False):
+    from ..quant.state_formats import FINE_STEPS, STATE_CLIP
+
+    B, H, D = q.shape
+    q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
+    for t in (S0, gamma, beta, S, K, V):
+        assert t.is_contiguous(), "decode_token_int8 needs contiguous parameters and state"
+    out = fresh(torch.empty_like(q))
+    slots = K.shape[2]
+    _decode_token_int8_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok, inner, slots - 1, H, D,
+                                        slots, math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
+                                        COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
+                                        MINI=next_power_of_2(slots), num_warps=8)
+    return out
+
+
+@torch.library.custom_op("edgettt::decode_token_int8", mutates_args=("S", "K", "V"))
+def decode_token_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
+                         gamma: torch.Tensor, beta: torch.Tensor, S: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                         eta_tok: torch.Tensor, inner: int, theta: float, at_state: bool) -> torch.Tensor:
+    """The int8 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
+    fn = decode_token_int8 if q.is_cuda else decode_token_int8_ref
+    return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state)
+
+
+@decode_token_int8_op.register_fake
+def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state):
+    return torch.empty_like(q)
+
+
+def use_token_kernel(model: torch.nn.Module, stack_inputs: bool = False, int8_state: bool = False) -> int:
     """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel`) to decode a compiled
     token through `edgettt::decode_token`; `stack_inputs`: its input products as one, where its layers are
-    float (`LinearAttentionLayer.stack_token_inputs`; not yet timed). Returns the number of layers that will."""
+    float (`LinearAttentionLayer.stack_token_inputs`); `int8_state`: with the int8 state format too, through
+    `edgettt::decode_token_int8` (both not yet timed). Returns the number of layers that will."""
     layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
     for layer in layers:
-        layer.token_kernel = True
+        layer.token_kernel, layer.token_kernel_int8 = True, int8_state
         if stack_inputs and layer.token_kernel_fits():
             layer.stack_token_inputs()
     return sum(layer.token_kernel_applies() for layer in layers)
