@@ -25,7 +25,10 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 def compiled_recording(fn):
     """(`fn` compiled by torch.compile with AOT autograd and no inductor, the CPU's stand-in for it; the list
-    dynamo's traced graphs are appended to, to look for the operations a compiled step holds)."""
+    dynamo's traced graphs are appended to, to look for the operations a compiled step holds). A step traces
+    once a place in the mini-batch where an operation takes the place as an int: past dynamo's default 8
+    traces it would run eagerly, unchecked, so the limit is raised as `speed.compile_step` raises it."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     graphs = []
 
     def recording(gm, inputs):

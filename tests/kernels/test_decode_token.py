@@ -99,9 +99,6 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     from edgettt.quant import apply_state_format
     from edgettt.speed import _copy_state
 
-    # the op takes the place in the mini-batch as an int: a trace for each place, more than dynamo's default 8
-    # (past it the step would silently run eagerly), as `speed.compile_step` allows (and sets, as here)
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     model = convert(tiny_model("linear", seed=3, mini_batch_size=8, use_gate=stack), form).eval()
     if state_format != "fp32":
         apply_state_format(model, state_format)
