@@ -35,13 +35,20 @@ from . import fresh, next_power_of_2
 from .decode import _round_half_even, decode_step_ref
 
 
-def decode_token_ref(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
+def token_values_ref(q, k, v, lr, W, gamma, beta, inner: int, theta: float):
+    """q and k rotated at `inner`, augmented (qa, ka), and the value vh at W (S0, or S): the references'
+    shared start (`_token_values` in the kernels)."""
     position = torch.tensor([inner], device=q.device)
     q, k = (rotary(x[:, :, None], position, theta)[:, :, 0] for x in (q, k))
     ka = augment(k)
-    vh = linear_values(ka[:, :, None], k[:, :, None], v[:, :, None], lr[:, :, None], S if at_state else S0,
-                       gamma[:, None], beta[:, None])[:, :, 0]
-    zbar = decode_step_ref(augment(q), ka, vh.to(S.dtype), S, A, eta_tok, inner)
+    vh = linear_values(ka[:, :, None], k[:, :, None], v[:, :, None], lr[:, :, None], W, gamma[:, None],
+                       beta[:, None])[:, :, 0]
+    return q, augment(q), ka, vh
+
+
+def decode_token_ref(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
+    q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
+    zbar = decode_step_ref(qa, ka, vh.to(S.dtype), S, A, eta_tok, inner)
     return q + layer_norm(zbar.to(q.dtype), gamma, beta)
 
 
@@ -159,11 +166,7 @@ def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner:
                           at_state: bool = False):
     from ..quant.state_formats import two_level_round
 
-    position = torch.tensor([inner], device=q.device)
-    q, k = (rotary(x[:, :, None], position, theta)[:, :, 0] for x in (q, k))
-    qa, ka = augment(q), augment(k)
-    vh = linear_values(ka[:, :, None], k[:, :, None], v[:, :, None], lr[:, :, None], S if at_state else S0,
-                       gamma[:, None], beta[:, None])[:, :, 0]
+    q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
     K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
     keys, values = K[:, :, :inner + 1].float(), V[:, :, :inner + 1].float()
     scores = (qa.float()[:, :, None] * keys).sum(-1)  # [B, H, inner + 1]
