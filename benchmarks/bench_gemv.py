@@ -21,6 +21,7 @@ import triton.language as tl
 
 from edgettt.bench import copies_for, copy_bandwidth, time_rotating_ms, weight_rows, weight_variants
 from edgettt.kernels import autotune_configs, int4
+from edgettt.quant.layouts import unpack_nibbles
 
 SHAPES = ((4096, 4096), (11008, 4096))
 
@@ -171,23 +172,108 @@ def words(x, qweight, scales, zero_points, split=False):
     return (y.to(x.dtype) if split else y)[None]
 
 
+def repack_words(qweight: torch.Tensor) -> torch.Tensor:
+    """edgettt's packed codes [N, K/g, g/2] -> int32 words [N, K/8] in which nibble s of a group's word w
+    holds the group's code (g/8) s + w (a kernel-private layout, made once a weight, as GPU int4 kernels
+    repack theirs): for each s, the x values a tile of words meets are contiguous (x[g0 + (g/8) s + w]),
+    loaded as wide as the words."""
+    N, blocks, GH = qweight.shape
+    codes = unpack_nibbles(qweight).reshape(N, blocks, 8, GH // 4)  # [N, G, s, w]: code (g/8) s + w ...
+    codes = codes.transpose(-1, -2)  # ... [N, G, w, s]: word w's 8 codes, nibble s
+    packed = codes[..., 0::2] | (codes[..., 1::2] << 4)  # [N, G, w, 4 bytes], little-endian words
+    return packed.contiguous().view(torch.int32).reshape(N, blocks * GH // 4)
+
+
+@triton.jit
+def repacked_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
+                    GROUP: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr):
+    """Words of `repack_words` in [BN, NG, g/8] tiles; each code becomes a float without an int-to-float
+    conversion or a subtraction: moved to mantissa bits 19-22 of 1.0, it reads v = 1 + code / 16 (a shift
+    and a masked OR), so a group's sum of code * x is 16 (sum v x - sum x), one FFMA a code. The zero
+    point and the scale then enter once a group."""
+    pid_n = tl.program_id(0)
+    WPG: tl.constexpr = GROUP // 8
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    gi = tl.arange(0, NG)
+    wi = tl.arange(0, WPG)
+    KW = K // 8
+    blocks = K // GROUP
+    acc = tl.zeros([BN, NG], dtype=tl.float32)
+    for g0 in range(0, blocks, NG):
+        g = g0 + gi
+        g_ok = g < blocks
+        mask = n_ok[:, None] & g_ok[None, :]
+        words = tl.load(qw_ptr + n[:, None, None] * KW + g[None, :, None] * WPG + wi[None, None, :],
+                        mask=mask[:, :, None], other=0)
+        part = tl.zeros([BN, NG, WPG], dtype=tl.float32)
+        x_sum = tl.zeros([NG, WPG], dtype=tl.float32)
+        for s in tl.static_range(8):
+            x_s = tl.load(x_ptr + g[:, None] * GROUP + WPG * s + wi[None, :], mask=g_ok[:, None], other=0.0)
+            x_s = x_s.to(tl.float32)
+            if 4 * s <= 19:
+                bits = words << (19 - 4 * s)
+            else:
+                bits = words >> (4 * s - 19)
+            v = ((bits & 0x780000) | 0x3F800000).to(tl.float32, bitcast=True)
+            part += v * x_s[None, :, :]
+            x_sum += x_s
+        group_x = tl.sum(x_sum, axis=1)  # [NG]
+        scale = tl.load(sc_ptr + n[:, None] * blocks + g[None, :], mask=mask, other=0.0).to(tl.float32)
+        zero = int4._zero_points(zp_ptr, n, g, ZPW, mask)
+        acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * group_x[None, :])
+    tl.store(y_ptr + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+REPACKED_TILES = [(8, 8, 1), (8, 4, 1), (4, 8, 1), (16, 8, 2), (16, 4, 2), (32, 4, 2), (32, 8, 4), (8, 8, 2),
+                  (16, 8, 4), (4, 16, 1), (8, 16, 2), (64, 4, 4)]  # (BN, NG, warps)
+repacked_single = triton.autotune(
+    configs=autotune_configs([triton.Config({"BN": bn, "NG": ng}, num_warps=w, num_stages=st)
+                              for bn, ng, w in REPACKED_TILES for st in (2, 4)],
+                             [triton.Config({"BN": 8, "NG": 2}, num_warps=1)]),
+    key=["N", "K", "GROUP"])(repacked_kernel)
+
+
+def repacked(x, words, scales, zero_points):
+    """One row x [1, K] against a weight repacked by `repack_words` (a [N, K/8] int32 tensor)."""
+    N, KW = words.shape
+    K = KW * 8
+    group = K // scales.shape[1]
+    assert group % 8 == 0, "whole words a group"
+    y = torch.empty(N, device=x.device, dtype=x.dtype)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]),)  # noqa: E731
+    repacked_single[grid](x, words, scales, zero_points, y, N, K, zero_points.shape[1], GROUP=group)
+    return y[None]
+
+
 VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code, "split-K": split_k,
             "words": words, "words split-K": lambda *a: words(*a, split=True)}
+PREPARE = {"repacked": repack_words}  # variants that take the weight in their own layout: made once a weight
+VARIANTS["repacked"] = repacked
 
 
-def variant_rows(ceiling):
+def in_layout(name, weight):
+    """The (qweight, scales, zero_points) of edgettt's format as variant `name` takes them."""
+    qweight, scales, zero_points = weight
+    return (PREPARE[name](qweight) if name in PREPARE else qweight), scales, zero_points
+
+
+def variant_rows(ceiling, names):
     rows = []
     for N, K in SHAPES:
         variants = weight_variants(N, K, torch.bfloat16)
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
-        for name, check in VARIANTS.items():
-            assert torch.allclose(check(x, *copies[0]), int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1)
-        for name, fn in VARIANTS.items():
-            ms, _ = time_rotating_ms([lambda c=c, fn=fn: fn(x, *c) for c in copies])
+        for name in names:
+            check = VARIANTS[name](x, *in_layout(name, copies[0]))
+            assert torch.allclose(check, int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1), name
+        for name in names:
+            laid_out = [in_layout(name, c) for c in copies]
+            ms, _ = time_rotating_ms([lambda c=c, fn=VARIANTS[name]: fn(x, *c) for c in laid_out])
             rows.append({"variant": name, "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
-            print(json.dumps(rows[-1]))
+            print(json.dumps(rows[-1]), flush=True)
+            del laid_out
         del copies
     return rows
 
@@ -195,9 +281,14 @@ def variant_rows(ceiling):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     args = ap.parse_args()
+    names = [v for v in args.variants.split(",") if v]
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown:
+        raise SystemExit(f"bench_gemv.py: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
     ceiling = copy_bandwidth()
-    variants = variant_rows(ceiling)
+    variants = variant_rows(ceiling, names)
     rows = [r for N, K in SHAPES for r in weight_rows(N, K, 1, torch.bfloat16, ceiling)]
     for r in rows:
         print(f"{r['N']}x{r['K']} {r['name']:32s} {r['ms'] * 1e3:7.2f} us  {r['fraction_of_copy']:6.1%} of copy  "

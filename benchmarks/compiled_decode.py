@@ -72,7 +72,7 @@ class Variant:
         if "-token" in step:  # each converted layer's token in one kernel (TTT-Linear; float or int8 state)
             from edgettt.kernels.decode_token import use_token_kernel
 
-            use_token_kernel(model, stack_inputs=step.endswith("-stack"), int8_state=True)
+            use_token_kernel(model)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
@@ -139,8 +139,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
-                        "parallel-int8, `decode_token_int8`), compile-rows-token, compile-rows-token-stack (its input "
-                        "products as one: `use_token_kernel(stack_inputs=True)`); for every kind")
+                        "parallel-int8, `decode_token_int8`), compile-rows-token; for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],
@@ -165,6 +164,8 @@ def main(argv=None) -> int:
     rows, variants = [], []
     for kind in args.kinds.split(","):
         for step in args.steps.split(","):
+            if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
+                continue
             try:
                 variants.append(Variant(kind, step, args))
             except Exception as exc:  # one variant's failure is a row, not the end of the run

@@ -868,7 +868,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               help="With --device cuda --compile: a batch-1 step's float weight products as products and sums that "
                    "inductor fuses with the operations around them (every model, llama: too), instead of cuBLAS GEMVs.")
 @click.option("--token-kernel/--no-token-kernel", default=True, show_default=True,
-              help="With --device cuda --compile: each converted TTT-Linear layer's decode token (float state) in one "
+              help="With --device cuda --compile: each converted TTT-Linear layer's decode token (float or int8 state) in one "
                    "Triton kernel (rotary, value map, state step, output norm: kernels/decode_token.py), instead of "
                    "the ~8 kernels inductor makes of them.")
 @click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,

@@ -57,8 +57,6 @@ class LinearAttentionLayer(StateScales, MixerBase):
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
         self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
-        self.token_kernel_int8 = False  # ... with the int8 state format too (opt-in until timed)
-        self.token_inputs = None  # (weight, bias, sizes): the token's input products stacked (`stack_token_inputs`)
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
@@ -108,62 +106,27 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return not self.mlp and not self.config.share_qk
 
     def token_kernel_applies(self) -> bool:
-        """... with a float state (or the int8 format, where `token_kernel_int8`), outside calibration and
-        autograd."""
-        formats = ("fp32", "int8") if self.token_kernel_int8 else ("fp32",)
-        return (self.token_kernel_fits() and self.state_format in formats and self.observer is None
+        """... with a float state or the int8 format, outside calibration and autograd."""
+        return (self.token_kernel_fits() and self.state_format in ("fp32", "int8") and self.observer is None
                 and not torch.is_grad_enabled())
 
-    def stack_token_inputs(self) -> bool:
-        """Stack the rows of the products a decode token makes of its input (q, k, v, the gate and the
-        learning-rate logits) into one weight, so that `_decode_token` makes them in one product (at batch 1
-        one reduction, where they were two, or three with a gate); the layers' own weights and the learning
-        rate's bias become views into it (no second copy). Float layers only, on their final device and dtype
-        (a later `.to()` copies the layers' weights, not the stack); returns whether it stacked."""
-        from .row_products import RowProductLinear
-
-        fused = getattr(self, "fused_inputs", None)
-        projections = [fused.linear] if fused is not None else [getattr(self, n) for n in self.input_projection_names()]
-        extras = ([self.g_proj] if self.config.use_gate else []) + [self.lr_proj]
-        layers = projections + extras
-        if not all(type(m) in (nn.Linear, RowProductLinear) for m in layers):
-            return False
-        weight = torch.cat([m.weight.detach() for m in layers])
-        bias = torch.cat([m.bias.detach() if m.bias is not None else weight.new_zeros(m.out_features) for m in layers])
-        rows = [m.out_features for m in layers]
-        for m, w, b in zip(layers, weight.split(rows), bias.split(rows)):
-            m.weight = nn.Parameter(w, requires_grad=False)
-            if m.bias is not None:
-                m.bias = nn.Parameter(b, requires_grad=False)
-        sizes = list(fused.sizes) if fused is not None else [m.out_features for m in projections]
-        self.token_inputs = (weight, bias, sizes + [m.out_features for m in extras])
-        return True
-
     def _token_inputs(self, x):
-        """q, k, v [B, H, d] (not rotated), the gate's product [B, 1, C] (None: `finish` makes it), lr [B, H]."""
-        from .row_products import linear_or_rows
-
-        if self.token_inputs is None:
-            (q, k, v), gate, lr = self.project_inputs(x), None, self.learning_rates(x)
-        else:
-            weight, bias, sizes = self.token_inputs
-            *qkv, logits = linear_or_rows(x, weight, bias).split(sizes, dim=-1)
-            gate = qkv.pop() if self.config.use_gate else None
-            (q, k, v), lr = qkv, self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
-        return *(self.split_heads(t)[:, :, 0] for t in (q, k, v)), gate, lr[:, :, 0]
+        """q, k, v [B, H, d] (not rotated), lr [B, H] of one token."""
+        (q, k, v), lr = self.project_inputs(x), self.learning_rates(x)
+        return *(self.split_heads(t)[:, :, 0] for t in (q, k, v)), lr[:, :, 0]
 
     def _decode_token(self, x, st, start):
         """One compiled token from the layer's input to its output, the heads' part in one operation."""
         from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int8)
 
-        q, k, v, gate, lr = self._token_inputs(x)
+        q, k, v, lr = self._token_inputs(x)
         common = (q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias)
         place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact")
         if self.keeps_keys_and_values():  # the int8 format: the open mini-batch's keys and values in slots
             out = torch.ops.edgettt.decode_token_int8(*common, st["S1"], st["K1"], st["V1"], *place)
         else:
             out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
-        return self.finish(x, out[:, :, None], gate)
+        return self.finish(x, out[:, :, None])
 
     def _exact(self, state, q, k, v, lr, start, attend):
         """The exact form: values at each mini-batch's boundary state, so one mini-batch at a time."""

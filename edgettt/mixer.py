@@ -115,13 +115,12 @@ class MixerBase(FusableInputs, nn.Module):
         theta, period = self.config.rope_theta, self.config.mini_batch_size
         return rotary(q, positions, theta, period), rotary(k, positions, theta, period), v
 
-    def finish(self, x: torch.Tensor, heads_out: torch.Tensor, gate: torch.Tensor | None = None) -> torch.Tensor:
-        """[B, H, T, d] -> [B, T, C]: merge heads, post-norm, gate, output projection. `gate`: g_proj(x) if
-        already computed."""
+    def finish(self, x: torch.Tensor, heads_out: torch.Tensor) -> torch.Tensor:
+        """[B, H, T, d] -> [B, T, C]: merge heads, post-norm, gate, output projection."""
         B, H, T, d = heads_out.shape
         out = self.post_norm(heads_out.transpose(1, 2).reshape(B, T, H * d))
         if self.config.use_gate:
-            out = gelu_tanh(self.g_proj(x) if gate is None else gate) * out
+            out = gelu_tanh(self.g_proj(x)) * out
         return self.o_proj(out)
 
     def conv_state_shapes(self) -> dict[str, tuple[int, ...]]:

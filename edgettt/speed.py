@@ -117,8 +117,8 @@ class CudaOptions:
     `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
     inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
     `benchmarks/results/compiled_decode_h200.md` run 7); `token_kernel`, with `compile`: each converted
-    TTT-Linear layer's token (float state) in one kernel (`kernels.decode_token.use_token_kernel`; 1.38x at
-    125m, batch 1, `compiled_decode_h200.md` run 8)."""
+    TTT-Linear layer's token (float or int8 state) in one kernel (`kernels.decode_token.use_token_kernel`;
+    1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9)."""
 
     compile: bool = False
     activations: str = "float"

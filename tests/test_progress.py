@@ -55,3 +55,15 @@ def test_the_command_line_can_turn_bars_off(monkeypatch):
 
     assert os.environ.get("TQDM_DISABLE") == "1"
     monkeypatch.delenv("TQDM_DISABLE")
+
+
+def test_edgettt_progress_always_writes_lines_where_stderr_is_a_file(monkeypatch):
+    """EDGETTT_PROGRESS=always: a log file (not a terminal) still gets the bar, as whole lines, the last one
+    the finished count; without it the same file gets nothing (the test above)."""
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv("EDGETTT_PROGRESS", "always")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    for _ in bar(range(5), desc="work", unit="step"):
+        pass
+    lines = sys.stderr.getvalue().splitlines()
+    assert lines and "\r" not in sys.stderr.getvalue() and "work" in lines[-1] and "5/5" in lines[-1]

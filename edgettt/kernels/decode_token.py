@@ -285,14 +285,11 @@ def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state):
     return torch.empty_like(q)
 
 
-def use_token_kernel(model: torch.nn.Module, stack_inputs: bool = False, int8_state: bool = False) -> int:
-    """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel`) to decode a compiled
-    token through `edgettt::decode_token`; `stack_inputs`: its input products as one, where its layers are
-    float (`LinearAttentionLayer.stack_token_inputs`); `int8_state`: with the int8 state format too, through
-    `edgettt::decode_token_int8` (both not yet timed). Returns the number of layers that will."""
+def use_token_kernel(model: torch.nn.Module) -> int:
+    """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel_fits`) to decode a compiled
+    token through `edgettt::decode_token` (float state) or `edgettt::decode_token_int8` (the int8 state
+    format). Returns the number of layers that will."""
     layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
     for layer in layers:
-        layer.token_kernel, layer.token_kernel_int8 = True, int8_state
-        if stack_inputs and layer.token_kernel_fits():
-            layer.stack_token_inputs()
+        layer.token_kernel = True
     return sum(layer.token_kernel_applies() for layer in layers)

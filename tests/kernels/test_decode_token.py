@@ -85,34 +85,27 @@ def test_decode_token_int8_matches_reference(device, shape, inner, at_state):
     assert ((S - S_ref).abs() <= step / 14 + 1e-6).all() and off.float().mean() < 1e-3
 
 
-@pytest.mark.parametrize("form,stack,batch,state_format", [("parallel", False, 2, "fp32"), ("exact", False, 2, "fp32"),
-                                                           ("parallel", True, 2, "fp32"), ("exact", True, 1, "fp32"),
-                                                           ("parallel", False, 2, "int8"), ("exact", True, 1, "int8")])
-def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form, stack, batch, state_format):
+@pytest.mark.parametrize("form,batch,state_format", [("parallel", 2, "fp32"), ("exact", 2, "fp32"),
+                                                     ("exact", 1, "fp32"), ("parallel", 2, "int8"), ("exact", 1, "int8")])
+def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form, batch, state_format):
     """A converted TTT-Linear model stepping through `edgettt::decode_token` (the reference on the
     CPU; aot_eager stands in for inductor) gives the torch path's logits and state across a commit, and the
-    traced graph holds the op once a layer; with the token's input products stacked (`stack`: q/k/v, gate and
-    learning rate as one product; at batch 1 a row product) too, its parameters unchanged in number and value;
-    with the int8 state format through `edgettt::decode_token_int8` (S rounded at the commit: the same grid,
-    up to a rounding flipped by float noise, hence 1e-4)."""
+    traced graph holds the op once a layer; with the int8 state format through `edgettt::decode_token_int8`
+    (S rounded at the commit: the same grid, up to a rounding flipped by float noise, hence 1e-4)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format
     from edgettt.speed import _copy_state
 
-    model = convert(tiny_model("linear", seed=3, mini_batch_size=8, use_gate=stack), form).eval()
+    model = convert(tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1), form).eval()
     if state_format != "fp32":
         apply_state_format(model, state_format)
-    parameters = {name: p.clone() for name, p in model.named_parameters()}
     ids = torch.randint(0, 61, (batch, 24), generator=torch.Generator().manual_seed(1))
     tol = 1e-5 if state_format == "fp32" else 1e-4
+    int8 = state_format == "int8"
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         other = _copy_state(state)
-        int8 = state_format == "int8"
-        assert use_token_kernel(model, stack_inputs=stack, int8_state=int8) == model.config.num_hidden_layers
-        assert all((layer.token_inputs is not None) == stack for layer in model.modules() if hasattr(layer, "token_inputs"))
-        assert {name: p for name, p in model.named_parameters()}.keys() == parameters.keys()
-        assert all(torch.equal(p, parameters[name]) for name, p in model.named_parameters())
+        assert use_token_kernel(model) == model.config.num_hidden_layers
         step, graphs = compiled_recording(model.step)
         for t in range(13, 24):
             want, state = model.step(ids[:, t], state)  # eager: the layer's torch path
@@ -125,30 +118,3 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     for a, b in zip(state.layers, other.layers):
         for name in a:
             assert rel_err(b[name].float(), a[name].float()) < tol, name
-
-
-def test_stacked_token_inputs_are_one_product_over_views_of_the_layers_weights(tiny_model):
-    """`stack_inputs`: a compiled token makes q, k, v, the gate and the learning-rate logits in one product
-    (with the gate, the traced step has three products a layer fewer: the learning rate's was already a row
-    product), and the layers' weights are views into the stacked weight, not copies."""
-    import torch.nn.functional as F
-
-    from edgettt import convert
-
-    counts = []
-    for stack in (False, True):
-        model = convert(tiny_model("linear", seed=3, mini_batch_size=8, use_gate=True), "parallel").eval()
-        ids = torch.randint(0, 61, (2, 14), generator=torch.Generator().manual_seed(1))
-        with torch.no_grad():
-            _, state = model.prefill(ids[:, :13])
-            use_token_kernel(model, stack_inputs=stack)
-            step, graphs = compiled_recording(model.step)
-            step(ids[:, 13], state)
-        torch._dynamo.reset()
-        counts.append([sum(n.target in (F.linear, torch._C._nn.linear) for n in gm.graph.nodes) for gm in graphs])
-    layers = model.config.num_hidden_layers
-    assert counts[0] and counts[1] == [n - 3 * layers for n in counts[0]]
-    for layer in (m for m in model.modules() if hasattr(m, "token_inputs")):
-        weight, bias, sizes = layer.token_inputs
-        assert layer.q_proj.weight.data_ptr() == weight.data_ptr() and layer.lr_proj.bias.data_ptr() == \
-            bias[sum(sizes[:-1]):].data_ptr() and layer.g_proj.weight.data_ptr() == weight[sum(sizes[:3])].data_ptr()

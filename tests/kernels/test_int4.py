@@ -106,5 +106,5 @@ def test_the_gemv_benchmarks_variants_match_the_reference(device, N, K, group):
     weight = packed(N, K, group, device, seed=2)
     x = torch.randn(1, K, generator=torch.Generator().manual_seed(3)).to(device)
     for name, variant in bench_gemv.VARIANTS.items():
-        y = variant(x, *weight)
+        y = variant(x, *bench_gemv.in_layout(name, weight))
         assert y.shape == (1, N) and rel_err(y.float(), int4_matmul_ref(x, *weight)) < 1e-5, name
