@@ -185,12 +185,25 @@ def repack_words(qweight: torch.Tensor) -> torch.Tensor:
 
 
 @triton.jit
+def _repacked_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g, blocks, KW, ZPW, WPG: tl.constexpr):
+    """Loads of one step of `repacked_kernel`: the words [BN, NG, WPG], scales and zero points [BN, NG] of
+    groups g of rows n."""
+    mask = n_ok[:, None] & (g < blocks)[None, :]
+    wi = tl.arange(0, WPG)
+    words = tl.load(qw_ptr + n[:, None, None] * KW + g[None, :, None] * WPG + wi[None, None, :],
+                    mask=mask[:, :, None], other=0)
+    scale = tl.load(sc_ptr + n[:, None] * blocks + g[None, :], mask=mask, other=0.0).to(tl.float32)
+    return words, scale, int4._zero_points(zp_ptr, n, g, ZPW, mask)
+
+
+@triton.jit
 def repacked_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
                     GROUP: tl.constexpr, BN: tl.constexpr, NG: tl.constexpr):
     """Words of `repack_words` in [BN, NG, g/8] tiles; each code becomes a float without an int-to-float
     conversion or a subtraction: moved to mantissa bits 19-22 of 1.0, it reads v = 1 + code / 16 (a shift
     and a masked OR), so a group's sum of code * x is 16 (sum v x - sum x), one FFMA a code. The zero
-    point and the scale then enter once a group."""
+    point and the scale then enter once a group. Each step's words, scales and zero points are loaded one
+    step ahead (held in registers), so that a warp has two steps' loads in flight."""
     pid_n = tl.program_id(0)
     WPG: tl.constexpr = GROUP // 8
     n = pid_n * BN + tl.arange(0, BN)
@@ -200,12 +213,11 @@ def repacked_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
     KW = K // 8
     blocks = K // GROUP
     acc = tl.zeros([BN, NG], dtype=tl.float32)
+    words, scale, zero = _repacked_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, gi, blocks, KW, ZPW, WPG)
     for g0 in range(0, blocks, NG):
         g = g0 + gi
         g_ok = g < blocks
-        mask = n_ok[:, None] & g_ok[None, :]
-        words = tl.load(qw_ptr + n[:, None, None] * KW + g[None, :, None] * WPG + wi[None, None, :],
-                        mask=mask[:, :, None], other=0)
+        ahead = _repacked_tile(qw_ptr, sc_ptr, zp_ptr, n, n_ok, g + NG, blocks, KW, ZPW, WPG)
         part = tl.zeros([BN, NG, WPG], dtype=tl.float32)
         x_sum = tl.zeros([NG, WPG], dtype=tl.float32)
         for s in tl.static_range(8):
@@ -219,9 +231,8 @@ def repacked_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
             part += v * x_s[None, :, :]
             x_sum += x_s
         group_x = tl.sum(x_sum, axis=1)  # [NG]
-        scale = tl.load(sc_ptr + n[:, None] * blocks + g[None, :], mask=mask, other=0.0).to(tl.float32)
-        zero = int4._zero_points(zp_ptr, n, g, ZPW, mask)
         acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * group_x[None, :])
+        words, scale, zero = ahead
     tl.store(y_ptr + n, tl.sum(acc, axis=1).to(y_ptr.dtype.element_ty), mask=n_ok)
 
 

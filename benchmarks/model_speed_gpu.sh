@@ -14,7 +14,8 @@
 #
 # Writes $OUT/$PRESET-b$BATCH.json / .md and $OUT/$PRESET-b$BATCH-plain.json / .md. For a dry run on
 # the CPU: SPEED_OPTIONS= BASELINE= CREATE="--hidden-size 64 --layers 2 --heads 2 --intermediate-size 128"
-# TESTS="--pp 32 --tg 4 --depth 0,16" REPS=1.
+# TESTS="--pp 32 --tg 4 --depth 0,16" REPS=1. For a shorter run: COMBOS, the parallel form's weights:state
+# pairs (default all six, e.g. COMBOS="none:fp32 none:int8 int4:fp32"), PLAIN=0 to leave out the plain run.
 set -euo pipefail
 PRESET=${PRESET:-125m}
 OUT=${OUT:-model_speed}
@@ -31,14 +32,14 @@ M=$WORK/$PRESET
 paths=($BASELINE "$M-original")
 for form in exact parallel; do
     [ -d "$M-$form" ] || edgettt convert "$M-original" "$M-$form" --form "$form" --no-report
-    weight_formats=(none int8 int4); [ "$form" = exact ] && weight_formats=(none)
-    for weights in "${weight_formats[@]}"; do
-        for state in fp32 int8; do
-            name=$M-$form-w$weights-s$state
-            [ -d "$name" ] || edgettt quantize "$M-$form" "$name" --weights "$weights" --state "$state" \
-                --group-size 64 > /dev/null
-            paths+=("$name")
-        done
+    combos=(${COMBOS:-none:fp32 none:int8 int8:fp32 int8:int8 int4:fp32 int4:int8})
+    [ "$form" = exact ] && combos=(none:fp32 none:int8)
+    for combo in "${combos[@]}"; do
+        weights=${combo%:*} state=${combo#*:}
+        name=$M-$form-w$weights-s$state
+        [ -d "$name" ] || edgettt quantize "$M-$form" "$name" --weights "$weights" --state "$state" \
+            --group-size 64 > /dev/null
+        paths+=("$name")
     done
 done
 speed() {  # name, then the paths and options
@@ -47,4 +48,6 @@ speed() {  # name, then the paths and options
         --json "$OUT/$PRESET-b$BATCH$name.json" --markdown "$OUT/$PRESET-b$BATCH$name.md"
 }
 speed "" "${paths[@]}" $SPEED_OPTIONS
-EDGETTT_KERNELS=0 speed -plain "$M-original" ${SPEED_OPTIONS/--compile/}
+if [ "${PLAIN:-1}" = 1 ]; then
+    EDGETTT_KERNELS=0 speed -plain "$M-original" ${SPEED_OPTIONS/--compile/}
+fi

@@ -46,6 +46,16 @@ class RowProductLinear(nn.Linear):
         return linear_or_rows(x, self.weight, self.bias)
 
 
+# Widest hidden size at which a batch-1 step's float products pay as reductions: measured on the H200,
+# 1.27x at 768 (125m, benchmarks/results/compiled_decode_h200.md run 7), 0.93x at 1536 (760m, run 10).
+ROW_PRODUCTS_MAX_HIDDEN = 1024
+
+
+def row_products_pay(model: nn.Module) -> bool:
+    """Whether `use_row_products` speeds up `model`'s batch-1 compiled step (by its hidden size, as measured)."""
+    return model.config.hidden_size <= ROW_PRODUCTS_MAX_HIDDEN
+
+
 def use_row_products(model: nn.Module) -> int:
     """Every float nn.Linear of `model` a `RowProductLinear`, in place (its parameters shared and unchanged).
     Returns the number of layers changed."""

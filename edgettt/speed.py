@@ -30,7 +30,7 @@ same-size transformer of `edgettt.llama`; a model's projections of one input run
 gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
 torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
 operations in the graph; at batch 1 the float layers' products as products and sums inductor fuses,
-`row_products`, unless `--no-row-products`; each converted TTT-Linear layer's token with a float state in one
+`row_products`, where the hidden size is at most 1024 (`--row-products/--no-row-products` to choose); each converted TTT-Linear layer's token with a float state in one
 kernel, `kernels.decode_token`, unless `--no-token-kernel`), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
@@ -116,13 +116,14 @@ class CudaOptions:
     (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only);
     `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
     inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
-    `benchmarks/results/compiled_decode_h200.md` run 7); `token_kernel`, with `compile`: each converted
+    `benchmarks/results/compiled_decode_h200.md` run 7, 0.93x at 760m, run 10; None: where they pay,
+    `row_products.row_products_pay`, hidden size <= 1024); `token_kernel`, with `compile`: each converted
     TTT-Linear layer's token (float or int8 state) in one kernel (`kernels.decode_token.use_token_kernel`;
     1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9)."""
 
     compile: bool = False
     activations: str = "float"
-    row_products: bool = True
+    row_products: bool | None = None
     token_kernel: bool = True
 
 
@@ -154,9 +155,9 @@ class CudaEngine:
             fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
         self.model = model.to("cuda", torch.bfloat16).eval()
         if self.options.compile:
-            if self.options.row_products:
-                from .row_products import use_row_products
+            from .row_products import row_products_pay, use_row_products
 
+            if self.options.row_products or (self.options.row_products is None and row_products_pay(self.model)):
                 use_row_products(self.model)
             if self.options.token_kernel:  # (the transformer has no layer that takes it)
                 from .kernels.decode_token import use_token_kernel
@@ -595,7 +596,7 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         result["meta"].update(repetitions_asked=repetitions, workers="one a path, kept" if keep else "one a measurement")
         if device == "cuda":
             result["meta"].update(compile=cuda.compile, activations=cuda.activations,
-                                  row_products=cuda.compile and cuda.row_products,
+                                  row_products=cuda.compile and ("auto" if cuda.row_products is None else cuda.row_products),
                                   token_kernel=cuda.compile and cuda.token_kernel, copy_bandwidth_GBps=ceiling / 1e9)
             peak_flops = dense_bf16_flops(result["meta"]["gpu"])
             result["meta"]["dense_bf16_TFLOPs"] = peak_flops and peak_flops / 1e12
@@ -792,7 +793,8 @@ def footer(meta: dict) -> str:
     """Where and how the table was measured, in one line."""
     if meta.get("device") == "cuda":
         how = ("decode steps compiled (torch.compile), " if meta.get("compile") else "") + \
-            ("batch-1 float products as inductor's reductions, " if meta.get("row_products") else "") + \
+            {True: "batch-1 float products as inductor's reductions, ", "auto": "batch-1 float products as inductor's "
+             "reductions where the hidden size is <= 1024, "}.get(meta.get("row_products"), "") + \
             ("a TTT layer's token in one kernel, " if meta.get("token_kernel") else "") + \
             ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "")
         return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "

@@ -94,3 +94,17 @@ def test_eager_and_saved_weights_are_unchanged(tmp_path):
     assert torch.equal(before, after) and isinstance(model.lm_head, RowProductLinear)
     edgettt.save(model, tmp_path / "m")
     assert torch.equal(edgettt.load(str(tmp_path / "m"))(ids), before)
+
+
+def test_row_products_are_the_default_only_where_they_were_measured_to_pay():
+    """`speed --device cuda --compile` leaves the choice to `row_products_pay` unless asked: the 125m preset
+    (hidden 768, 1.27x on the H200) takes row products, the 760m (hidden 1536, 0.93x) keeps cuBLAS."""
+    from types import SimpleNamespace
+
+    from edgettt.config import PRESETS
+    from edgettt.row_products import row_products_pay
+    from edgettt.speed import CudaOptions
+
+    assert CudaOptions().row_products is None
+    pays = {name: row_products_pay(SimpleNamespace(config=SimpleNamespace(**PRESETS[name]))) for name in ("125m", "760m")}
+    assert pays == {"125m": True, "760m": False}
