@@ -237,7 +237,10 @@ def repacked_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
 
 
 REPACKED_TILES = [(8, 8, 1), (8, 4, 1), (4, 8, 1), (16, 8, 2), (16, 4, 2), (32, 4, 2), (32, 8, 4), (8, 8, 2),
-                  (16, 8, 4), (4, 16, 1), (8, 16, 2), (64, 4, 4)]  # (BN, NG, warps)
+                  (16, 8, 4), (4, 16, 1), (8, 16, 2), (64, 4, 4),
+                  # few rows, K across the warps: 31-62 warps a multiprocessor at 4096 rows (ncu: the tiles
+                  # above leave the GEMV latency-bound, 1-4 warps a scheduler)
+                  (4, 16, 4), (2, 32, 4), (4, 32, 8), (8, 32, 8), (4, 64, 8)]  # (BN, NG, warps)
 repacked_single = triton.autotune(
     configs=autotune_configs([triton.Config({"BN": bn, "NG": ng}, num_warps=w, num_stages=st)
                               for bn, ng, w in REPACKED_TILES for st in (2, 4)],
