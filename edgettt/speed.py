@@ -30,8 +30,9 @@ same-size transformer of `edgettt.llama`; a model's projections of one input run
 gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
 torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
 operations in the graph; at batch 1 the float layers' products as products and sums inductor fuses,
-`row_products`, where the hidden size is at most 1024 (`--row-products/--no-row-products` to choose); each converted TTT-Linear layer's token with a float state in one
-kernel, `kernels.decode_token`, unless `--no-token-kernel`), `--activations int8` runs the
+`row_products`, where the hidden size is at most 1024 (`--row-products/--no-row-products` to choose); each
+converted TTT-Linear layer's token, float or int8 state, in one kernel, `kernels.decode_token`, unless
+`--no-token-kernel`), `--activations int8` runs the
 quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
