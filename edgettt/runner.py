@@ -115,7 +115,7 @@ def check_graph(sess: ort.InferenceSession, graph: dict, vocab_size: int, file: 
                  f"{[a.name for a in actual][:4]}")
         for a, x in zip(actual, listed):
             _require(ORT_TYPES.get(a.type) == x["dtype"], file, f"{x['name']} is {a.type} in the graph, "
-                                                                  f"{x['dtype']} in the manifest")
+                                                                  f"{x['dtype']!r} in the manifest")
             fixed = [(g, s) for g, s in zip(a.shape, x["shape"]) if isinstance(g, int) and isinstance(s, int)]
             _require(len(a.shape) == len(x["shape"]) and all(g == s for g, s in fixed), file,
                      f"{x['name']} has shape {a.shape} in the graph, {x['shape']} in the manifest")

@@ -602,3 +602,17 @@ def test_any_manifest_runs_or_is_refused_in_one_line(world, tmp_path, data):
         "".join(runner.generate("ab", max_new_tokens=2))
     except EdgetttError as exc:
         assert "\n" not in str(exc)
+
+
+def test_a_manifest_value_with_a_line_break_is_refused_in_one_line(world, tmp_path):
+    """The property above once found it: a graph input's dtype "\\n" in the manifest made a two-line error
+    (the message quoted it); EdgetttError now writes line breaks it quotes as \\n."""
+    export = tmp_path / "e"
+    shutil.copytree(world / "export", export)
+    manifest = json.loads((export / "manifest.json").read_text())
+    manifest["graphs"]["decode"]["inputs"][2]["dtype"] = "\n"
+    (export / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(EdgetttError) as caught:
+        Runner(export)
+    assert "\n" not in str(caught.value) and "'\\n' in the manifest" in str(caught.value)
+    assert str(EdgetttError("quoted: a\nb\r")) == "quoted: a\\nb\\r"  # whatever a message quotes
