@@ -109,7 +109,8 @@ def text_input(spec):
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgettt")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal).")
+@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal, "
+              "unless the environment sets EDGETTT_PROGRESS=always: then they are written as lines, for logs).")
 def cli(no_progress):
     """Take TTT-KV language models (TTT-Linear, TTT-MLP) to the edge as linear attention.
 
