@@ -7,7 +7,10 @@ bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA g
 Variants timed in the same run: "zero per group" (the kernel in edgettt: code * x * scale summed
 into a tile, the zero points applied once a group through the group sums of x) and "zero per code"
 (the previous kernel, kept here: (code - zero) * scale * x for every code) and "split-K" (zero per group
-with K cut into slices, one program each, added atomically: more loads in flight). An earlier run (commit
+with K cut into slices, one program each, added atomically: more loads in flight), "words" (32-bit loads, K
+unrolled; with or without split-K) and "repacked" (the codes reordered once a weight so that each nibble
+position meets contiguous x; a code made a float by a shift and a masked OR; loads one step ahead; `--variants`
+picks what to time). Results: benchmarks/results/bench_h200.md. An earlier run (commit
 d220746) measured a "group-sum" kernel (each group summed across lanes every step) slower than
 zero per code on both shapes.
 """
