@@ -32,18 +32,13 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
     return out if bias is None else out + bias
 
 
-def linear_or_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias), as a `row_product` when x is a single compiled row."""
-    if one_compiled_row(x):
-        return row_product(x, weight, bias)
-    return F.linear(x, weight, bias)
-
-
 class RowProductLinear(nn.Linear):
     """nn.Linear whose single compiled row is a `row_product` (same parameters, same state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_or_rows(x, self.weight, self.bias)
+        if one_compiled_row(x):
+            return row_product(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
 
 
 # Widest hidden size at which a batch-1 step's float products pay as reductions: measured on the H200,

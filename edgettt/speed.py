@@ -542,7 +542,7 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile, --activations, --no-row-products and --no-token-kernel choose how --device cuda "
+        raise EdgetttError("speed: --compile, --activations, --row-products/--no-row-products and --no-token-kernel choose how --device cuda "
                            "runs models; add "
                            "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":

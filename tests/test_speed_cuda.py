@@ -32,7 +32,7 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"], ["--no-row-products"], ["--no-token-kernel"]):  # no cuda
+    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"]):  # no cuda
         result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 

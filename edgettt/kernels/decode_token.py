@@ -1,5 +1,5 @@
 """A converted TTT-Linear layer's whole decode token in one kernel, between its projections and its
-post-norm (float state): rotary, the value map, the state step and the output norm.
+post-norm (float state; the int8 format's below): rotary, the value map, the state step and the output norm.
 
     q, k <- rotary(q, k) at the token's place in its mini-batch;  qa, ka = [q, 1], [k, 1]
     vh = -lr * d/dz 0.5 |LN(ka W) - (v - k)|^2             (`linear_attention.linear_values`; W = S0 in the
