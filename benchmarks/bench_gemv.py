@@ -10,7 +10,8 @@ into a tile, the zero points applied once a group through the group sums of x) a
 with K cut into slices, one program each, added atomically: more loads in flight), "words" (32-bit loads, K
 unrolled; with or without split-K) and "repacked" (the codes reordered once a weight so that each nibble
 position meets contiguous x; a code made a float by a shift and a masked OR; loads one step ahead; `--variants`
-picks what to time). Results: benchmarks/results/bench_h200.md. An earlier run (commit
+picks what to time). Each shape also times a plain device copy that moves the same bytes ("copy (same
+bytes)"): the most a kernel that small can reach. Results: benchmarks/results/bench_h200.md. An earlier run (commit
 d220746) measured a "group-sum" kernel (each group summed across lanes every step) slower than
 zero per code on both shapes.
 """
@@ -22,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from edgettt.bench import copies_for, copy_bandwidth, time_rotating_ms, weight_rows, weight_variants
+from edgettt.bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, time_rotating_ms, weight_rows,
+                           weight_variants)
 from edgettt.kernels import autotune_configs, int4
 from edgettt.quant.layouts import unpack_nibbles
 
@@ -292,7 +294,16 @@ def variant_rows(ceiling, names):
             print(json.dumps(rows[-1]), flush=True)
             del laid_out
         del copies
+        rows.append(same_bytes_copy_row(N, K, nbytes, ceiling))
     return rows
+
+
+def same_bytes_copy_row(N, K, nbytes, ceiling):
+    """A device copy that moves the GEMV's bytes (`same_bytes_copy_ms`)."""
+    ms = same_bytes_copy_ms(nbytes)
+    row = {"variant": "copy (same bytes)", "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling}
+    print(json.dumps(row), flush=True)
+    return row
 
 
 def main():

@@ -109,19 +109,23 @@ class Variant:
 
 
 def kernel_table(variant: Variant, top: int = 30) -> dict:
-    """Where a token's time goes: the GPU kernels of one round of the variant's replays under torch.profiler,
-    as kernels a token and microseconds a token, the largest `top` by time."""
-    tokens = variant.args.tokens
+    """Where a token's time goes: the GPU kernels of one round of the variant's replays (`profile_kernels`)."""
+    return profile_kernels(variant.replay, variant.args.tokens, top)
+
+
+def profile_kernels(run, per: int, top: int = 30) -> dict:
+    """The GPU kernels of one `run()` under torch.profiler, as kernels and microseconds a unit (`per` units:
+    a round's tokens, a prefill's 1), the largest `top` by time."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        variant.replay()
+        run()
         torch.cuda.synchronize()
     rows = []
     for e in prof.key_averages():
         us = getattr(e, "self_device_time_total", 0) or getattr(e, "self_cuda_time_total", 0)
         if us > 0:
-            rows.append({"kernel": e.key[:120], "per_token": e.count / tokens, "us_per_token": us / tokens})
+            rows.append({"kernel": e.key[:120], "per_token": e.count / per, "us_per_token": us / per})
     rows.sort(key=lambda r: -r["us_per_token"])
     return {"kernels_per_token": sum(r["per_token"] for r in rows), "us_per_token": sum(r["us_per_token"] for r in rows),
             "top": rows[:top]}

@@ -110,6 +110,16 @@ def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
     return 2 * n_bytes / (ms * 1e-3)
 
 
+def same_bytes_copy_ms(moved: int) -> float:
+    """Time of a device copy that moves `moved` bytes (half read, half written), its buffers rotating past
+    L2 in a CUDA graph as the rows' inputs do: how near the ceiling a kernel that moves this few bytes can
+    come at all (a small kernel's launch and ramp are part of its time)."""
+    half = max(moved // 2, 1)
+    pairs = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
+             for _ in range(copies_for(moved))]
+    return time_rotating_ms([lambda d=d, s=s: d.copy_(s) for s, d in pairs])[0]
+
+
 def row(group: str, name: str, ms: float, moved: int, ceiling: float, tokens: int, **extra) -> dict:
     return {"group": group, "name": name, "ms": ms, "tokens_per_s": tokens / (ms * 1e-3), "bytes": moved,
             "GBps": moved / (ms * 1e-3) / 1e9, "fraction_of_copy": moved / (ms * 1e-3) / ceiling, **extra}
@@ -314,6 +324,9 @@ def state_step_rows(B, H, d, dtype, ceiling) -> list[dict]:
     float_ms = {r["case"]: r["ms"] for r in rows if r["state"] == "float32"}
     for r in rows:  # each case against the float32 state's same case
         r["x float32"] = float_ms[r["case"]] / r["ms"]
+    int8 = next(r for r in rows if r["name"] == "state int8 mini-batch")
+    rows.append(row("decode state", "copy (int8 mini-batch bytes)", same_bytes_copy_ms(int8["bytes"]), int8["bytes"],
+                    ceiling, B, B=B, H=H, d=d, state="copy", case="mini-batch", timing="cuda graph"))
     return rows
 
 
