@@ -60,7 +60,7 @@ def make(kind: str, preset: str):
 
 
 def prefill_seconds(kind: str, model, ids, graph=None) -> float:
-    """One prefill of `ids` timed with CUDA events: eager, or the replay of its captured `graph` (`Captured`)."""
+    """One prefill of `ids` timed with CUDA events: eager, or the replay of its captured `graph`."""
     from edgettt.kernels import kernels_off
 
     plain = kind.endswith("-plain")
@@ -74,31 +74,16 @@ def prefill_seconds(kind: str, model, ids, graph=None) -> float:
     return start.elapsed_time(end) / 1e3
 
 
-class Captured:
-    """A prefill recorded as a CUDA graph, with what the graph writes into that was made outside it (the
-    Llama's cache): kept alive as long as the graph, which would otherwise replay into freed memory."""
-
-    def __init__(self, graph, state):
-        self.graph, self.state = graph, state
-
-    def replay(self):
-        self.graph.replay()
-
-
-def capture_prefill(kind: str, model, ids):
-    """A prefill of `ids` recorded as a CUDA graph (after an eager one: kernels autotune first), so that a
-    replay launches every kernel from the graph, without the host's Python; None, with a line on stderr,
-    where the prefill cannot be captured (it then runs eagerly)."""
+def capture(kind: str, model, ids):
+    """The prefill of `ids` as a CUDA graph (`speed.capture_prefill`, after the warm-up's eager prefill: kernels
+    autotune first), so that a replay launches every kernel from the graph, without the host's Python; None,
+    with a line on stderr, where the prefill cannot be captured (it then runs eagerly)."""
     from edgettt.kernels import kernels_off
+    from edgettt.speed import capture_prefill
 
-    graph = torch.cuda.CUDAGraph()
     try:
-        with torch.no_grad(), (kernels_off() if kind.endswith("-plain") else contextlib.nullcontext()):
-            state = model.init_state(ids.shape[0], ids.shape[1]) if kind == "llama" else None
-            with torch.cuda.graph(graph):
-                model.prefill(ids, state)
-        torch.cuda.synchronize()
-        return Captured(graph, state)
+        with kernels_off() if kind.endswith("-plain") else contextlib.nullcontext():
+            return capture_prefill(model, ids)
     except Exception as exc:  # (a host sync inside the prefill, say)
         print(f"{kind}: not captured ({type(exc).__name__}: {str(exc)[:200]}); timed eagerly", file=sys.stderr)
         torch.cuda.synchronize()
@@ -130,7 +115,7 @@ def main(argv=None) -> int:
     times = {kind: [] for kind in kinds}
     for kind in kinds:  # warm-up (kernels autotune)
         prefill_seconds(kind, models[kind], ids)
-    graphs = {kind: capture_prefill(kind, models[kind], ids) if args.graph else None for kind in kinds}
+    graphs = {kind: capture(kind, models[kind], ids) if args.graph else None for kind in kinds}
     eager = {kind: [] for kind in kinds}  # with --graph, the eager prefill too, in turns with the replays
     for _ in range(args.repeats):
         for kind in kinds:

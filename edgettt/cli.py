@@ -873,6 +873,10 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
               help="With --device cuda --compile: each converted TTT-Linear layer's decode token (float or int8 state) in one "
                    "Triton kernel (rotary, value map, state step, output norm: kernels/decode_token.py), instead of "
                    "the ~8 kernels inductor makes of them.")
+@click.option("--graph-prefill", is_flag=True,
+              help="With --device cuda: each ppN prefill captured once as a CUDA graph (untimed) and timed as its "
+                   "replay, the host's kernel launches out of the time as in decode (an eager batch-1 prefill of a "
+                   "large model is the host's: benchmarks/results/prefill_gpu_h200.md run 4).")
 @click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,
               help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "
                    "whole run (models load and steps compile once, all warming up side by side first) "
@@ -881,7 +885,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
 def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, row_products,
-          token_kernel, workers, json_path, md_path, force):
+          token_kernel, graph_prefill, workers, json_path, md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
@@ -905,7 +909,8 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations, row_products, token_kernel), None if workers is None else workers == "kept",
+                 CudaOptions(compile_steps, activations, row_products, token_kernel, graph_prefill),
+                 None if workers is None else workers == "kept",
                  partial=lambda so_far: write(so_far, json_out, md_out))  # rewritten after every repetition
     click.echo(table(result))
     write(result, json_out, md_out)

@@ -120,12 +120,16 @@ class CudaOptions:
     `benchmarks/results/compiled_decode_h200.md` run 7, 0.93x at 760m, run 10; None: where they pay,
     `row_products.row_products_pay`, hidden size <= 1024); `token_kernel`, with `compile`: each converted
     TTT-Linear layer's token (float or int8 state) in one kernel (`kernels.decode_token.use_token_kernel`;
-    1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9)."""
+    1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9); `graph_prefill`:
+    a ppN test's prefill captured once as a CUDA graph (untimed, after its warm-up) and timed as its replay,
+    the host's launches out of the time as in decode (an eager batch-1 760m prefill launches ~2,200 kernels
+    and took 77 ms for 51 ms of kernels: `benchmarks/results/prefill_gpu_h200.md` run 4)."""
 
     compile: bool = False
     activations: str = "float"
     row_products: bool | None = None
     token_kernel: bool = True
+    graph_prefill: bool = False
 
 
 class CudaEngine:
@@ -167,17 +171,32 @@ class CudaEngine:
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
         self.graphs = None
+        self.prefill_graph = None  # (its input tensor, `CapturedPrefill`): --graph-prefill, `ready_prefill`
         # a prefill's matmul FLOPs a token (the head multiplies the last token's only: left out)
         self.prefill_flops_per_token = 2 * linear_parameters(self.model, head=False)
 
     def prefill(self, ids, room: int = 0):
         torch = self.torch
         x = torch.from_numpy(ids).cuda()
+        if self.prefill_graph is not None and self.prefill_graph[0].shape == x.shape and room == 0:
+            given, captured = self.prefill_graph
+            given.copy_(x)
+            captured.replay()
+            torch.cuda.synchronize()
+            return captured.state
         with torch.no_grad():
             state = self.model.init_state(x.shape[0], x.shape[1] + room) if is_llama_model(self.model) else None
             _, state = self.model.prefill(x, state, logits_from=x.shape[1] - 1)
         torch.cuda.synchronize()
         return state
+
+    def ready_prefill(self, ids):
+        """With --graph-prefill: capture the prefill of ids' shape as a CUDA graph (not timed; after one
+        eager prefill, in which kernels autotune), so that `prefill` replays it."""
+        if self.options.graph_prefill:
+            x = self.torch.from_numpy(ids).cuda()
+            self.prefill(ids)
+            self.prefill_graph = (x, capture_prefill(self.model, x, logits_from=x.shape[1] - 1))
 
     def ready(self, ids, start, state):
         """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
@@ -198,9 +217,36 @@ class CudaEngine:
         self.torch.cuda.synchronize()
 
     def release(self):
-        """Drop the decode graphs and their memory pool (a kept worker's next test starts without them)."""
-        self.graphs = self.ids = None
+        """Drop the captured graphs and their memory pools (a kept worker's next test starts without them)."""
+        self.graphs = self.ids = self.prefill_graph = None
         self.torch.cuda.empty_cache()
+
+
+class CapturedPrefill:
+    """A prefill recorded as a CUDA graph, with the state it leaves (for the transformer the cache it was
+    given, made outside the graph: held here as long as the graph, which would otherwise replay into
+    freed memory)."""
+
+    def __init__(self, graph, state):
+        self.graph, self.state = graph, state
+
+    def replay(self):
+        self.graph.replay()
+
+
+def capture_prefill(model, ids, logits_from: int | None = None) -> CapturedPrefill:
+    """`model.prefill(ids)` from a fresh state (the transformer: a cache of ids' length) recorded as a CUDA
+    graph; run it eagerly once first (kernels autotune outside the capture). A replay recomputes it from
+    what is then in `ids`' tensor."""
+    import torch
+
+    with torch.no_grad():
+        cache = model.init_state(ids.shape[0], ids.shape[1]) if is_llama_model(model) else None
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            _, state = model.prefill(ids, cache, logits_from=logits_from)
+    torch.cuda.synchronize()
+    return CapturedPrefill(graph, state)
 
 
 def compile_step(model) -> None:
@@ -395,9 +441,14 @@ def time_test(engine, test: Test, rng, batch: int = 1) -> float:
     """Seconds the test's timed part takes, for `batch` sequences."""
     if test.kind == "pp":
         ids = rng.integers(0, engine.vocab, (batch, test.tokens))
+        if hasattr(engine, "ready_prefill"):  # (a CUDA graph of the prefill captured before the clock starts)
+            engine.ready_prefill(ids)
         t0 = time.perf_counter()
         engine.prefill(ids)
-        return time.perf_counter() - t0
+        seconds = time.perf_counter() - t0
+        if hasattr(engine, "release"):
+            engine.release()
+        return seconds
     start = max(test.depth, 1)
     ids = rng.integers(0, engine.vocab, (batch, start + test.tokens))
     states = engine.prefill(ids[:, :start], room=test.tokens)  # room: tokens the decode appends (a KV cache's)
@@ -542,8 +593,8 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
     if not paths:
         raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile, --activations, --row-products/--no-row-products and --no-token-kernel choose how --device cuda "
-                           "runs models; add "
+        raise EdgetttError("speed: --compile, --activations, --row-products/--no-row-products, --no-token-kernel and "
+                           "--graph-prefill choose how --device cuda runs models; add "
                            "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
         import torch
@@ -598,7 +649,8 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
         if device == "cuda":
             result["meta"].update(compile=cuda.compile, activations=cuda.activations,
                                   row_products=cuda.compile and ("auto" if cuda.row_products is None else cuda.row_products),
-                                  token_kernel=cuda.compile and cuda.token_kernel, copy_bandwidth_GBps=ceiling / 1e9)
+                                  token_kernel=cuda.compile and cuda.token_kernel, graph_prefill=cuda.graph_prefill,
+                                  copy_bandwidth_GBps=ceiling / 1e9)
             peak_flops = dense_bf16_flops(result["meta"]["gpu"])
             result["meta"]["dense_bf16_TFLOPs"] = peak_flops and peak_flops / 1e12
             for row in result["rows"]:
@@ -797,7 +849,8 @@ def footer(meta: dict) -> str:
             {True: "batch-1 float products as inductor's reductions, ", "auto": "batch-1 float products as inductor's "
              "reductions where the hidden size is <= 1024, "}.get(meta.get("row_products"), "") + \
             ("a TTT layer's token in one kernel, " if meta.get("token_kernel") else "") + \
-            ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "")
+            ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "") + \
+            ("prefill: a CUDA graph replay, " if meta.get("graph_prefill") else "")
         return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "
                 f"{meta['decode']}; peak MB: {meta['peak']}; {meta['repetitions']} repetitions, batch {meta['batch']}.")
     return (f"CPU {meta['cpu']} ({meta['cores']} cores), threads {meta['threads'] or 'default'}, onnxruntime "

@@ -32,7 +32,8 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"]):  # no cuda
+    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"],
+                   ["--graph-prefill"]):  # no cuda
         result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
 
@@ -177,10 +178,55 @@ def test_the_cuda_table_says_how_the_models_ran():
 
     meta = {"device": "cuda", "gpu": "H200", "torch": "2", "triton": "3", "dtype": "bfloat16", "decode": "graphs",
             "peak": "allocated", "repetitions": 3, "batch": 1}
-    assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta)
-    text = footer({**meta, "compile": True, "activations": "int8", "row_products": True, "token_kernel": True})
+    assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta) and "prefill:" not in footer(meta)
+    text = footer({**meta, "compile": True, "activations": "int8", "row_products": True, "token_kernel": True,
+                   "graph_prefill": True})
     assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text and "reductions" in text
-    assert "token in one kernel" in text
+    assert "token in one kernel" in text and "prefill: a CUDA graph replay" in text
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("form", ["ttt", "exact", "parallel", "parallel:int4", "parallel/int8", "llama"])
+def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form):
+    """`speed --graph-prefill`: the prefill recorded once (`capture_prefill`) and replayed on new ids leaves
+    the state an eager prefill of those ids leaves (the transformer: its cache, made outside the graph)."""
+    from edgettt import convert
+    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.speed import capture_prefill
+
+    if form == "llama":
+        with torch.device("cuda"):
+            model = Llama(LlamaConfig(64, 2, 4, 128, 100))
+    else:
+        form, _, weights = form.partition(":")
+        form, _, state_format = form.partition("/")
+        model = tiny_model("linear", seed=2, mini_batch_size=8)
+        model = model if form == "ttt" else convert(model, form)
+        if state_format:
+            from edgettt.quant import apply_state_format
+
+            apply_state_format(model, state_format)
+        if weights:
+            from edgettt import quantize
+            from edgettt.quant import QuantConfig
+
+            model = quantize(model, QuantConfig(weights, 32))
+    model = model.cuda().to(torch.bfloat16).eval()
+    ids = torch.randint(0, 61, (2, 40), device="cuda")  # (the tiny models' vocabulary: 61)
+    with torch.no_grad():
+        model.prefill(ids, model.init_state(2, 40) if form == "llama" else None)  # kernels autotune
+        captured = capture_prefill(model, ids)
+        ids.copy_(torch.randint(0, 61, (2, 40), device="cuda"))
+        _, eager = model.prefill(ids, model.init_state(2, 40) if form == "llama" else None)
+        captured.replay()
+    torch.cuda.synchronize()
+    if form == "llama":
+        pairs = list(zip(captured.state.keys + captured.state.values, eager.keys + eager.values))
+    else:
+        pairs = [(a[name], b[name]) for a, b in zip(captured.state.layers, eager.layers) for name in a]
+    for replayed, prefilled in pairs:
+        assert rel_err(replayed.float(), prefilled.float()) < 1e-3
 
 
 def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_shows_each_rows_limit():
