@@ -45,9 +45,17 @@ def main():
     p.add_argument("--pool", type=int, default=0, help="teacher logits of this many batches a length, computed "
                    "first and reused in turn (`distill(pool=)`: for a slow teacher; not counted in --minutes)")
     p.add_argument("--hard-weight", type=float, default=0.0, help="share of the next-token loss on the text")
+    p.add_argument("--value-eps", type=float, default=None, help="experiment: the parallel form's values with this "
+                   "epsilon in their LN-L2 gradient (a floor on its division by the spread of ka S0: "
+                   "benchmarks/results/state_growth.md), in this run only (not saved: refused with --save)")
     p.add_argument("--save", help="write the distilled student here (a model directory)")
     p.add_argument("--json")
     args = p.parse_args()
+    if args.value_eps is not None:
+        if args.save:
+            raise SystemExit("mixed_distill.py: --value-eps is an experiment of this run (a model does not keep it); "
+                             "leave out --save")
+        floor_parallel_values(args.value_eps)
     lengths = [int(n) for n in args.lengths.split(",")]
     teacher, student = edgettt.load(args.teacher), edgettt.load(args.student)
     if teacher.form == "ttt":  # the exact form equals the original to float rounding, and has GPU kernels
@@ -76,6 +84,21 @@ def main():
         ratios = " / ".join(f"{result[when][n] / result['teacher'][n]:.3f}" for n in lengths)
         print(f"{when:6s} bits per byte ratio to the teacher at {args.lengths}: {ratios}")
     write(result, args.json)
+
+
+def floor_parallel_values(eps: float) -> None:
+    """Every parallel-form layer's values (those taken at the initial state S0 [H, d+1, d], where the exact
+    form's are at its per-sequence states) with `eps` in the LN-L2 gradient, for the rest of the process."""
+    import edgettt.linear_attention as la
+    from edgettt.ops import ln_l2_grad
+
+    values = la.linear_values
+
+    def floored(ka, k, v, lr, S, gamma, beta):
+        if S.dim() == 4:  # the exact form (the teacher): unchanged
+            return values(ka, k, v, lr, S, gamma, beta)
+        return -lr[..., None] * ln_l2_grad(la.row_times(ka, S), v - k, gamma, beta, eps=eps)
+    la.linear_values = floored
 
 
 def write(result: dict, path: str | None) -> None:
