@@ -874,8 +874,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
                    "Triton kernel (rotary, value map, state step, output norm: kernels/decode_token.py), instead of "
                    "the ~8 kernels inductor makes of them.")
 @click.option("--graph-prefill", is_flag=True,
-              help="With --device cuda: each ppN prefill captured once as a CUDA graph (untimed) and timed as its "
-                   "replay, the host's kernel launches out of the time as in decode (an eager batch-1 prefill of a "
+              help="With --device cuda: each ppN prefill captured as a CUDA graph before it is timed (untimed) and "
+                   "timed as its replay, the host's kernel launches out of the time as in decode (an eager batch-1 prefill of a "
                    "large model is the host's: benchmarks/results/prefill_gpu_h200.md run 4).")
 @click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,
               help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "

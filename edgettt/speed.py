@@ -121,9 +121,10 @@ class CudaOptions:
     `row_products.row_products_pay`, hidden size <= 1024); `token_kernel`, with `compile`: each converted
     TTT-Linear layer's token (float or int8 state) in one kernel (`kernels.decode_token.use_token_kernel`;
     1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9); `graph_prefill`:
-    a ppN test's prefill captured once as a CUDA graph (untimed, after its warm-up) and timed as its replay,
-    the host's launches out of the time as in decode (an eager batch-1 760m prefill launches ~2,200 kernels
-    and took 77 ms for 51 ms of kernels: `benchmarks/results/prefill_gpu_h200.md` run 4)."""
+    a ppN test's prefill captured as a CUDA graph before each timing (untimed, after an eager prefill) and
+    timed as its replay, the host's launches out of the time as in decode (an eager batch-1 760m prefill
+    launches ~2,200 kernels and took 77 ms for 51 ms of kernels: `benchmarks/results/prefill_gpu_h200.md`
+    run 4)."""
 
     compile: bool = False
     activations: str = "float"
