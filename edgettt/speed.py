@@ -191,13 +191,15 @@ class CudaEngine:
         torch.cuda.synchronize()
         return state
 
-    def ready_prefill(self, ids):
+    def ready_prefill(self, ids) -> bool:
         """With --graph-prefill: capture the prefill of ids' shape as a CUDA graph (not timed; after one
-        eager prefill, in which kernels autotune), so that `prefill` replays it."""
-        if self.options.graph_prefill:
-            x = self.torch.from_numpy(ids).cuda()
-            self.prefill(ids)
-            self.prefill_graph = (x, capture_prefill(self.model, x, logits_from=x.shape[1] - 1))
+        eager prefill, in which kernels autotune), so that `prefill` replays it. Returns whether it did."""
+        if not self.options.graph_prefill:
+            return False
+        x = self.torch.from_numpy(ids).cuda()
+        self.prefill(ids)
+        self.prefill_graph = (x, capture_prefill(self.model, x, logits_from=x.shape[1] - 1))
+        return True
 
     def ready(self, ids, start, state):
         """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
@@ -442,12 +444,12 @@ def time_test(engine, test: Test, rng, batch: int = 1) -> float:
     """Seconds the test's timed part takes, for `batch` sequences."""
     if test.kind == "pp":
         ids = rng.integers(0, engine.vocab, (batch, test.tokens))
-        if hasattr(engine, "ready_prefill"):  # (a CUDA graph of the prefill captured before the clock starts)
-            engine.ready_prefill(ids)
+        # (a CUDA graph of the prefill captured before the clock starts, and dropped after)
+        captured = hasattr(engine, "ready_prefill") and engine.ready_prefill(ids)
         t0 = time.perf_counter()
         engine.prefill(ids)
         seconds = time.perf_counter() - t0
-        if hasattr(engine, "release"):
+        if captured:
             engine.release()
         return seconds
     start = max(test.depth, 1)
