@@ -110,10 +110,12 @@ def damp_committed_sums(student, decay: float) -> None:
     """Each of the student's layers with a learned decay a head (decay = exp(-exp(logit)), a new parameter the
     distillation trains), which its prefills apply to the committed sums: the state after mini-batch n is
     S + eta_last sum_{m <= n} decay^(n - m) U_m instead of the plain prefix sum (`la.committed_states`, swapped
-    for the rest of the process; the teacher's layers, which set no decay, keep the plain sum)."""
+    for the rest of the process; the teacher's layers, which set no decay, keep the plain sum). The student's
+    layers run their plain-torch path (`kernels_off`): the Triton prefill kernels know no decay."""
     import math
 
     import edgettt.linear_attention as la
+    from edgettt.kernels import kernels_off
 
     current = {"decay": None}
     plain = la.committed_states
@@ -135,7 +137,8 @@ def damp_committed_sums(student, decay: float) -> None:
         def forward(*args, block=block, original=block.forward, **kwargs):
             current["decay"] = torch.exp(-torch.exp(block.decay_logit))
             try:
-                return original(*args, **kwargs)
+                with kernels_off():
+                    return original(*args, **kwargs)
             finally:
                 current["decay"] = None
         block.forward = forward

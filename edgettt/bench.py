@@ -248,8 +248,7 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
 
 # ---- decode: the state step --------------------------------------------------------------------------
 
-STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8", "int8 seqs=4", "int8 seqs=8", "int8 commit_warps=4",
-               "int8 seqs=4 commit_warps=8")
+STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8", "int8 seqs=4 commit_warps=8")
 # "int8 seqs=N": the same kernel with N sequences of a head a program (N warps), which share their head's S0;
 # "commit_warps=W": W warps a program at a commit (`decode_step_int8kv`)
 MINI_BATCH = 16  # the presets' mini-batch size: a commit every 16 tokens
