@@ -248,9 +248,7 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
 
 # ---- decode: the state step --------------------------------------------------------------------------
 
-STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8", "int8 seqs=4 commit_warps=8")
-# "int8 seqs=N": the same kernel with N sequences of a head a program (N warps), which share their head's S0;
-# "commit_warps=W": W warps a program at a commit (`decode_step_int8kv`)
+STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8")
 MINI_BATCH = 16  # the presets' mini-batch size: a commit every 16 tokens
 
 
@@ -262,9 +260,7 @@ def _state_case(kind, B, H, Dk, Dv, vectors, eta):
     qa, ka, vh, out = vectors
     elements, heads = B * H * Dk * Dv, B * H
     shared = H * Dk * Dv * 4  # S0, read once by the whole batch
-    if kind.startswith("int8") and kind != "int8-calibrated":
-        options = dict(o.split("=") for o in kind.split()[1:])
-        seqs, commit_warps = int(options.get("seqs", 1)), int(options.get("commit_warps", 0)) or None
+    if kind == "int8":
         S0 = torch.randn(H, Dk, Dv, device="cuda")
 
         def make():
@@ -277,8 +273,7 @@ def _state_case(kind, B, H, Dk, Dv, vectors, eta):
             codes = elements * 3 // 2 + heads * Dk * 4  # c8, c4 and the row steps
             slots = heads * (Dk + Dv) * 2
             return codes * (2 if inner == MINI_BATCH - 1 else 1) + slots * (inner + 1) + shared
-        return make, lambda st, i: decode.decode_step_int8kv(qa, ka, vh, *st, eta, i, out=out, seqs=seqs,
-                                                             warps=seqs, commit_warps=commit_warps), moved
+        return make, lambda st, i: decode.decode_step_int8kv(qa, ka, vh, *st, eta, i, out=out), moved
     if kind == "int8-calibrated":
         S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
 

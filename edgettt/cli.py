@@ -800,9 +800,8 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
              scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
              flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
     decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
-             S, and the int8 format (two-level codes, the open mini-batch's keys and values; also
-             with 4 and 8 sequences a program sharing their head's S0, and with more warps at a
-             commit): a token, a commit, and the mean over a mini-batch of 16
+             S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
+             token, a commit, and the mean over a mini-batch of 16
     weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
              edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
              cuBLAS), bitsandbytes NF4 and LLM.int8 when installed

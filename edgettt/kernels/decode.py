@@ -178,122 +178,104 @@ def decode_step_int8kv_ref(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: i
 
 
 @triton.jit
-def _two_level_load(c8_base, c4_base, s0_ptr, r, c, st, DV, mask, shared_mask):
-    """Rows r, columns c and c + Dv/2 of S0 + (c8 + c4 / 15) step for each sequence of a program (code
-    bases [SEQS], steps st [SEQS, R]): [SEQS, R, HALF] tiles s_lo, s_hi; and S0's, [R, HALF], loaded
-    once for all the program's sequences (they share the head)."""
+def _two_level_load(c8_ptr, c4_ptr, s0_ptr, r, c, st, DV, mask):
+    """Rows r, columns c and c + Dv/2 of S0 + (c8 + c4 / 15) step, and of S0: four [R, HALF] tiles."""
     DH = DV // 2
-    fine = tl.load(c4_base[:, None, None] + (r[:, None] * DH + c[None, :])[None], mask=mask, other=0x88).to(tl.int32)
-    at = (r[:, None] * DV + c[None, :])
-    s0_lo = tl.load(s0_ptr + at, mask=shared_mask, other=0.0).to(tl.float32)
-    s0_hi = tl.load(s0_ptr + at + DH, mask=shared_mask, other=0.0).to(tl.float32)
-    c8_lo = tl.load(c8_base[:, None, None] + at[None], mask=mask, other=0).to(tl.float32)
-    c8_hi = tl.load(c8_base[:, None, None] + at[None] + DH, mask=mask, other=0).to(tl.float32)
-    s_lo = s0_lo[None] + (c8_lo + ((fine & 0xF) - 8).to(tl.float32) / 15.0) * st[:, :, None]
-    s_hi = s0_hi[None] + (c8_hi + ((fine >> 4) - 8).to(tl.float32) / 15.0) * st[:, :, None]
+    fine = tl.load(c4_ptr + r[:, None] * DH + c[None, :], mask=mask, other=0x88).to(tl.int32)
+    at = r[:, None] * DV + c[None, :]
+    s0_lo = tl.load(s0_ptr + at, mask=mask, other=0.0).to(tl.float32)
+    s0_hi = tl.load(s0_ptr + at + DH, mask=mask, other=0.0).to(tl.float32)
+    c8_lo = tl.load(c8_ptr + at, mask=mask, other=0).to(tl.float32)
+    c8_hi = tl.load(c8_ptr + at + DH, mask=mask, other=0).to(tl.float32)
+    s_lo = s0_lo + (c8_lo + ((fine & 0xF) - 8).to(tl.float32) / 15.0) * st[:, None]
+    s_hi = s0_hi + (c8_hi + ((fine >> 4) - 8).to(tl.float32) / 15.0) * st[:, None]
     return s_lo, s_hi, s0_lo, s0_hi
 
 
 @triton.jit
 def _two_level_code(d, st):
-    """(coarse, fine) codes of a [SEQS, R, HALF] tile of d = S - S0 on its rows' steps st [SEQS, R], as
-    float values (`state_formats.two_level_codes`)."""
-    coarse = _round_half_even(d / st[:, :, None])
-    fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * st[:, :, None]) * (15.0 / st[:, :, None])), -7.0), 7.0)
+    """(coarse, fine) codes of a [R, HALF] tile of d = S - S0 on its rows' steps st [R], as float values
+    (`state_formats.two_level_codes`)."""
+    coarse = _round_half_even(d / st[:, None])
+    fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * st[:, None]) * (15.0 / st[:, None])), -7.0), 7.0)
     return coarse, fine
 
 
 @triton.jit
-def _two_level_store(c8_base, c4_base, step_base, r, c, d_lo, d_hi, DV, mask, row_mask):
-    """Round d = S - S0 (two [SEQS, R, HALF] tiles: the rows' halves) to the int8 format and store it."""
+def _two_level_store(c8_ptr, c4_ptr, step_ptr, r, c, d_lo, d_hi, DV, mask, r_ok):
+    """Round d = S - S0 (two [R, HALF] tiles: the row's halves) to the int8 format and store it."""
     DH = DV // 2
-    amax = tl.maximum(tl.max(tl.abs(d_lo), axis=2), tl.max(tl.abs(d_hi), axis=2))  # [SEQS, R]
+    amax = tl.maximum(tl.max(tl.abs(d_lo), axis=1), tl.max(tl.abs(d_hi), axis=1))
     st = tl.maximum(amax / 127.0, 1e-30)
     coarse_lo, fine_lo = _two_level_code(d_lo, st)
     coarse_hi, fine_hi = _two_level_code(d_hi, st)
-    at = (r[:, None] * DV + c[None, :])[None]
-    tl.store(c8_base[:, None, None] + at, coarse_lo.to(tl.int8), mask=mask)
-    tl.store(c8_base[:, None, None] + at + DH, coarse_hi.to(tl.int8), mask=mask)
+    at = r[:, None] * DV + c[None, :]
+    tl.store(c8_ptr + at, coarse_lo.to(tl.int8), mask=mask)
+    tl.store(c8_ptr + at + DH, coarse_hi.to(tl.int8), mask=mask)
     packed = (fine_lo + 8.0).to(tl.int32) | ((fine_hi + 8.0).to(tl.int32) << 4)
-    tl.store(c4_base[:, None, None] + (r[:, None] * DH + c[None, :])[None], packed.to(tl.uint8), mask=mask)
-    tl.store(step_base[:, None] + r[None, :], st, mask=row_mask)
+    tl.store(c4_ptr + r[:, None] * DH + c[None, :], packed.to(tl.uint8), mask=mask)
+    tl.store(step_ptr + r, st, mask=r_ok)
 
 
 @triton.jit
 def _decode_step_int8kv_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr, s0_ptr, k_ptr, v_ptr, z_ptr,
-                               eta_ptr, INNER, LAST, B, H, DK, DV, SLOTS,
+                               eta_ptr, INNER, LAST, H, DK, DV, SLOTS,
                                COMMIT: tl.constexpr, MINI: tl.constexpr, BLOCK_K: tl.constexpr,
-                               HALF: tl.constexpr, ROWS: tl.constexpr, ROW_END: tl.constexpr, SEQS: tl.constexpr):
-    # one head of SEQS sequences: the whole [Dk, Dv] state of each, ROWS rows at a time; the head's S0
-    # tiles are loaded once for all of them
-    pid = tl.program_id(0)
-    h = pid % H
-    b = (pid // H) * SEQS + tl.arange(0, SEQS)
-    b_ok = b < B
-    bh = b * H + h  # [SEQS]
+                               HALF: tl.constexpr, ROWS: tl.constexpr, ROW_END: tl.constexpr):
+    bh = tl.program_id(0)  # one (sequence, head): the whole [Dk, Dv] state, ROWS rows at a time
+    h = bh % H
     DH = DV // 2
     eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
     k, c, j = tl.arange(0, BLOCK_K), tl.arange(0, HALF), tl.arange(0, MINI)
-    k_ok, c_ok, j_ok = k < DK, c < DH, j < INNER
-    kmask, cmask = b_ok[:, None] & k_ok[None, :], b_ok[:, None] & c_ok[None, :]
-    qa = tl.load(qa_ptr + bh[:, None] * DK + k[None, :], mask=kmask, other=0.0).to(tl.float32)  # [SEQS, BLOCK_K]
+    k_ok, c_ok = k < DK, c < DH
+    qa = tl.load(qa_ptr + bh * DK + k, mask=k_ok, other=0.0).to(tl.float32)
     # this token, rounded as its slot keeps it, into its slot
-    ka = tl.load(ka_ptr + bh[:, None] * DK + k[None, :], mask=kmask, other=0.0).to(k_ptr.dtype.element_ty)
-    v_lo = tl.load(vh_ptr + bh[:, None] * DV + c[None, :], mask=cmask, other=0.0).to(v_ptr.dtype.element_ty)
-    v_hi = tl.load(vh_ptr + bh[:, None] * DV + DH + c[None, :], mask=cmask, other=0.0).to(v_ptr.dtype.element_ty)
-    k_slots, v_slots = k_ptr + bh * SLOTS * DK, v_ptr + bh * SLOTS * DV  # [SEQS]
-    tl.store(k_slots[:, None] + INNER * DK + k[None, :], ka, mask=kmask)
-    tl.store(v_slots[:, None] + INNER * DV + c[None, :], v_lo, mask=cmask)
-    tl.store(v_slots[:, None] + INNER * DV + DH + c[None, :], v_hi, mask=cmask)
+    ka = tl.load(ka_ptr + bh * DK + k, mask=k_ok, other=0.0).to(k_ptr.dtype.element_ty)
+    v_lo = tl.load(vh_ptr + bh * DV + c, mask=c_ok, other=0.0).to(v_ptr.dtype.element_ty)
+    v_hi = tl.load(vh_ptr + bh * DV + DH + c, mask=c_ok, other=0.0).to(v_ptr.dtype.element_ty)
+    k_slots, v_slots = k_ptr + bh * SLOTS * DK, v_ptr + bh * SLOTS * DV
+    tl.store(k_slots + INNER * DK + k, ka, mask=k_ok)
+    tl.store(v_slots + INNER * DV + c, v_lo, mask=c_ok)
+    tl.store(v_slots + INNER * DV + DH + c, v_hi, mask=c_ok)
     v_lo, v_hi = v_lo.to(tl.float32), v_hi.to(tl.float32)
     # the open slots before it: qa A = sum_j (qa . K_j) V_j
-    keys = tl.load(k_slots[:, None, None] + j[None, :, None] * DK + k[None, None, :],
-                   mask=b_ok[:, None, None] & j_ok[None, :, None] & k_ok[None, None, :], other=0.0)
-    qk = tl.sum(keys.to(tl.float32) * qa[:, None, :], axis=2)  # [SEQS, MINI]
-    qk_now = tl.sum(ka.to(tl.float32) * qa, axis=1)  # [SEQS]
-    vmask = b_ok[:, None, None] & j_ok[None, :, None] & c_ok[None, None, :]
-    vals_lo = tl.load(v_slots[:, None, None] + j[None, :, None] * DV + c[None, None, :], mask=vmask,
-                      other=0.0).to(tl.float32)  # [SEQS, MINI, HALF]
-    vals_hi = tl.load(v_slots[:, None, None] + j[None, :, None] * DV + DH + c[None, None, :], mask=vmask,
-                      other=0.0).to(tl.float32)
-    z_lo = eta_i * (tl.sum(qk[:, :, None] * vals_lo, axis=1) + qk_now[:, None] * v_lo)  # [SEQS, HALF]
-    z_hi = eta_i * (tl.sum(qk[:, :, None] * vals_hi, axis=1) + qk_now[:, None] * v_hi)
+    j_ok = j < INNER
+    keys = tl.load(k_slots + j[:, None] * DK + k[None, :], mask=j_ok[:, None] & k_ok[None, :], other=0.0)
+    qk = tl.sum(keys.to(tl.float32) * qa[None, :], axis=1)  # [MINI]
+    qk_now = tl.sum(ka.to(tl.float32) * qa, axis=0)
+    vmask = j_ok[:, None] & c_ok[None, :]
+    vals_lo = tl.load(v_slots + j[:, None] * DV + c[None, :], mask=vmask, other=0.0).to(tl.float32)
+    vals_hi = tl.load(v_slots + j[:, None] * DV + DH + c[None, :], mask=vmask, other=0.0).to(tl.float32)
+    z_lo = eta_i * (tl.sum(qk[:, None] * vals_lo, axis=0) + qk_now * v_lo)
+    z_hi = eta_i * (tl.sum(qk[:, None] * vals_hi, axis=0) + qk_now * v_hi)
     # qa S, ROWS rows at a time; at a commit those rows are updated and rounded
     c8_base, c4_base, step_base = c8_ptr + bh * DK * DV, c4_ptr + bh * DK * DH, step_ptr + bh * DK
     s0_base = s0_ptr + h * DK * DV
     for r0 in tl.static_range(0, ROW_END, ROWS):  # unrolled: the loads of every block can be in flight at once
         r = r0 + tl.arange(0, ROWS)
         r_ok = r < DK
-        shared_mask = r_ok[:, None] & c_ok[None, :]  # [ROWS, HALF]
-        mask = b_ok[:, None, None] & shared_mask[None]  # [SEQS, ROWS, HALF]
-        row_mask = b_ok[:, None] & r_ok[None, :]  # [SEQS, ROWS]
-        st = tl.load(step_base[:, None] + r[None, :], mask=row_mask, other=0.0)
-        s_lo, s_hi, s0_lo, s0_hi = _two_level_load(c8_base, c4_base, s0_base, r, c, st, DV, mask, shared_mask)
-        q_r = tl.load(qa_ptr + bh[:, None] * DK + r[None, :], mask=row_mask, other=0.0).to(tl.float32)
-        z_lo += tl.sum(q_r[:, :, None] * s_lo, axis=1)
-        z_hi += tl.sum(q_r[:, :, None] * s_hi, axis=1)
+        mask = r_ok[:, None] & c_ok[None, :]
+        st = tl.load(step_base + r, mask=r_ok, other=0.0)
+        s_lo, s_hi, s0_lo, s0_hi = _two_level_load(c8_base, c4_base, s0_base, r, c, st, DV, mask)
+        q_r = tl.load(qa_ptr + bh * DK + r, mask=r_ok, other=0.0).to(tl.float32)
+        z_lo += tl.sum(q_r[:, None] * s_lo, axis=0)
+        z_hi += tl.sum(q_r[:, None] * s_hi, axis=0)
         if COMMIT:  # A's rows r = K[:, r]^T V over the slots before this token, plus this token's
-            k_r = tl.load(ka_ptr + bh[:, None] * DK + r[None, :], mask=row_mask,
-                          other=0.0).to(k_ptr.dtype.element_ty).to(tl.float32)  # [SEQS, ROWS]
-            keys_r = tl.load(k_slots[:, None, None] + j[None, :, None] * DK + r[None, None, :],
-                             mask=b_ok[:, None, None] & j_ok[None, :, None] & r_ok[None, None, :],
-                             other=0.0).to(tl.float32)  # [SEQS, MINI, ROWS]
-            a_lo = tl.sum(keys_r[:, :, :, None] * vals_lo[:, :, None, :], axis=1) + k_r[:, :, None] * v_lo[:, None, :]
-            a_hi = tl.sum(keys_r[:, :, :, None] * vals_hi[:, :, None, :], axis=1) + k_r[:, :, None] * v_hi[:, None, :]
+            k_r = tl.load(ka_ptr + bh * DK + r, mask=r_ok, other=0.0).to(k_ptr.dtype.element_ty).to(tl.float32)
+            keys_r = tl.load(k_slots + j[:, None] * DK + r[None, :], mask=j_ok[:, None] & r_ok[None, :],
+                             other=0.0).to(tl.float32)  # [MINI, ROWS]
+            a_lo = tl.sum(keys_r[:, :, None] * vals_lo[:, None, :], axis=0) + k_r[:, None] * v_lo[None, :]
+            a_hi = tl.sum(keys_r[:, :, None] * vals_hi[:, None, :], axis=0) + k_r[:, None] * v_hi[None, :]
             eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
-            d_lo = tl.where(mask, s_lo + eta_b * a_lo - s0_lo[None], 0.0)
-            d_hi = tl.where(mask, s_hi + eta_b * a_hi - s0_hi[None], 0.0)
-            _two_level_store(c8_base, c4_base, step_base, r, c, d_lo, d_hi, DV, mask, row_mask)
-    tl.store(z_ptr + bh[:, None] * DV + c[None, :], z_lo.to(z_ptr.dtype.element_ty), mask=cmask)
-    tl.store(z_ptr + bh[:, None] * DV + DH + c[None, :], z_hi.to(z_ptr.dtype.element_ty), mask=cmask)
+            d_lo = tl.where(mask, s_lo + eta_b * a_lo - s0_lo, 0.0)
+            d_hi = tl.where(mask, s_hi + eta_b * a_hi - s0_hi, 0.0)
+            _two_level_store(c8_base, c4_base, step_base, r, c, d_lo, d_hi, DV, mask, r_ok)
+    tl.store(z_ptr + bh * DV + c, z_lo.to(z_ptr.dtype.element_ty), mask=c_ok)
+    tl.store(z_ptr + bh * DV + DH + c, z_hi.to(z_ptr.dtype.element_ty), mask=c_ok)
 
 
 def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None, rows: int = 4,
-                       warps: int = 1, seqs: int = 1, commit_warps: int | None = None):
-    """One token for B sequences; a program takes one head of `seqs` sequences (a power of two), which
-    then read their head's float32 S0 once between them. `commit_warps`: the warps of a program at the
-    mini-batch's last token (which also forms A's rows and rounds S: more arithmetic a row), by default
-    `warps`."""
+                       warps: int = 1):
     B, H, DK = qa.shape
     DV = vh.shape[-1]
     SLOTS = K.shape[2]
@@ -302,12 +284,9 @@ def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, 
         assert t.is_contiguous(), "decode_step_int8kv needs contiguous tensors"
     z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
     last = eta_tok.shape[0] - 1
-    assert seqs & (seqs - 1) == 0, "seqs: a power of two"
-    commit = inner == last
-    _decode_step_int8kv_kernel[(cdiv(B, seqs) * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last,
-                                                     B, H, DK, DV, SLOTS, COMMIT=commit,
-                                                     MINI=next_power_of_2(SLOTS), BLOCK_K=next_power_of_2(DK),
-                                                     HALF=next_power_of_2(DV // 2), ROWS=rows,
-                                                     ROW_END=cdiv(DK, rows) * rows, SEQS=seqs,
-                                                     num_warps=(commit_warps or warps) if commit else warps)
+    _decode_step_int8kv_kernel[(B * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last, H, DK, DV, SLOTS,
+                                         COMMIT=inner == last, MINI=next_power_of_2(SLOTS),
+                                         BLOCK_K=next_power_of_2(DK), HALF=next_power_of_2(DV // 2), ROWS=rows,
+                                         ROW_END=cdiv(DK, rows) * rows,
+                                         num_warps=warps)
     return z
