@@ -48,21 +48,21 @@ def main():
     p.add_argument("--value-eps", type=float, default=None, help="experiment: the parallel form's values with this "
                    "epsilon in their LN-L2 gradient (a floor on its division by the spread of ka S0: "
                    "benchmarks/results/state_growth.md), in this run only (not saved: refused with --save)")
-    p.add_argument("--decay", type=float, default=None, help="experiment: the student's committed sums damped by a "
-                   "learned decay a head, starting at this factor a mini-batch (S_n = S0 + sum_m decay^(n-m) eta U_m), "
-                   "in this run's prefills only (not saved: refused with --save)")
+    p.add_argument("--decay", type=float, default=None, help="make the student a decayed parallel form starting at "
+                   "this gamma a mini-batch (`edgettt convert --decay`: each head's state decays towards its initial "
+                   "state at every commit; the distillation tunes each head's gamma)")
     p.add_argument("--save", help="write the distilled student here (a model directory)")
     p.add_argument("--json")
     args = p.parse_args()
-    if (args.value_eps is not None or args.decay is not None) and args.save:
-        raise SystemExit("mixed_distill.py: --value-eps and --decay are experiments of this run (a model does not keep "
-                         "them); leave out --save")
+    if args.value_eps is not None and args.save:
+        raise SystemExit("mixed_distill.py: --value-eps is an experiment of this run (a model does not keep it); "
+                         "leave out --save")
     if args.value_eps is not None:
         floor_parallel_values(args.value_eps)
     lengths = [int(n) for n in args.lengths.split(",")]
     teacher, student = edgettt.load(args.teacher), edgettt.load(args.student)
     if args.decay is not None:
-        damp_committed_sums(student, args.decay)
+        student = edgettt.convert(student, "parallel", decay=args.decay)
     if teacher.form == "ttt":  # the exact form equals the original to float rounding, and has GPU kernels
         teacher = edgettt.convert(teacher, "exact")
     # the built-in python-docs text is the running CPython's documentation: another Python version, another
@@ -104,44 +104,6 @@ def floor_parallel_values(eps: float) -> None:
             return values(ka, k, v, lr, S, gamma, beta)
         return -lr[..., None] * ln_l2_grad(la.row_times(ka, S), v - k, gamma, beta, eps=eps)
     la.linear_values = floored
-
-
-def damp_committed_sums(student, decay: float) -> None:
-    """Each of the student's layers with a learned decay a head (decay = exp(-exp(logit)), a new parameter the
-    distillation trains), which its prefills apply to the committed sums: the state after mini-batch n is
-    S + eta_last sum_{m <= n} decay^(n - m) U_m instead of the plain prefix sum (`la.committed_states`, swapped
-    for the rest of the process; the teacher's layers, which set no decay, keep the plain sum). The student's
-    layers run their plain-torch path (`kernels_off`): the Triton prefill kernels know no decay."""
-    import math
-
-    import edgettt.linear_attention as la
-    from edgettt.kernels import kernels_off
-
-    current = {"decay": None}
-    plain = la.committed_states
-
-    def damped(S, U, eta_last, requant=None, ends=None):
-        gamma = current["decay"]
-        if gamma is None or requant is not None:
-            return plain(S, U, eta_last, requant, ends)
-        n = torch.arange(U.shape[2], device=U.device)
-        lag = (n[:, None] - n[None, :]).clamp(min=0).to(U.dtype)
-        weights = gamma[:, None, None].to(U.dtype) ** lag * (n[:, None] >= n[None, :])  # [H, N, N]
-        return S[:, :, None] + eta_last * torch.einsum("hnm,bhmij->bhnij", weights, U)
-
-    la.committed_states = damped
-    for layer in student.model.layers:
-        block = layer.seq_modeling_block
-        block.decay_logit = torch.nn.Parameter(torch.full((block.num_heads,), math.log(-math.log(decay))))
-
-        def forward(*args, block=block, original=block.forward, **kwargs):
-            current["decay"] = torch.exp(-torch.exp(block.decay_logit))
-            try:
-                with kernels_off():
-                    return original(*args, **kwargs)
-            finally:
-                current["decay"] = None
-        block.forward = forward
 
 
 def write(result: dict, path: str | None) -> None:

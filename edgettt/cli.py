@@ -194,6 +194,11 @@ def create(out, family, preset, hidden_size, layers, heads, intermediate_size, v
 @click.argument("out", type=click.Path())
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="exact: equals the original; parallel: fully parallel, values at the initial state.")
+@click.option("--decay", default=None, type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), metavar="GAMMA",
+              help="With --form parallel: a decayed parallel form, each head's state decaying towards its initial "
+                   "state by GAMMA a mini-batch (e.g. 0.97; --distill tunes each head's). Holds at lengths past the "
+                   "distillation's where the plain parallel form's state keeps growing; runs the torch paths (no "
+                   "Triton kernel takes the decay yet).")
 @click.option("--data", default=None, metavar="TEXT",
               help="Text to measure on (with --distill: to train on): a file, a directory of .txt/.md, "
                    "'-' for stdin, or a built-in name (python-docs[:train|:val|:test], python-docs-sample, "
@@ -222,7 +227,7 @@ def create(out, family, preset, hidden_size, layers, heads, intermediate_size, v
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, distill_ctx,
+def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, distill_ctx,
             hard_weight, pool, no_report, as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
@@ -238,11 +243,13 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     from .evaluation import conversion_report, encode
     from .outputs import Output
 
+    if decay is not None and form != "parallel":
+        raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
     out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
     original = load(src)
-    converted = convert_model(original, form)
+    converted = convert_model(original, form, decay)
     report = {}
     if not no_report:
         report = conversion_report(original, converted, measure_text, ctx, max_tokens)
@@ -269,7 +276,8 @@ def convert(src, out, form, data, eval_data, ctx, max_tokens, distill, steps, mi
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
-    click.echo(f"wrote {out.path}: {converted.config.family}, form {form}")
+    click.echo(f"wrote {out.path}: {converted.config.family}, form {form}"
+               + (f", decayed (gamma {decay} a mini-batch to start)" if decay is not None else ""))
     if "distill" in report and "before" in report["distill"]:
         distilled = report["distill"]
         click.echo("before distillation:\n" + format_conversion_report(distilled["before"]))
@@ -597,6 +605,7 @@ def info(model_path, as_json):
         "decode_state_tensors": {k: list(t.shape[1:]) for k, t in state.layers[0].items()},
         "tokenizer": model.tokenizer.name if model.tokenizer else None,
         "distilled_ctx": c.extra.get("distilled_ctx"),
+        "state_decay": state_decays(model),
     }
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -614,7 +623,23 @@ def info(model_path, as_json):
         f"(per layer: {per_layer})",
         *([f"  distilled at {facts['distilled_ctx']} tokens: its drift from the original grows beyond that"]
           if facts["distilled_ctx"] else []),
+        *([decay_line(facts["state_decay"])] if facts["state_decay"] else []),
     ]))
+
+
+def state_decays(model) -> list[list[float]] | None:
+    """A decayed parallel form's gamma a mini-batch, per layer and head; None for any other model."""
+    if not getattr(model.config, "state_decay", False):
+        return None
+    return [[round(g, 6) for g in layer.seq_modeling_block.decay(1).gamma.tolist()] for layer in model.model.layers]
+
+
+def decay_line(gammas: list[list[float]]) -> str:
+    flat = sorted(g for layer in gammas for g in layer)
+    lo, mid, hi = flat[0], flat[len(flat) // 2], flat[-1]
+    return (f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max of {len(flat)} "
+            f"heads): what a head has learned fades to half in {math.log(0.5) / math.log(mid):.0f} mini-batches (median)"
+            if mid < 1 else f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max)")
 
 
 def family_sizes(c) -> dict:

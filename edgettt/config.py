@@ -50,6 +50,9 @@ def check_sizes_and_scalars(config, limits: dict[str, int], positive: tuple[str,
             raise bad(f"{key} must be a positive finite number, got {value!r}")
 
 
+CONVERTED_ONLY = ("extra", "form", "quantization", "state_decay")  # fields config.json holds only for edgettt's models
+
+
 @dataclasses.dataclass
 class ModelConfig:
     vocab_size: int = 32000
@@ -73,6 +76,9 @@ class ModelConfig:
     eos_token_id: int | None = 2
     # edgettt's own: which computation the weights are laid out for
     form: str = "ttt"
+    # a decayed parallel form: each layer's state decays towards its initial state at every commit
+    # (a learned gamma a head, `linear_attention.Decay`)
+    state_decay: bool = False
     # a quantized model: its QuantConfig as a dict (see quant/config.py)
     quantization: dict | None = None
     # keys we do not use, kept so that a round trip loses nothing
@@ -99,9 +105,10 @@ class ModelConfig:
                 f"{source}: model_type is {model_type!r}, expected 'ttt' (a ttt-lm-pytorch checkpoint) "
                 f"or '{CONVERTED_MODEL_TYPE}' (an edgettt model), or 'lact_swiglu' (a LaCT checkpoint); edgettt reads only these"
             )
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "form", "quantization"}
+        names = {f.name for f in dataclasses.fields(cls)} - set(CONVERTED_ONLY)
         known = {k: v for k, v in raw.items() if k in names}
-        extra = {k: v for k, v in raw.items() if k not in names and k not in ("model_type", "form", "edgettt_format")}
+        extra = {k: v for k, v in raw.items()
+                 if k not in names and k not in ("model_type", "form", "edgettt_format", "state_decay")}
         form = "ttt"
         if model_type == CONVERTED_MODEL_TYPE:
             version = raw.get("edgettt_format")
@@ -115,19 +122,22 @@ class ModelConfig:
                 raise EdgetttError(f"{source}: form is {form!r}, expected 'exact' or 'parallel'; convert the original again")
         quantization = raw.get("quantization") if form != "ttt" else None
         extra.pop("quantization", None)
-        config = cls(**known, form=form, extra=extra, quantization=quantization)
+        state_decay = raw.get("state_decay", False) if form != "ttt" else False
+        config = cls(**known, form=form, extra=extra, quantization=quantization, state_decay=state_decay)
         config.validate(source)
         return config
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.extra)
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in ("extra", "form", "quantization")})
+        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name not in CONVERTED_ONLY})
         if self.form == "ttt":
             out["model_type"] = TTT_MODEL_TYPE
         else:
             out.update(model_type=CONVERTED_MODEL_TYPE, edgettt_format=FORMAT_VERSION, form=self.form)
             if self.quantization:
                 out["quantization"] = self.quantization
+            if self.state_decay:
+                out["state_decay"] = True
         return out
 
     def validate(self, source: str = "config.json") -> None:
@@ -136,7 +146,7 @@ class ModelConfig:
             return EdgetttError(f"{source}: {what}; fix the config")
 
         check_sizes_and_scalars(self, SIZE_LIMITS, ("rms_norm_eps", "rope_theta", "ttt_base_lr"), bad)
-        for key in ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv"):
+        for key in ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv", "state_decay"):
             if not isinstance(getattr(self, key), bool):
                 raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")
         for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
@@ -154,6 +164,8 @@ class ModelConfig:
             raise bad(f"hidden_act {self.hidden_act!r} is not supported (only 'silu')")
         if self.form not in FORMS:
             raise bad(f"form {self.form!r} is not one of {FORMS}")
+        if self.state_decay and self.form != "parallel":
+            raise bad(f"state_decay is for the parallel form, not form {self.form!r}")
         distilled = self.extra.get("distilled_ctx")
         if distilled is not None and (not isinstance(distilled, int) or isinstance(distilled, bool) or distilled < 1):
             raise bad(f"distilled_ctx must be a positive integer, got {distilled!r}")

@@ -7,6 +7,9 @@ linear-attention view:
     W1 [H,d,D1], b1 [H,1,D1]                                    -> state0(_1) = [W1; b1]  [H,d+1,D1]
     W2 [H,D1,d], b2 [H,1,d]                                     -> state0_2   = [W2; b2]  [H,D1+1,d]
     learnable_token_idx tau [b]                                 -> mask_eta = max(0, 1/i + tau)
+With `decay`, a decayed parallel form: each layer also gets decay_logit [H], every head's state
+decaying towards its initial state by `decay` a mini-batch (`linear_attention.Decay`): a change of
+the computation, which a distillation then tunes (each head's gamma with the rest).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import dataclasses
 
 import torch
 
+from .converted import decay_logit
 from .errors import EdgetttError
 from .model import CausalLM
 from .ops import mini_batch_etas
@@ -22,8 +26,10 @@ from .ops import mini_batch_etas
 MIXER = "seq_modeling_block."
 
 
-def convert(model: CausalLM, form: str = "exact") -> CausalLM:
-    """A new model in linear-attention form `form` ("exact" or "parallel") with the same weights."""
+def convert(model: CausalLM, form: str = "exact", decay: float | None = None) -> CausalLM:
+    """A new model in linear-attention form `form` ("exact" or "parallel") with the same weights; with
+    `decay` (0 < decay < 1, form "parallel"), a decayed parallel form starting at that gamma."""
+    _check_decay(model, form, decay)
     if model.config.family == "lact" and form in ("exact", "lact", "parallel"):  # "exact" is LaCT's own
         from .lact.model import converted_copy                                   # computation, form "lact"
 
@@ -32,15 +38,31 @@ def convert(model: CausalLM, form: str = "exact") -> CausalLM:
         raise EdgetttError(f"form {form!r} is not one of 'exact', 'parallel'")
     source = model.weights()
     weights = source if model.form != "ttt" else _relabel(source, model.config.ttt_layer_type == "mlp")
-    config = dataclasses.replace(model.config, form=form, extra=dict(model.config.extra))
+    config = dataclasses.replace(model.config, form=form, extra=dict(model.config.extra),
+                                 state_decay=model.config.state_decay or decay is not None)
     param = next(iter(source.values()))
     with torch.device("meta"):
         converted = CausalLM(config)
+    if decay is not None:  # every layer's gamma starts at `decay`, replacing any the source had
+        logit = decay_logit(decay)
+        weights = {**weights, **{name: torch.full(p.shape, logit, dtype=param.dtype, device=param.device)
+                                 for name, p in converted.named_parameters() if name.endswith(".decay_logit")}}
     converted.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=False, assign=True)
     converted.tie_weights()
     converted.to(param.device)
     converted.tokenizer = model.tokenizer
     return converted.eval()
+
+
+def _check_decay(model: CausalLM, form: str, decay: float | None) -> None:
+    if model.config.state_decay and form != "parallel":
+        raise EdgetttError(f"this model is a decayed parallel form; form {form!r} has no decay (convert the original)")
+    if decay is None:
+        return
+    if form != "parallel" or model.config.family == "lact":
+        raise EdgetttError(f"decay is for TTT's parallel form, not form {form!r} of {model.config.family}")
+    if not 0 < decay < 1:
+        raise EdgetttError(f"decay {decay!r} is not between 0 and 1 (a mini-batch's factor, e.g. 0.97)")
 
 
 def _relabel(sd: dict[str, torch.Tensor], mlp: bool) -> dict[str, torch.Tensor]:

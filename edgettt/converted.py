@@ -6,6 +6,7 @@ Parameters, beside the shared projections of `MixerBase`:
     state0 [H, d+1, d]                         TTT-Linear initial state S0 = [W1; b1]
     state0_1 [H, d+1, 4d], state0_2 [H, 4d+1, d]  TTT-MLP, one per level
     mask_eta [b]                               eta_tok: the chunk mask coefficients
+    decay_logit [H]                            a decayed parallel form (`state_decay`): gamma = exp(-exp(.))
 Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails. With
 a state format that keeps the open mini-batch's keys and values (`int8`), K1 [B, H, b, Dk] and V1
 [B, H, b, Dv] in float16 take A's place: slot i holds the mini-batch's i-th token's ka and vh, and A
@@ -20,9 +21,14 @@ early keep the commits' rounding errors, which add up, small.
 
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
+A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
+learned gamma a head at every commit (`la.Decay`); its layers run the torch paths (the Triton kernels
+know no decay yet).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +43,12 @@ from .quant.state_formats import TwoLevelRounding, state_format
 from .quant.state_scales import StateScales
 
 OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
+DEFAULT_DECAY = 0.97  # a new decayed layer's gamma a mini-batch (the distillation learns each head's)
+
+
+def decay_logit(gamma: float) -> float:
+    """The parameter value whose gamma = exp(-exp(logit)) is `gamma` (0 < gamma < 1)."""
+    return math.log(-math.log(gamma))
 
 
 class LinearAttentionLayer(StateScales, MixerBase):
@@ -54,12 +66,20 @@ class LinearAttentionLayer(StateScales, MixerBase):
         else:
             self.state0 = nn.Parameter(torch.zeros(H, d + 1, d))
         self.mask_eta = nn.Parameter(torch.ones(config.mini_batch_size))
+        if config.state_decay:
+            self.decay_logit = nn.Parameter(torch.full((H,), decay_logit(DEFAULT_DECAY)))
         self.state_format = "fp32"
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
         self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
+
+    def decay(self, level: int) -> la.Decay | None:
+        """The decay of level `level`'s state at each commit (a decayed form), else None."""
+        if not self.config.state_decay:
+            return None
+        return la.Decay(torch.exp(-torch.exp(self.decay_logit)), self.initial_states()[level - 1])
 
     def keeps_keys_and_values(self) -> bool:
         """Whether the decode state keeps the open mini-batch's keys and values in place of A."""
@@ -108,7 +128,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
     def token_kernel_applies(self) -> bool:
         """... with a float state or the int8 format, outside calibration and autograd."""
         return (self.token_kernel_fits() and self.state_format in ("fp32", "int8") and self.observer is None
-                and not torch.is_grad_enabled())
+                and not self.config.state_decay and not torch.is_grad_enabled())
 
     def _token_inputs(self, x):
         """q, k, v [B, H, d] (not rotated), lr [B, H] of one token."""
@@ -172,10 +192,10 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return self.state_format == "fp32" and self._kernels_may_prefill(x)
 
     def _kernels_may_prefill(self, x: torch.Tensor) -> bool:
-        """What every prefill kernel needs: TTT-Linear, no autograd (the kernels have no backward:
-        distillation trains through the torch path), no calibration observer, a power-of-two
+        """What every prefill kernel needs: TTT-Linear without decay, no autograd (the kernels have no
+        backward: distillation trains through the torch path), no calibration observer, a power-of-two
         mini-batch size, kernels on for `x`."""
-        if self.mlp or self.observer is not None:
+        if self.mlp or self.observer is not None or self.config.state_decay:
             return False
         if torch.is_grad_enabled() and self.state0.requires_grad:
             return False
@@ -193,10 +213,11 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return out
 
     @staticmethod
-    def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None):
-        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA."""
-        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa) or S.requires_grad:
-            return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant)
+    def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
+        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA (no decay)."""
+        if (requant is not None or decay is not None or qa.shape[2] != 1 or not kernels_enabled(qa)
+                or S.requires_grad):
+            return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant, decay)
         from .kernels.decode import decode_step
 
         S, A = S.contiguous(), A.contiguous()  # the kernel updates them in place (the step owns the state)
@@ -230,7 +251,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
             A = st[f"A{level}"]
         if self.observer is not None:
             self.observer(level, ka, vh, st[S], A, start)
-        zbar, st[S], A = attend(qa, ka, vh, st[S], A, self.mask_eta, start, self.requantizer(level))
+        zbar, st[S], A = attend(qa, ka, vh, st[S], A, self.mask_eta, start, self.requantizer(level), self.decay(level))
         if kv:
             self._keep_open(st, level, ka, vh, start)
         else:
@@ -245,7 +266,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         K, V = self._write_slot(st[f"K{level}"], ka, inner), self._write_slot(st[f"V{level}"], vh, inner)
         filled = (torch.arange(b, device=qa.device) <= inner).to(qa.dtype)
         zbar, st[f"S{level}"] = la.open_token(qa, K.to(qa.dtype), V.to(qa.dtype), filled, st[f"S{level}"],
-                                              self.mask_eta, inner, self.requantizer(level), start + 1)
+                                              self.mask_eta, inner, self.requantizer(level), start + 1,
+                                              self.decay(level))
         committed = inner == b - 1  # the next mini-batch starts with empty slots, as `_keep_open` leaves them
         st[f"K{level}"], st[f"V{level}"] = (torch.zeros_like(K), torch.zeros_like(V)) if committed else (K, V)
         return zbar

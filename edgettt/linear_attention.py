@@ -6,13 +6,15 @@ token of its mini-batch by `eta_tok[i]`; every token of an earlier mini-batch we
 The state is the pair (S, A): S the boundary state, A the sum of `ka^T vh` inside the current
 mini-batch. Three computations share one signature (as in flash-linear-attention):
 
-    fn(qa, ka, vh, S, A, eta_tok, start, requant=None) -> (Zbar, S, A)
+    fn(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None) -> (Zbar, S, A)
     qa, ka: [B, H, T, Dk]   vh: [B, H, T, Dv]   S, A: [B, H, Dk, Dv]   eta_tok: [b]
     start: position of the first token (`recurrent` also takes a 0-d tensor); start % b places the
            tokens in their mini-batches, the absolute position only matters to `requant`
     requant: optional (S, position) -> S applied at every mini-batch commit, position = the tokens
              seen when it commits (a quantized state: S is rounded T/b times, while A keeps full
              precision inside the mini-batch; its scales may depend on the position)
+    decay: optional `Decay` (a decayed parallel form): at every commit S -> S0 + gamma (S - S0) before
+           the mini-batch's sum is added, so what the state has learned fades by gamma a mini-batch
 
 - `naive`: the whole-sequence matrix form `Qa S + ((Qa Ka^T) * M) Vh`, for tests;
 - `chunk`: parallel inside each mini-batch and across mini-batches (prefix sums of chunk states);
@@ -23,6 +25,8 @@ state: the closed-form LN-L2 gradient, negated and scaled by the learning rate.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -54,14 +58,36 @@ def token_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return F.linear(x, weight, bias)
 
 
+class Decay(NamedTuple):
+    """A decayed form's forgetting at each mini-batch commit, per head: S -> S0 + gamma (S - S0), then
+    S + eta_last U as always. gamma [H] in (0, 1]; S0 [H, Dk, Dv], the state it decays towards (the
+    layer's initial state: an undamped parallel form's state grows with the text, DESIGN section 4)."""
+    gamma: torch.Tensor
+    S0: torch.Tensor
+
+    def __call__(self, S: torch.Tensor) -> torch.Tensor:
+        """One commit's decay of S [B, H, Dk, Dv]."""
+        return self.S0 + self.gamma[:, None, None] * (S - self.S0)
+
+    def weights(self, N: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+        """For N commits in a row: lags [H, N, N] (gamma^(n - m) for m <= n, else 0: what commit m's sum
+        weighs in the state after commit n) and carries [H, N] (gamma^(n + 1): what the starting state's
+        S - S0 weighs after commit n)."""
+        n = torch.arange(N, device=device, dtype=self.gamma.dtype)
+        log_gamma = torch.log(self.gamma)[:, None, None]
+        lag = n[:, None] - n[None, :]
+        lags = torch.where(lag >= 0, torch.exp(log_gamma * lag.clamp(min=0)), torch.zeros_like(lag))
+        return lags, torch.exp(log_gamma[:, :, 0] * (n + 1))
+
+
 def chunk_index(start: int, length: int, block: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Per token: its mini-batch number (counted from the first token's) and index inside it."""
     pos = torch.arange(start, start + length, device=device)
     return pos // block - start // block, pos % block
 
 
-def naive(qa, ka, vh, S, A, eta_tok, start, requant=None):
-    assert requant is None, "the whole-sequence form has no mini-batch commits to requantize at"
+def naive(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
+    assert requant is None and decay is None, "the whole-sequence form has no mini-batch commits to round or decay at"
     T, b = qa.shape[2], eta_tok.shape[0]
     chunk, inner = chunk_index(start, T, b, qa.device)
     same = chunk[:, None] == chunk[None, :]
@@ -81,7 +107,7 @@ def naive(qa, ka, vh, S, A, eta_tok, start, requant=None):
     return zbar, S_new, A_new
 
 
-def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
+def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
     B, H, T, Dk = qa.shape
     b = eta_tok.shape[0]
     front = start % b
@@ -93,7 +119,7 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
     U = ka_.transpose(-1, -2) @ vh_  # [B, H, N, Dk, Dv]: each mini-batch's sum of ka^T vh
     U = torch.cat((U[:, :, :1] + A[:, :, None], U[:, :, 1:]), dim=2)  # the unfinished sum joins chunk 0
     ends = start - front + b * torch.arange(1, N + 1, device=U.device)  # position of each chunk's commit
-    S_after = committed_states(S, U, eta_tok[-1], requant, ends)  # [B, H, N, Dk, Dv] state after each chunk
+    S_after = committed_states(S, U, eta_tok[-1], requant, ends, decay)  # [B, H, N, Dk, Dv] state after each chunk
     S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)  # boundary state of each chunk
     scores = torch.tril(qa_ @ ka_.transpose(-1, -2))  # [B, H, N, b, b]
     zbar = qa_ @ S_chunks + eta_tok[:, None] * (scores @ vh_)
@@ -108,31 +134,46 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None):
             torch.where(complete, torch.zeros_like(A), U[:, :, -1]))
 
 
-def committed_states(S, U, eta_last, requant=None, ends=None):
-    """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `requant`,
-    a loop that rounds S at every commit (`ends` [N]: the position of each commit): for the int8
-    format on CUDA one kernel, in an exported graph one Scan."""
-    if requant is None:
+def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
+    """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `decay`, the
+    decayed sum S0 + gamma^(n+1) (S - S0) + eta_last sum_m gamma^(n-m) U_m (one product with the lag
+    weights); with `requant`, a loop that rounds S at every commit (`ends` [N]: the position of each
+    commit): for the int8 format on CUDA one kernel (without decay), in an exported graph one Scan."""
+    if requant is None and decay is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
-    if _commits_kernel_applies(requant, S, U):
+    if requant is None:
+        B, H, N, Dk, Dv = U.shape
+        lags, carries = decay.weights(N, U.device)
+        summed = (lags.to(U.dtype) @ U.reshape(B, H, N, Dk * Dv)).reshape(B, H, N, Dk, Dv)
+        S0 = decay.S0[None, :, None]
+        return S0 + carries.to(U.dtype)[None, :, :, None, None] * (S[:, :, None] - S0) + eta_last * summed
+    if decay is None and _commits_kernel_applies(requant, S, U):
         from .kernels.commits import two_level_commits
 
         return two_level_commits(S, requant.offset, U, eta_last)
     if exporting():  # a graph of any length: the loop becomes one ONNX Scan
         from torch._higher_order_ops.scan import scan
 
+        if decay is not None:  # its S0 is also the int8 format's offset: a Scan's inputs may not alias
+            decay = Decay(decay.gamma, decay.S0.clone())
+
         def commit(S, xs):
             U_n, end = xs
-            S = requant(S + eta_last * U_n, end.reshape(()))
+            S = requant(_decayed(S, decay) + eta_last * U_n, end.reshape(()))
             return S, S.clone()
 
         # both inputs scanned along dim 2: the positions as [1, 1, N]
         return scan(commit, S, (U, ends.reshape(1, 1, -1)), dim=2)[1]  # [B, H, N, Dk, Dv], stacked along dim 2
     out = []
     for n in range(U.shape[2]):
-        S = requant(S + eta_last * U[:, :, n], int(ends[n]))
+        S = requant(_decayed(S, decay) + eta_last * U[:, :, n], int(ends[n]))
         out.append(S)
     return torch.stack(out, dim=2)
+
+
+def _decayed(S, decay):
+    """S as a commit leaves it before adding the mini-batch's sum: decayed towards S0, or as it is."""
+    return S if decay is None else decay(S)
 
 
 def _commits_kernel_applies(requant, S, U) -> bool:
@@ -142,7 +183,7 @@ def _commits_kernel_applies(requant, S, U) -> bool:
             and not (torch.is_grad_enabled() and (U.requires_grad or S.requires_grad)))
 
 
-def states_by_position(ka, vh, S, A, eta_tok, start):
+def states_by_position(ka, vh, S, A, eta_tok, start, decay=None):
     """The state every token reads: (boundary S, running A including the token), each
     [B, H, T, Dk, Dv]. For calibration statistics; memory grows with T * Dk * Dv."""
     B, H, T, Dk = ka.shape
@@ -152,14 +193,14 @@ def states_by_position(ka, vh, S, A, eta_tok, start):
     N = outer.shape[2] // b
     A_pos = torch.cumsum(outer.reshape(B, H, N, b, Dk, -1), dim=3)
     A_pos[:, :, 0] += A[:, :, None]
-    S_after = committed_states(S, A_pos[:, :, :, -1], eta_tok[-1])
+    S_after = committed_states(S, A_pos[:, :, :, -1], eta_tok[-1], decay=decay)
     S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)
     S_pos = S_chunks[:, :, :, None].expand(-1, -1, -1, b, -1, -1)
     flat = lambda x: x.reshape(B, H, N * b, Dk, -1)[:, :, front:front + T]  # noqa: E731
     return flat(S_pos), flat(A_pos)
 
 
-def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
+def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
     b = eta_tok.shape[0]
     outputs = []
     T = qa.shape[2]
@@ -176,30 +217,31 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None):
             outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
         if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
             commit = (inner == b - 1).to(A.dtype)  # 1 at the mini-batch's last token, else 0
-            if requant is None:  # S + 0 * A is S, A * 1 is A: the same as a select, in fewer, lighter nodes
+            if requant is None and decay is None:  # S + 0 * A is S, A * 1 is A: a select in fewer, lighter nodes
                 S, A = S + (commit * eta_tok[-1]) * A, A * (1 - commit)
             else:
-                S_next = requant(S + eta_tok[-1] * A, start + t + 1)
+                S_next = _decayed(S, decay) + eta_tok[-1] * A
+                S_next = S_next if requant is None else requant(S_next, start + t + 1)
                 S, A = torch.where(commit > 0, S_next, S), A * (1 - commit)
         elif inner == b - 1:  # end of a mini-batch: commit
-            S, A = S + eta_tok[-1] * A, torch.zeros_like(A)
+            S, A = _decayed(S, decay) + eta_tok[-1] * A, torch.zeros_like(A)
             if requant is not None:
                 S = requant(S, start + t + 1)
     return torch.cat(outputs, dim=2), S, A
 
 
-def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position: int = 0):
+def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position: int = 0, decay=None):
     """`recurrent` for one token whose running sum A = K^T diag(filled) V is kept as the open
     mini-batch's keys K [B, H, b, Dk] and values V [B, H, b, Dv] (the token's own in its slot `inner`,
     `filled` [b] 1 for slots 0..inner). Returns (Zbar [B, H, 1, Dv], S).
 
     q (S + eta A) is read as q S + eta sum_i (q . K_i) V_i: A (Dk Dv values a head) is never formed,
-    only b dot products; at the mini-batch's last token S + eta_last A is committed (then `requant`
-    at `position`, the tokens seen after this one)."""
+    only b dot products; at the mini-batch's last token S + eta_last A is committed (after `decay`,
+    then `requant` at `position`, the tokens seen after this one)."""
     scores = (qa * K).sum(-1, keepdim=True) * filled[:, None]  # [B, H, b, 1]
     zbar = row_times(qa, S) + eta_tok[inner] * (scores * V).sum(-2, keepdim=True)
     if inner == eta_tok.shape[0] - 1:  # end of a mini-batch: commit (every slot filled)
-        S = S + eta_tok[-1] * (K[..., :, None] * V[..., None, :]).sum(-3)
+        S = _decayed(S, decay) + eta_tok[-1] * (K[..., :, None] * V[..., None, :]).sum(-3)
         if requant is not None:
             S = requant(S, position)
     return zbar, S

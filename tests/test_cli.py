@@ -190,6 +190,21 @@ def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 48
 
 
+def test_convert_decay_distills_each_heads_gamma_and_info_shows_them(ckpt, tmp_path):
+    """--decay 0.9: a decayed parallel form; the distillation tunes each head's gamma; info lists them."""
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--decay", "0.9", "--distill", "--steps", "3",
+                 "--batch", "1", "--lr", "0.05", "--distill-ctx", "48", "--data", "python-docs-sample", "--no-report")
+    assert result.exit_code == 0, result.output
+    assert "decayed (gamma 0.9 a mini-batch to start)" in result.output
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["state_decay"] is True
+    facts = json.loads(run("info", tmp_path / "out", "--json").output)
+    gammas = [g for layer in facts["state_decay"] for g in layer]
+    assert len(gammas) == facts["layers"] * facts["heads"] and all(0 < g < 1 for g in gammas)
+    assert any(abs(g - 0.9) > 1e-4 for g in gammas)  # tuned: the gammas moved
+    assert "state decay: gamma a mini-batch" in run("info", tmp_path / "out").output
+    assert json.loads(run("info", ckpt, "--json").output)["state_decay"] is None
+
+
 def test_convert_distills_from_a_pool_of_the_originals_logits(ckpt, tmp_path):
     """--pool 2: the original runs 2 batches a length before the steps, then never again (its forwards counted)."""
     from edgettt.model import CausalLM

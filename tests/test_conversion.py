@@ -109,6 +109,47 @@ def test_converted_model_saves_and_loads_back(tiny_model, tmp_path, family, form
     assert rel_err(convert(other, form)(ids), converted(ids)) == 0
 
 
+@pytest.mark.parametrize("family", ["linear", "mlp"])
+@pytest.mark.parametrize("options", [ALL_OPTIONS[0], ALL_OPTIONS[-1]], ids=option_id)
+@torch.no_grad()
+def test_a_decayed_parallel_form_decodes_and_prefills_in_pieces_as_one_prefill(tiny_model, family, options):
+    model = convert(tiny_model(family, seed=5, mini_batch_size=B_MINI, **options), "parallel", decay=0.8)
+    ids = torch.randint(0, model.config.vocab_size, (2, 3 * B_MINI + 5), generator=torch.Generator().manual_seed(1))
+    full = model(ids)
+    for prefill_len in [0, 5, B_MINI, 2 * B_MINI + 3]:
+        assert rel_err(decode_all(model, ids, prefill_len), full) < FP32_EXACT, prefill_len
+    state, outs, start = None, [], 0
+    for cut in [3, 11, 16, 29]:
+        logits, state = model.prefill(ids[:, start:cut], state)
+        outs.append(logits)
+        start = cut
+    assert rel_err(torch.cat(outs, dim=1), full) < FP32_EXACT
+    # converting again keeps the decay; the decay changes the function; at gamma = 1 it is the plain parallel form
+    assert rel_err(convert(model, "parallel")(ids), full) == 0
+    assert rel_err(convert(tiny_model(family, seed=5, mini_batch_size=B_MINI, **options), "parallel")(ids), full) > 1e-4
+    for layer in model.model.layers:
+        layer.seq_modeling_block.decay_logit.data.fill_(-30.0)  # gamma = exp(-exp(-30)): 1 to float precision
+    assert rel_err(model(ids), convert(tiny_model(family, seed=5, mini_batch_size=B_MINI, **options), "parallel")(ids)) < FP32_EXACT
+
+
+@torch.no_grad()
+def test_a_decayed_model_saves_loads_and_refuses_other_forms(tiny_model, tmp_path):
+    model = convert(tiny_model("linear", seed=4), "parallel", decay=0.9)
+    model.model.layers[0].seq_modeling_block.decay_logit.data[0] = 1.0  # a tuned head: saved as it is
+    edgettt.save(model, tmp_path / "m")
+    loaded = load(tmp_path / "m")
+    assert loaded.config.state_decay and '"state_decay": true' in (tmp_path / "m" / "config.json").read_text()
+    ids = torch.randint(0, model.config.vocab_size, (1, 40))
+    assert torch.equal(loaded(ids), model(ids))
+    gamma = loaded.model.layers[0].seq_modeling_block.decay(1).gamma
+    assert gamma[0] == torch.exp(-torch.exp(torch.tensor(1.0))) and torch.allclose(gamma[1:], torch.tensor(0.9))
+    with pytest.raises(edgettt.EdgetttError, match="has no decay"):
+        convert(loaded, "exact")
+    for bad_form, bad_decay in (("exact", 0.9), ("parallel", 1.0), ("parallel", 0.0)):
+        with pytest.raises(edgettt.EdgetttError, match="decay"):
+            convert(tiny_model("linear", seed=4), bad_form, decay=bad_decay)
+
+
 def test_converted_layer_has_no_inner_gradient_parameters(tiny_model):
     names = set(convert(tiny_model("mlp"), "exact").state_dict())
     assert not any(n.endswith(("W1", "b1", "W2", "b2", "learnable_token_idx")) for n in names)

@@ -33,6 +33,8 @@ def root(tmp_path_factory):
                *common).exit_code == 0
     for family in ("linear", "mlp"):
         assert run("convert", root / f"ttt-{family}", root / family, "--form", "parallel", "--no-report").exit_code == 0
+    assert run("convert", root / "ttt-linear", root / "linear-decay", "--form", "parallel", "--decay", "0.8",
+               "--no-report").exit_code == 0
     result = run("calibrate", root / "mlp", "--data", "python-docs-sample", "--seq-len", "64", "--samples", "2",
                  "-o", root / "cal.st")
     assert result.exit_code == 0, result.output
@@ -54,6 +56,11 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "mlp-nf4": ("mlp", ("--weights", "nf4", "--group-size", "32"), (), {"MatMulBnb4"}),
     "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4", "--group-size", "32", "--state", "int8-tensor"),
                                      (), {"MatMulBnb4", "DequantizeLinear"}),
+    # a decayed parallel form: the prefill's lag weights (Exp of the lags times log gamma), and the int8
+    # state's commits with the decay in the Scan
+    "linear-decay-fp32": ("linear-decay", None, (), {"MatMul", "Exp"}),
+    "linear-decay-int8-state": ("linear-decay", ("--weights", "int8", "--state", "int8"), ("--activations", "float"),
+                                {"Scan", "Round"}),
 }
 
 

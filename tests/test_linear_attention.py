@@ -49,3 +49,56 @@ def test_recurrent_takes_the_position_as_a_tensor(start):
         as_tensor = la.recurrent(qa, ka, vh, S, A, eta, torch.tensor(start), rq)
         for x, y in zip(as_int, as_tensor):
             assert torch.equal(x, y)
+
+
+def random_decay(H=3, Dk=5, Dv=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return la.Decay(torch.tensor([0.9, 0.5, 1.0])[:H], torch.randn(H, Dk, Dv, generator=g))
+
+
+@pytest.mark.parametrize("T", [1, 4, 9, 17])
+@pytest.mark.parametrize("start", [0, 3, 4, 6])
+def test_decayed_chunk_agrees_with_the_decayed_recurrence(T, start):
+    """The prefill's closed form (lag weights gamma^(n-m), the start state's carry gamma^(n+1)) equals
+    decaying S towards S0 at each commit token by token, with and without a rounding at each commit,
+    with the position as an int or a tensor."""
+    qa, ka, vh, S, A, eta = random_inputs(T, start)
+    decay = random_decay()
+    requant = lambda s, pos: torch.round(s * (8 + pos)) / (8 + pos)  # noqa: E731
+    for rq in (None, requant):
+        chunked = la.chunk(qa, ka, vh, S, A, eta, start, rq, decay)
+        for position in (start, torch.tensor(start)):
+            for x, y, name in zip(chunked, la.recurrent(qa, ka, vh, S, A, eta, position, rq, decay), ("out", "S", "A")):
+                assert rel_err(x, y) < FP32_EXACT or (name == "A" and x.abs().max() == y.abs().max() == 0), name
+
+
+def test_a_decay_of_one_is_no_decay_and_a_smaller_one_pulls_the_state_to_s0():
+    qa, ka, vh, S, A, eta = random_inputs(17, 0)
+    decay = random_decay()
+    ones = la.Decay(torch.ones(3), decay.S0)
+    for x, y in zip(la.chunk(qa, ka, vh, S, A, eta, 0, decay=ones), la.chunk(qa, ka, vh, S, A, eta, 0)):
+        assert rel_err(x, y) < FP32_EXACT
+    # two whole mini-batches from S: S0 + gamma^2 (S - S0) + eta_b (gamma U_0 + U_1), per head
+    qa, ka, vh, S, A, eta = random_inputs(8, 0)
+    _, S_after, _ = la.chunk(qa, ka, vh, S, A, eta, 0, decay=decay)
+    U = [ka[:, :, i:i + 4].transpose(-1, -2) @ vh[:, :, i:i + 4] for i in (0, 4)]
+    g = decay.gamma[:, None, None]
+    expected = decay.S0 + g ** 2 * (S - decay.S0) + eta[-1] * (g * U[0] + U[1])
+    assert rel_err(S_after, expected) < FP32_EXACT
+
+
+def test_the_open_mini_batch_token_decays_at_its_commit_as_the_recurrence_does():
+    """`open_token` (A kept as the mini-batch's keys and values) commits with the decay as `recurrent` does."""
+    b = 4
+    qa, ka, vh, S, A, eta = random_inputs(b, 0, b=b)
+    decay = random_decay()
+    K, V = torch.zeros(2, 3, b, 5), torch.zeros(2, 3, b, 6)
+    S_rec, A_rec, S_open = S, A, S
+    for i in range(b):
+        z_rec, S_rec, A_rec = la.recurrent(qa[:, :, i:i + 1], ka[:, :, i:i + 1], vh[:, :, i:i + 1], S_rec, A_rec,
+                                           eta, i, decay=decay)
+        K[:, :, i], V[:, :, i] = ka[:, :, i], vh[:, :, i]
+        filled = (torch.arange(b) <= i).float()
+        z_open, S_open = la.open_token(qa[:, :, i:i + 1], K, V, filled, S_open, eta, i, decay=decay)
+        assert rel_err(z_open, z_rec) < FP32_EXACT
+    assert rel_err(S_open, S_rec) < FP32_EXACT and not torch.allclose(S_open, la.recurrent(qa, ka, vh, S, A, eta, 0)[1])

@@ -229,7 +229,8 @@ def _hessian_hook(name, hessians, counts):
 def _state_observer(layer: int, mixer, rowmax: dict):
     """Record, per position, each (head, row)'s max |S|, |S - S0| and |A| over the row: [H, Dk, T] per call."""
     def observe(level, ka, vh, S, A, start):
-        S_pos, A_pos = la.states_by_position(ka, vh, S, A, mixer.mask_eta.detach(), start)  # [B, H, T, Dk, Dv]
+        S_pos, A_pos = la.states_by_position(ka, vh, S, A, mixer.mask_eta.detach(), start,
+                                             mixer.decay(level))  # [B, H, T, Dk, Dv]
         S0 = mixer.initial_states()[level - 1].detach()[None, :, None]
         for kind, x in (("S", S_pos), ("dS", S_pos - S0), ("A", A_pos)):
             per_row = x.abs().amax(-1).amax(0).transpose(1, 2)  # [H, Dk, T]
