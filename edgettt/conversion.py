@@ -55,7 +55,7 @@ def convert(model: CausalLM, form: str = "exact", decay: float | None = None) ->
 
 
 def _check_decay(model: CausalLM, form: str, decay: float | None) -> None:
-    if model.config.state_decay and form != "parallel":
+    if getattr(model.config, "state_decay", False) and form != "parallel":
         raise EdgetttError(f"this model is a decayed parallel form; form {form!r} has no decay (convert the original)")
     if decay is None:
         return

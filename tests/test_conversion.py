@@ -132,6 +132,26 @@ def test_a_decayed_parallel_form_decodes_and_prefills_in_pieces_as_one_prefill(t
     assert rel_err(model(ids), convert(tiny_model(family, seed=5, mini_batch_size=B_MINI, **options), "parallel")(ids)) < FP32_EXACT
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("family", ["linear", "mlp"])
+@pytest.mark.parametrize("state_format", ["fp32", "int8"])
+@torch.no_grad()
+def test_a_decayed_model_on_cuda_computes_what_it_computes_on_the_cpu(tiny_model, family, state_format):
+    """No Triton kernel takes the decay: on CUDA a decayed layer must take the torch paths (the prefill, the
+    decode step, the int8 state's commits), and so equal its CPU self (a kernel would drop the decay)."""
+    from edgettt.quant import apply_state_format
+
+    model = convert(tiny_model(family, seed=5, mini_batch_size=B_MINI), "parallel", decay=0.8)
+    apply_state_format(model, state_format)
+    ids = torch.randint(0, model.config.vocab_size, (2, 3 * B_MINI + 5), generator=torch.Generator().manual_seed(1))
+    on_cpu = model(ids), decode_all(model, ids, B_MINI + 3)
+    model = model.cuda()
+    on_cuda = model(ids.cuda()).cpu(), decode_all(model, ids.cuda(), B_MINI + 3).cpu()
+    for cpu, cuda in zip(on_cpu, on_cuda):
+        assert rel_err(cuda, cpu) < 1e-4
+
+
 @torch.no_grad()
 def test_a_decayed_model_saves_loads_and_refuses_other_forms(tiny_model, tmp_path):
     model = convert(tiny_model("linear", seed=4), "parallel", decay=0.9)
