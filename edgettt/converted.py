@@ -22,12 +22,13 @@ early keep the commits' rounding errors, which add up, small.
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
-learned gamma a head at every commit (`la.Decay`); its layers run the torch paths (the Triton kernels
-know no decay yet).
+learned gamma a head at every commit (`la.Decay`); its float prefill runs the parallel prefill kernel
+with the decay, its decode and the int8 state's commits the torch paths (those kernels know no decay).
 """
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -192,10 +193,10 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return self.state_format == "fp32" and self._kernels_may_prefill(x)
 
     def _kernels_may_prefill(self, x: torch.Tensor) -> bool:
-        """What every prefill kernel needs: TTT-Linear without decay, no autograd (the kernels have no
-        backward: distillation trains through the torch path), no calibration observer, a power-of-two
+        """What every prefill kernel needs: TTT-Linear, no autograd (the kernels have no backward:
+        distillation trains through the torch path), no calibration observer, a power-of-two
         mini-batch size, kernels on for `x`."""
-        if self.mlp or self.observer is not None or self.config.state_decay:
+        if self.mlp or self.observer is not None:
             return False
         if torch.is_grad_enabled() and self.state0.requires_grad:
             return False
@@ -205,6 +206,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         from .kernels import prefill
 
         fn = prefill.parallel if self.config.form == "parallel" else prefill.exact
+        if self.config.state_decay:  # (a decayed form is a parallel one)
+            fn = functools.partial(prefill.parallel, decay=self.decay(1).gamma)
         # at a mini-batch boundary A is zero in every state a model makes (each mini-batch's end commits)
         A = None if start % self.config.mini_batch_size == 0 else st["A1"]
         out, S, A = fn(q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias, self.mask_eta,

@@ -138,8 +138,9 @@ def test_a_decayed_parallel_form_decodes_and_prefills_in_pieces_as_one_prefill(t
 @pytest.mark.parametrize("state_format", ["fp32", "int8"])
 @torch.no_grad()
 def test_a_decayed_model_on_cuda_computes_what_it_computes_on_the_cpu(tiny_model, family, state_format):
-    """No Triton kernel takes the decay: on CUDA a decayed layer must take the torch paths (the prefill, the
-    decode step, the int8 state's commits), and so equal its CPU self (a kernel would drop the decay)."""
+    """On CUDA a decayed TTT-Linear layer prefills through the parallel kernel with the decay, and decodes (and
+    commits the int8 state) on the torch paths, whose kernels know no decay: either way it equals its CPU self
+    (a kernel that dropped the decay would not)."""
     from edgettt.quant import apply_state_format
 
     model = convert(tiny_model(family, seed=5, mini_batch_size=B_MINI), "parallel", decay=0.8)

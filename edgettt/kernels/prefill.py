@@ -28,6 +28,12 @@ whole number of tiles and of segments, every mini-batch is complete and d fills 
 needs a mask and both passes run without (`EVEN`); other lengths run the masked kernels.
 `exact` has one program per (sequence, head) walking the mini-batches in order.
 
+`parallel(decay=gamma [H])` is the decayed parallel form (`linear_attention.Decay`): pass 1 weighs
+each token's term by gamma^(mini-batches to its segment's last), pass 2 carries the state from
+segment to segment and tile to tile as S0 + gamma^n (S - S0) + eta_b (decayed sums), its chunk mask
+weighs an earlier mini-batch of the tile by gamma^(lag - 1), and a tile's row in its j-th mini-batch
+reads S0 + gamma^j (S - S0) (one more product a tile, with S0).
+
 Why these choices and not others (pass 2 recomputing the values, other tiles, column sums by
 tl.sum or stored by pass 1, masks everywhere, other launch configurations): each was measured
 slower on an H200 and removed; the measurements are in `benchmarks/results/prefill_design.md`.
@@ -66,13 +72,14 @@ def _fresh_state(q, S0, S, A):
     return S, torch.zeros_like(S) if A is None else A.float()
 
 
-def parallel_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+def parallel_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, decay=None):
     g, bt = _gamma_beta(gamma, beta)
     q, k, v, lr = q.float(), k.float(), v.float(), lr.float()
     S, A = _fresh_state(q, S0, S, A)
     qa, ka = la.augment(q), la.augment(k)
     vh = la.linear_values(ka, k, v, lr, S0.float(), g, bt)
-    zbar, S, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start)
+    decay = None if decay is None else la.Decay(decay.float(), S0.float())
+    zbar, S, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start, decay=decay)
     return q + layer_norm(zbar, g, bt), S, A
 
 
@@ -157,6 +164,18 @@ def _chunk_mask(N: tl.constexpr, eta_ptr, MB: tl.constexpr):
     return tl.where(rows[:, None] >= rows[None, :], m, 0.0)
 
 
+@triton.jit
+def _decayed_chunk_mask(N: tl.constexpr, eta_ptr, MB: tl.constexpr, lg):
+    """`_chunk_mask` of a decayed form: a token of an earlier mini-batch, j mini-batches before t's,
+    weighs eta_tok[MB-1] gamma^(j-1) (lg = log2 gamma)."""
+    rows = tl.arange(0, N)
+    eta_row = tl.load(eta_ptr + rows % MB).to(tl.float32)
+    eta_last = tl.load(eta_ptr + MB - 1).to(tl.float32)
+    lag = (rows[:, None] // MB - rows[None, :] // MB - 1).to(tl.float32)
+    m = tl.where(lag < 0, eta_row[:, None], eta_last * tl.exp2(lg * tl.maximum(lag, 0.0)))
+    return tl.where(rows[:, None] >= rows[None, :], m, 0.0)
+
+
 # ---- parallel form --------------------------------------------------------------------------------
 
 @triton.jit
@@ -187,16 +206,17 @@ def _parallel_tile_values(k_ptr, v_ptr, lr, rows, cols, stride_t, row_ok, d_ok, 
 
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT"])
 @triton.jit
-def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_ptr, vh_ptr,
+def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, lg_ptr, u_ptr, vh_ptr,
                           T, T_DONE, H, TILES_PER_SEG, NSEG,
                           stride_b, stride_h, stride_t, stride_lb, stride_lh, stride_lt,
-                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, PREC: tl.constexpr,
-                          EVEN: tl.constexpr = False):
+                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
+                          PREC: tl.constexpr, EVEN: tl.constexpr = False, DECAY: tl.constexpr = False):
     """Pass 1: the values vh of every token (written to vh [B*H, T, D] for pass 2) and U[bh, seg] =
     sum over the segment's committed tokens of [k, 1]^T vh ([D+1, D] fp32); the bias row (the
     values' column sums) from one product with a block of ones whose row 0 is all ones. EVEN: T is
     a whole number of segments and mini-batches and D fills the tile, so no tile needs a mask (see
-    _parallel_plan)."""
+    _parallel_plan). DECAY (a decayed form, lg_ptr [H] = log2 gamma): each token's term weighed by
+    gamma^(mini-batches after its own to the segment's last committed one)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -214,6 +234,10 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
     ub16 = tl.zeros([16, BD], dtype=tl.float32)
     lr_next = _load_lr(lr_ptr + lbase, seg * TILES_PER_SEG * BT + tl.arange(0, BT), stride_lt, T)
+    if DECAY:
+        lg = tl.load(lg_ptr + h).to(tl.float32)
+        seg_start = seg * TILES_PER_SEG * BT
+        last_mb = (tl.minimum((seg + 1) * TILES_PER_SEG * BT, T_DONE) - seg_start) // MB - 1
     for i in range(TILES_PER_SEG):
         rows = (seg * TILES_PER_SEG + i) * BT + tl.arange(0, BT)
         row_ok = rows < T
@@ -227,6 +251,8 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
         else:
             tl.store(vh_out, vh.to(dt), mask=row_ok[:, None] & d_ok[None, :])
             vh = tl.where((rows < T_DONE)[:, None], vh, 0.0)  # an unfinished mini-batch is not committed
+        if DECAY:
+            vh = vh * tl.exp2(lg * (last_mb - (rows - seg_start) // MB).to(tl.float32))[:, None]
         vh_dt = vh.to(dt)
         uw += tl.dot(tl.trans(k), vh_dt, input_precision=PREC)  # [BD, BD]
         ub16 += tl.dot(row0, vh_dt, input_precision=PREC)  # [16, BD]: row 0 holds the column sums
@@ -239,15 +265,15 @@ def _parallel_sums_kernel(k_ptr, v_ptr, lr_ptr, s0_ptr, gamma_ptr, beta_ptr, u_p
 @triton.autotune(configs=_configs(PARALLEL_CONFIGS), key=["D", "BT", "MB"])
 @triton.jit
 def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_ptr, s_in_ptr, o_ptr, s_out_ptr,
-                         a_out_ptr, T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
+                         a_out_ptr, s0_ptr, lg_ptr, T, T_DONE, H, TILES_PER_SEG, NSEG, LAST_SEG, stride_sb,
                          stride_b, stride_h, stride_t, stride_ob, stride_oh, stride_ot,
                          D: tl.constexpr, BD: tl.constexpr, BT: tl.constexpr, MB: tl.constexpr,
-                         PREC: tl.constexpr, EVEN: tl.constexpr = False):
+                         PREC: tl.constexpr, EVEN: tl.constexpr = False, DECAY: tl.constexpr = False):
     """Pass 2: outputs q + LN(Zbar) of one segment, starting from S + eta_b * (sums before it),
     with the values pass 1 stored. Each tile's bias increment (its committed values' column sums)
     from a product with a block of ones. The chunk mask is built once: every tile starts at a
     mini-batch boundary, so all have the same one; it is applied with one multiply-add. EVEN: no
-    tile needs a mask (see _parallel_plan)."""
+    tile needs a mask (see _parallel_plan). DECAY: `_parallel_out_tile_decayed` does each tile."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
@@ -262,15 +288,27 @@ def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_p
     s_in = s_in_ptr + b.to(tl.int64) * stride_sb + h * (D + 1) * D
     rw = tl.load(s_in + sq, mask=w_ok, other=0.0).to(tl.float32)  # [BD, BD]
     rb = tl.load(s_in + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)  # [BD]
+    if DECAY:  # S0 (what the state decays towards) and gamma's powers
+        lg = tl.load(lg_ptr + h).to(tl.float32)
+        w0 = tl.load(s0_ptr + h * (D + 1) * D + sq, mask=w_ok, other=0.0).to(tl.float32)
+        b0 = tl.load(s0_ptr + h * (D + 1) * D + D * D + cols, mask=d_ok, other=0.0).to(tl.float32)
+        seg_carry = tl.exp2(lg * (TILES_PER_SEG * (BT // MB)))  # a whole segment's mini-batches
     for s in range(seg):
         u = u_ptr + (bh * NSEG + s).to(tl.int64) * (D + 1) * D
+        if DECAY:
+            rw = w0 + seg_carry * (rw - w0)
+            rb = b0 + seg_carry * (rb - b0)
         rw += eta_last * tl.load(u + sq, mask=w_ok, other=0.0)
         rb += eta_last * tl.load(u + D * D + cols, mask=d_ok, other=0.0)
     base = b.to(tl.int64) * stride_b + h * stride_h
     obase = b.to(tl.int64) * stride_ob + h * stride_oh
     st = bh.to(tl.int64) * (D + 1) * D  # this (sequence, head)'s S and A
     row0 = ((tl.arange(0, 16)[:, None] == 0) & (tl.arange(0, BT)[None, :] >= 0)).to(dt)  # [16, BT]: ones in row 0
-    mask = _chunk_mask(BT, eta_ptr, MB)  # [BT, BT], the same every tile
+    if DECAY:
+        mask = _decayed_chunk_mask(BT, eta_ptr, MB, lg)
+        mb = (tl.arange(0, BT) // MB).to(tl.float32)  # each row's mini-batch in its tile
+    else:
+        mask = _chunk_mask(BT, eta_ptr, MB)  # [BT, BT], the same every tile
     for i in range(TILES_PER_SEG):
         tile = seg * TILES_PER_SEG + i
         rows = tile * BT + tl.arange(0, BT)
@@ -281,7 +319,11 @@ def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_p
         vh = _load_tile(vh_ptr + bh.to(tl.int64) * T * D, rows, D, cols, ok, EVEN)
         q = _load_tile(q_ptr + base, rows, stride_t, cols, ok, EVEN)
         p = tl.fma(tl.dot(q, tl.trans(k), input_precision=PREC), mask, mask)  # [BT, BT] = (qa . ka) * M
-        zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
+        if DECAY:  # row r reads S0 + gamma^(its mini-batch in the tile) (S - S0)
+            learned = tl.dot(q, (rw - w0).to(dt), input_precision=PREC) + (rb - b0)[None, :]
+            zbar = tl.dot(q, w0.to(dt), input_precision=PREC) + b0[None, :] + tl.exp2(lg * mb)[:, None] * learned
+        else:
+            zbar = tl.dot(q, rw.to(dt), input_precision=PREC) + rb[None, :]
         zbar += tl.dot(p.to(dt), vh.to(dt), input_precision=PREC)  # [BT, BD]
         out = _ln_out(q.to(tl.float32), zbar, gamma, beta, d_ok, D)
         o_tile = o_ptr + obase + rows[:, None] * stride_ot + cols[None, :]
@@ -291,6 +333,11 @@ def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_p
         else:
             tl.store(o_tile, out.to(dt), mask=ok)
             vh_done = tl.where((rows < T_DONE)[:, None], vh.to(tl.float32), 0.0)
+        if DECAY:  # the tile's c committed mini-batches: S -> S0 + gamma^c (S - S0) + eta_b sum gamma^(c-1-j) U_j
+            c = (tl.minimum(tl.maximum(T_DONE - tile * BT, 0), BT) // MB).to(tl.float32)
+            vh_done = vh_done.to(tl.float32) * tl.exp2(lg * (c - 1.0 - mb))[:, None]
+            rw = w0 + tl.exp2(lg * c) * (rw - w0)
+            rb = b0 + tl.exp2(lg * c) * (rb - b0)
         vh_done_dt = vh_done.to(dt)
         rw += eta_last * tl.dot(tl.trans(k), vh_done_dt, input_precision=PREC)
         # row 0 of the product: a sum over 16 rows of which 15 are zero (exact)
@@ -400,45 +447,53 @@ def _parallel_plan(q, eta_tok, tile=64, segments=None) -> ParallelPlan:
     return ParallelPlan(BT, BD, per_seg, cdiv(tiles, per_seg), t_done, even)
 
 
-def _parallel_pass1(q, k, v, lr, S0, gamma, beta, plan: ParallelPlan):
+def _parallel_pass1(q, k, v, lr, S0, gamma, beta, plan: ParallelPlan, MB: int = 16, lg=None):
     """The values of every token ([B*H, T, D], q's dtype) and each segment's committed sums U
-    ([B*H, segments, D+1, D] fp32). (Benchmarks time it alone.)"""
+    ([B*H, segments, D+1, D] fp32; decayed to the segment's end with `lg`, log2 gamma [H]).
+    (Benchmarks time it alone.)"""
     B, H, T, D = q.shape
     U = fresh(torch.empty(B * H, plan.segments, D + 1, D, device=q.device, dtype=torch.float32))
     vh = fresh(torch.empty(B * H, T, D, device=q.device, dtype=q.dtype))
     sb, sh, st, _ = q.stride()
-    _parallel_sums_kernel[(B * H, plan.segments)](k, v, lr, S0, gamma, beta, U, vh, T, plan.t_done, H, plan.per_seg,
-                                                  plan.segments, sb, sh, st, *lr.stride(), D=D, BD=plan.BD,
-                                                  BT=plan.BT, PREC=_precision(q.dtype), EVEN=plan.even)
+    _parallel_sums_kernel[(B * H, plan.segments)](k, v, lr, S0, gamma, beta, gamma if lg is None else lg, U, vh, T,
+                                                  plan.t_done, H, plan.per_seg, plan.segments, sb, sh, st,
+                                                  *lr.stride(), D=D, BD=plan.BD, BT=plan.BT, MB=MB,
+                                                  PREC=_precision(q.dtype), EVEN=plan.even, DECAY=lg is not None)
     return U, vh
 
 
-def _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan: ParallelPlan):
+def _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan: ParallelPlan, S0=None, lg=None):
     B, H, T, D = q.shape
     f32 = dict(device=q.device, dtype=torch.float32)
     S_out, A_out = fresh(torch.empty(B, H, D + 1, D, **f32)), fresh(torch.empty(B, H, D + 1, D, **f32))
     o = fresh(torch.empty_like(q))
+    decay = (S0, lg) if lg is not None else (gamma, gamma)  # (unread without DECAY)
     _parallel_out_kernel[(B * H, plan.segments)](q, k, gamma, beta, eta_tok.float().contiguous(), U, vh, S, o, S_out,
-                                                 A_out, T, plan.t_done, H, plan.per_seg, plan.segments,
+                                                 A_out, *decay, T, plan.t_done, H, plan.per_seg, plan.segments,
                                                  plan.segments - 1, S.stride(0), *q.stride()[:3], *o.stride()[:3],
                                                  D=D, BD=plan.BD, BT=plan.BT, MB=eta_tok.shape[0],
-                                                 PREC=_precision(q.dtype), EVEN=plan.even)
+                                                 PREC=_precision(q.dtype), EVEN=plan.even, DECAY=lg is not None)
     return o, S_out, A_out
 
 
-def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None):
+def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segments=None, decay=None):
     """Both passes from a mini-batch boundary (`tile`, `segments`: see _parallel_plan; the tests
-    choose them to run several segments on small inputs)."""
+    choose them to run several segments on small inputs; `decay`: gamma [H] of a decayed form)."""
     plan = _parallel_plan(q, eta_tok, tile, segments)
     # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
-    gamma, beta = gamma.float().contiguous(), beta.float().contiguous()
-    U, vh = _parallel_pass1(q, k, v, lr, S0.float().contiguous(), gamma, beta, plan)
-    return _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan)
+    gamma, beta, S0 = gamma.float().contiguous(), beta.float().contiguous(), S0.float().contiguous()
+    lg = None if decay is None else torch.log2(decay.float()).contiguous()
+    U, vh = _parallel_pass1(q, k, v, lr, S0, gamma, beta, plan, eta_tok.shape[0], lg)
+    return _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan, S0, lg)
 
 
-def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None):
+def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, decay=None):
+    """`decay`: gamma [H] of a decayed parallel form (`la.Decay` towards S0), or None."""
     q, k, v = _same_layout(q, k, v)
-    return _with_head(_parallel_aligned, parallel_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
+    if decay is None:
+        return _with_head(_parallel_aligned, parallel_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
+    return _with_head(functools.partial(_parallel_aligned, decay=decay), functools.partial(parallel_ref, decay=decay),
+                      q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
 
 
 # ---- exact form -------------------------------------------------------------------------------------

@@ -83,6 +83,31 @@ def test_parallel_segments_agree(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("start,T,tile,segments", [(0, 200, 64, None), (0, 300, 16, 3), (5, 70, 16, 2),
+                                                  (0, 128, 16, 2)])  # 128: the unmasked (EVEN) kernels
+def test_decayed_parallel_kernel_matches_its_reference(device, dtype, start, T, tile, segments):
+    """A decayed form (gamma a head, one of them 1): the segments' sums decayed to their ends, each
+    segment starting from the decayed sums before it, each tile's rows reading S0 + gamma^j (S - S0)."""
+    q, k, v, lr, S0, gamma, beta, eta = layer_inputs(2, 3, T, 16, 8, dtype, device)
+    decay = torch.tensor([0.9, 0.6, 1.0], device=device)
+    S, A = state(2, 3, 16, device)
+    A = A if start % 8 else None
+    kernel = functools.partial(prefill._parallel_aligned, tile=tile, segments=segments, decay=decay)
+    out, S_new, A_new = prefill._with_head(kernel, functools.partial(prefill.parallel_ref, decay=decay), q, k, v, lr,
+                                           S0, gamma, beta, eta, start, S, A)
+    out_ref, S_ref, A_ref = prefill.parallel_ref(q, k, v, lr, S0, gamma, beta, eta, start, S, A, decay=decay)
+    plain = prefill.parallel_ref(q, k, v, lr, S0, gamma, beta, eta, start, S, A)
+    assert rel_err(S_ref, plain[1]) > 1e-2  # the decay matters here
+    tol = TOL[dtype]
+    assert not out.isnan().any() and rel_err(out.float(), out_ref) < tol and rel_err(S_new, S_ref) < tol
+    assert rel_err(A_new, A_ref) < tol or A_ref.abs().max() == A_new.abs().max() == 0
+    if start == 0 and tile == 64:  # the public entry point takes the decay the same way
+        for x, y in zip(prefill.parallel(q, k, v, lr, S0, gamma, beta, eta, 0, S, None, decay=decay), (out, S_new)):
+            assert rel_err(x.float(), y.float()) < 1e-6
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("start,T", [(0, 75), (5, 70)])  # from a boundary; mid-mini-batch with a state
 def test_exact_kernel_with_the_int8_state_matches_its_reference(device, dtype, start, T):
     """`exact(two_level=True)`: every commit rounded to the int8 format's grid, ka and vh read as float16."""
