@@ -22,8 +22,9 @@ early keep the commits' rounding errors, which add up, small.
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
-learned gamma a head at every commit (`la.Decay`); its float prefill runs the parallel prefill kernel
-with the decay, its decode and the int8 state's commits the torch paths (those kernels know no decay).
+learned gamma a head at every commit (`la.Decay`); on CUDA the parallel prefill, decode-step and int8
+commit kernels take the decay, the one-operation decode token (`token_kernel`) does not (a compiled
+step of a decayed layer is inductor's).
 """
 
 from __future__ import annotations
@@ -217,15 +218,15 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     @staticmethod
     def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
-        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA (no decay)."""
-        if (requant is not None or decay is not None or qa.shape[2] != 1 or not kernels_enabled(qa)
-                or S.requires_grad):
+        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA."""
+        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa) or S.requires_grad:
             return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant, decay)
         from .kernels.decode import decode_step
 
         S, A = S.contiguous(), A.contiguous()  # the kernel updates them in place (the step owns the state)
+        decay = None if decay is None else (decay.gamma.detach(), decay.S0.detach().to(S.dtype))
         zbar = decode_step(qa[:, :, 0].contiguous(), ka[:, :, 0].contiguous(), vh[:, :, 0].contiguous(), S, A,
-                           eta_tok.detach().contiguous(), start % eta_tok.shape[0])
+                           eta_tok.detach().contiguous(), start % eta_tok.shape[0], decay=decay)
         return zbar[:, :, None], S, A
 
     def _mix(self, st, q, k, v, lr, start, value_states, attend):

@@ -7,6 +7,8 @@
     eta_tok: [b] mask weights; inner: the token's index in its mini-batch (eta_i = eta_tok[inner],
     eta_b = eta_tok[b-1]; the token commits when inner == b-1)
     returns zbar [B, H, Dv] (written into `out` when given)
+    decay: a decayed form's (gamma [H], S0 [H, Dk, Dv]) (`linear_attention.Decay`): the commit is then
+    S <- S0 + gamma (S - S0) + eta_b A (only `decode_step`; the int8 steps know no decay)
 One program handles one (sequence, head, block of Dv columns): it reads its tiles of S and A once
 and writes them once, so the step moves the state's bytes twice and little else.
 
@@ -26,10 +28,13 @@ from ..quant.state_formats import int8_state_codes, int8_state_values
 from . import cdiv, fresh, next_power_of_2
 
 
-def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
+def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None, decay=None):
     A += ka[..., :, None] * vh[..., None, :]
     zbar = (qa[..., None, :] @ (S + eta_tok[inner] * A))[..., 0, :]
     if inner == eta_tok.shape[0] - 1:
+        if decay is not None:
+            gamma, S0 = decay
+            S.copy_(S0 + gamma[:, None, None] * (S - S0))
         S += eta_tok[-1] * A
         A.zero_()
     if out is not None:
@@ -38,8 +43,8 @@ def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
 
 
 @triton.jit
-def _decode_step_kernel(qa_ptr, ka_ptr, vh_ptr, s_ptr, a_ptr, z_ptr, eta_ptr, INNER, LAST, DK, DV,
-                        COMMIT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr):
+def _decode_step_kernel(qa_ptr, ka_ptr, vh_ptr, s_ptr, a_ptr, z_ptr, eta_ptr, decay_ptr, s0_ptr, INNER, LAST, H, DK, DV,
+                        COMMIT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr, DECAY: tl.constexpr):
     bh = tl.program_id(0)  # one (sequence, head)
     eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
     eta_b = tl.load(eta_ptr + LAST).to(tl.float32)
@@ -57,12 +62,16 @@ def _decode_step_kernel(qa_ptr, ka_ptr, vh_ptr, s_ptr, a_ptr, z_ptr, eta_ptr, IN
     z = tl.sum(qa[:, None] * (s + eta_i * a), axis=0)  # [BLOCK_V]
     tl.store(z_ptr + bh * DV + v, z.to(z_ptr.dtype.element_ty), mask=v_ok)
     if COMMIT:
+        if DECAY:  # S0 + gamma (S - S0): what the state learned fades by gamma a mini-batch
+            h = bh % H
+            s0 = tl.load(s0_ptr + h * DK * DV + k[:, None] * DV + v[None, :], mask=mask, other=0.0).to(tl.float32)
+            s = s0 + tl.load(decay_ptr + h).to(tl.float32) * (s - s0)
         tl.store(s_ptr + offs, (s + eta_b * a).to(s_ptr.dtype.element_ty), mask=mask)
         a = a * 0.0
     tl.store(a_ptr + offs, a.to(a_ptr.dtype.element_ty), mask=mask)
 
 
-def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
+def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None, decay=None):
     B, H, DK = qa.shape
     DV = vh.shape[-1]
     for t in (qa, ka, vh, S, A):
@@ -72,8 +81,9 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None):
     block_v = min(next_power_of_2(DV), max(16, 8192 // block_k))
     grid = (B * H, cdiv(DV, block_v))
     last = eta_tok.shape[0] - 1
-    _decode_step_kernel[grid](qa, ka, vh, S, A, z, eta_tok, inner, last, DK, DV,
-                              COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v)
+    gamma, S0 = (eta_tok, eta_tok) if decay is None else (decay[0].float().contiguous(), decay[1].contiguous())
+    _decode_step_kernel[grid](qa, ka, vh, S, A, z, eta_tok, gamma, S0, inner, last, H, DK, DV,
+                              COMMIT=inner == last, BLOCK_K=block_k, BLOCK_V=block_v, DECAY=decay is not None)
     return z
 
 

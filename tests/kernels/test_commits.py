@@ -22,10 +22,21 @@ def inputs(B, H, N, DK, DV, device, seed=0):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 17, 16), (1, 2, 4, 65, 64), (1, 1, 3, 9, 200)])
-def test_two_level_commits_match_the_reference(device, shape):
+@pytest.mark.parametrize("decayed", [False, True])  # a decayed form: S <- round2(S0 + gamma (S - S0) + eta U_n)
+def test_two_level_commits_match_the_reference(device, shape, decayed):
     S, S0, U, eta = inputs(*shape, device)
-    ref = two_level_commits_ref(S, S0, U, eta)
-    got = two_level_commits(S, S0, U, eta)
+    decay = torch.linspace(0.5, 1.0, shape[1], device=device) if decayed else None
+    ref = two_level_commits_ref(S, S0, U, eta, decay)
+    got = two_level_commits(S, S0, U, eta, decay)
+    if decayed:  # the decay matters, and the reference is the model's own loop (`la.committed_states`)
+        import edgettt.linear_attention as la
+        from edgettt.quant.state_formats import TwoLevelRounding
+
+        assert rel_err(ref, two_level_commits_ref(S, S0, U, eta)) > 1e-2
+        with torch.no_grad():
+            model_loop = la.committed_states(S.cpu(), U.cpu(), eta.cpu(), TwoLevelRounding(S0.cpu()),
+                                             torch.arange(U.shape[2]), la.Decay(decay.cpu(), S0.cpu()))
+        assert rel_err(model_loop, ref.cpu()) < 1e-5
     assert got.shape == ref.shape and not torch.isnan(got).any()
     # the same float32 operations in the same order: equal to an ulp or two (a GPU fuses a product and a sum
     # into one rounding: 17% of the values differ in their last bits on the H200) but for a rare rounding

@@ -43,6 +43,31 @@ def test_decode_step_matches_reference(device, shape, inner):
             assert rel_err(A.float(), A_ref) < TOL[dtype], dtype
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 65, 200)])
+def test_a_decayed_commit_pulls_the_state_towards_s0_as_the_recurrence_does(device, shape):
+    """With a decay (gamma a head, one of them 1) the commit is S0 + gamma (S - S0) + eta_b A, as
+    `linear_attention.recurrent` commits; a token inside the mini-batch is unchanged by it."""
+    import edgettt.linear_attention as la
+
+    B, H, DK, DV = shape
+    qa, ka, vh, S, A = inputs(*shape, torch.float32, device)
+    g = torch.Generator().manual_seed(5)
+    S0 = torch.randn(H, DK, DV, generator=g).to(device)
+    gamma = torch.linspace(0.5, 1.0, H, device=device)
+    eta = torch.tensor([1.0, 0.4, 0.3, 0.0625], device=device)
+    for inner in (1, 3):
+        S_k, A_k = S.clone(), A.clone()
+        z = decode_step(qa, ka, vh, S_k, A_k, eta, inner, decay=(gamma, S0))
+        z_rec, S_rec, A_rec = la.recurrent(qa[:, :, None], ka[:, :, None], vh[:, :, None], S, A, eta, inner,
+                                           decay=la.Decay(gamma, S0))
+        assert rel_err(z, z_rec[:, :, 0]) < 1e-5 and rel_err(S_k, S_rec) < 1e-5 and rel_err(A_k, A_rec) < 1e-5 + (inner == 3)
+        S_ref, A_ref = S.clone(), A.clone()
+        decode_step_ref(qa, ka, vh, S_ref, A_ref, eta, inner, decay=(gamma, S0))
+        assert rel_err(S_ref, S_rec) < 1e-5
+    assert rel_err(S_k, S + eta[-1] * (A + ka[..., :, None] * vh[..., None, :])) > 1e-2  # the decay matters
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_decode_step_writes_every_state_element_on_gpu():
