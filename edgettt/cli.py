@@ -196,9 +196,8 @@ def create(out, family, preset, hidden_size, layers, heads, intermediate_size, v
               help="exact: equals the original; parallel: fully parallel, values at the initial state.")
 @click.option("--decay", default=None, type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), metavar="GAMMA",
               help="With --form parallel: a decayed parallel form, each head's state decaying towards its initial "
-                   "state by GAMMA a mini-batch (e.g. 0.97; --distill tunes each head's). Holds at lengths past the "
-                   "distillation's where the plain parallel form's state keeps growing; runs the torch paths (no "
-                   "Triton kernel takes the decay yet).")
+                   "state by GAMMA a mini-batch (e.g. 0.97; --distill tunes each head's): its state stops growing "
+                   "with the text, so one model can hold from short to long contexts (DESIGN section 4).")
 @click.option("--data", default=None, metavar="TEXT",
               help="Text to measure on (with --distill: to train on): a file, a directory of .txt/.md, "
                    "'-' for stdin, or a built-in name (python-docs[:train|:val|:test], python-docs-sample, "

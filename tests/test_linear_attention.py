@@ -102,3 +102,20 @@ def test_the_open_mini_batch_token_decays_at_its_commit_as_the_recurrence_does()
         z_open, S_open = la.open_token(qa[:, :, i:i + 1], K, V, filled, S_open, eta, i, decay=decay)
         assert rel_err(z_open, z_rec) < FP32_EXACT
     assert rel_err(S_open, S_rec) < FP32_EXACT and not torch.allclose(S_open, la.recurrent(qa, ka, vh, S, A, eta, 0)[1])
+
+
+def test_a_decayed_state_stops_growing_with_the_text_where_the_plain_sum_keeps_growing():
+    """The same increment every mini-batch: the plain state moves linearly with the text, the decayed one
+    settles at eta_b U / (1 - gamma) from S0 (what `convert --decay`'s help says)."""
+    B, H, Dk, Dv, b = 1, 2, 3, 4, 4
+    ka, vh = torch.ones(B, H, 64 * b, Dk), torch.ones(B, H, 64 * b, Dv)
+    S0, eta = torch.zeros(H, Dk, Dv), torch.full((b,), 0.5)
+    decay = la.Decay(torch.tensor([0.5, 0.9]), S0)
+    moved = {}
+    for T in (16 * b, 64 * b):
+        args = (ka[:, :, :T], ka[:, :, :T], vh[:, :, :T], S0.expand(B, H, Dk, Dv), torch.zeros(B, H, Dk, Dv), eta, 0)
+        moved[T] = la.chunk(*args)[1].abs().amax(), la.chunk(*args, decay=decay)[1].abs().amax((0, 2, 3))
+    assert moved[64 * b][0] == pytest.approx(4 * moved[16 * b][0])  # linear in the text
+    bound = 0.5 * b / (1 - decay.gamma)  # eta_b * |U| / (1 - gamma), |U| = b a mini-batch of ones
+    assert (moved[64 * b][1] <= bound + 1e-4).all()
+    assert torch.allclose(moved[64 * b][1], bound * (1 - decay.gamma ** 64), rtol=1e-5)  # a geometric series
