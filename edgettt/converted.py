@@ -22,9 +22,8 @@ early keep the commits' rounding errors, which add up, small.
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
-learned gamma a head at every commit (`la.Decay`); on CUDA the parallel prefill, decode-step and int8
-commit kernels take the decay, the one-operation decode token (`token_kernel`) does not (a compiled
-step of a decayed layer is inductor's).
+learned gamma a head at every commit (`la.Decay`); on CUDA its kernels (the parallel prefill, the
+decode step, the one-operation decode token, the int8 state's commits) take the decay.
 """
 
 from __future__ import annotations
@@ -130,7 +129,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
     def token_kernel_applies(self) -> bool:
         """... with a float state or the int8 format, outside calibration and autograd."""
         return (self.token_kernel_fits() and self.state_format in ("fp32", "int8") and self.observer is None
-                and not self.config.state_decay and not torch.is_grad_enabled())
+                and not torch.is_grad_enabled())
 
     def _token_inputs(self, x):
         """q, k, v [B, H, d] (not rotated), lr [B, H] of one token."""
@@ -143,7 +142,9 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
         q, k, v, lr = self._token_inputs(x)
         common = (q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias)
-        place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact")
+        decay = self.decay(1)
+        place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact",
+                 None if decay is None else decay.gamma)
         if self.keeps_keys_and_values():  # the int8 format: the open mini-batch's keys and values in slots
             out = torch.ops.edgettt.decode_token_int8(*common, st["S1"], st["K1"], st["V1"], *place)
         else:

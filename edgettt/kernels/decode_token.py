@@ -13,6 +13,7 @@ bias row apart); same signature:
     q, k, v [B, H, d] (not rotated)   lr [B, H]   S0 [H, d+1, d]   gamma, beta [H, d]
     S, A [B, H, d+1, d] (read, and updated in place)   eta_tok [b]   inner: the place in the mini-batch
     theta: the rotary base;  at_state: the values at S (the exact form) instead of S0;  returns out [B, H, d]
+    decay: gamma [H] of a decayed parallel form (the commit is S <- S0 + gamma (S - S0) + eta_b A), or None
 A compiled decode step runs it as one operation (`edgettt::decode_token`, on CUDA the kernel, elsewhere the
 reference), in place of the ~8 kernels inductor makes of these operations (`use_token_kernel` turns it on).
 
@@ -24,6 +25,7 @@ and S rounded to the format's grid at the commit (`quant.state_formats.two_level
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 import triton
@@ -46,9 +48,11 @@ def token_values_ref(q, k, v, lr, W, gamma, beta, inner: int, theta: float):
     return q, augment(q), ka, vh
 
 
-def decode_token_ref(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
+def decode_token_ref(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False,
+                     decay=None):
     q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
-    zbar = decode_step_ref(qa, ka, vh.to(S.dtype), S, A, eta_tok, inner)
+    decay = None if decay is None else (decay.to(S.dtype), S0.to(S.dtype))
+    zbar = decode_step_ref(qa, ka, vh.to(S.dtype), S, A, eta_tok, inner, decay=decay)
     return q + layer_norm(zbar.to(q.dtype), gamma, beta)
 
 
@@ -91,9 +95,9 @@ def _token_values(q_ptr, k_ptr, v_ptr, lr_ptr, g_ptr, b_ptr, bh, h, i, ok, w, w_
 
 
 @triton.jit
-def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, a_ptr, o_ptr, eta_ptr,
+def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, a_ptr, o_ptr, eta_ptr, decay_ptr,
                          INNER, LAST, H, D, LOG2_THETA, EPS,
-                         COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr):
+                         COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr, DECAY: tl.constexpr):
     # one (sequence, head); the [d+1, d] matrices as a [d, d] tile of the feature rows and the bias row
     # (index d) apart, so that a tile of d = 64 is not padded to 128 rows. Every load of the state is issued
     # first: the program's time is its chain of dependent steps, not its bytes.
@@ -121,6 +125,10 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
     s, s_bias = s.to(tl.float32), s_bias.to(tl.float32)
     zbar = tl.sum(q[:, None] * (s + eta_i * a), axis=0) + s_bias + eta_i * a_bias
     if COMMIT:
+        if DECAY:  # (a decayed form is a parallel one: w is S0) S0 + gamma (S - S0)
+            fade = tl.load(decay_ptr + h).to(tl.float32)
+            s = w.to(tl.float32) + fade * (s - w.to(tl.float32))
+            s_bias = w_bias.to(tl.float32) + fade * (s_bias - w_bias.to(tl.float32))
         tl.store(s_ptr + state + tile, (s + eta_b * a).to(s_ptr.dtype.element_ty), mask=mask)
         tl.store(s_ptr + state + D * D + i, (s_bias + eta_b * a_bias).to(s_ptr.dtype.element_ty), mask=ok)
         a, a_bias = a * 0.0, a_bias * 0.0
@@ -130,30 +138,33 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
     tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
 
 
-def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False):
+def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False,
+                 decay=None):
+    assert decay is None or not at_state, "a decayed form is a parallel one (values at S0)"
     B, H, D = q.shape
     q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
     for t in (S0, gamma, beta, S, A):
         assert t.is_contiguous(), "decode_token needs contiguous parameters and state"
     out = fresh(torch.empty_like(q))
     last = eta_tok.shape[0] - 1
-    _decode_token_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, A, out, eta_tok, inner, last, H, D,
-                                   math.log2(theta), LN_EPS, COMMIT=inner == last, AT_STATE=at_state,
-                                   BLOCK_D=next_power_of_2(D), num_warps=8)  # three [d, d] fp32 tiles (S0, S, A)
+    _decode_token_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, A, out, eta_tok, eta_tok if decay is None else decay,
+                                   inner, last, H, D, math.log2(theta), LN_EPS, COMMIT=inner == last,
+                                   AT_STATE=at_state, BLOCK_D=next_power_of_2(D), DECAY=decay is not None,
+                                   num_warps=8)  # three [d, d] fp32 tiles (S0, S, A)
     return out
 
 
 @torch.library.custom_op("edgettt::decode_token", mutates_args=("S", "A"))
 def decode_token_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
                     gamma: torch.Tensor, beta: torch.Tensor, S: torch.Tensor, A: torch.Tensor, eta_tok: torch.Tensor,
-                    inner: int, theta: float, at_state: bool) -> torch.Tensor:
+                    inner: int, theta: float, at_state: bool, decay: Optional[torch.Tensor]) -> torch.Tensor:
     """The token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
     fn = decode_token if q.is_cuda else decode_token_ref
-    return fn(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state)
+    return fn(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay)
 
 
 @decode_token_op.register_fake
-def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state):
+def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay):
     return torch.empty_like(q)
 
 
@@ -163,7 +174,7 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state):
 #     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j;   at the last token: S <- round2(S + eta_b K^T V), K = V = 0
 
 def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
-                          at_state: bool = False):
+                          at_state: bool = False, decay=None):
     from ..quant.state_formats import two_level_round
 
     q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
@@ -172,7 +183,8 @@ def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner:
     scores = (qa.float()[:, :, None] * keys).sum(-1)  # [B, H, inner + 1]
     zbar = (qa.float()[..., None] * S.float()).sum(-2) + eta_tok[inner] * (scores[..., None] * values).sum(-2)
     if inner == eta_tok.shape[0] - 1:
-        S.copy_(two_level_round(S.float() + eta_tok[-1] * keys.transpose(-1, -2) @ values, S0.float()))
+        kept = S.float() if decay is None else S0.float() + decay.float()[:, None, None] * (S.float() - S0.float())
+        S.copy_(two_level_round(kept + eta_tok[-1] * keys.transpose(-1, -2) @ values, S0.float()))
         K.zero_()
         V.zero_()
     return q + layer_norm(zbar.to(q.dtype), gamma, beta)
@@ -193,9 +205,9 @@ def _two_level_rounded(s, s0, ok_cols, STATE_CLIP: tl.constexpr, FINE: tl.conste
 
 @triton.jit
 def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, kk_ptr, vv_ptr, o_ptr, eta_ptr,
-                              INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr, FINE: tl.constexpr,
-                              COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr,
-                              MINI: tl.constexpr):
+                              decay_ptr, INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr,
+                              FINE: tl.constexpr, COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr,
+                              MINI: tl.constexpr, DECAY: tl.constexpr):
     # one (sequence, head): S as a [d, d] tile and its bias row, the open slots as [MINI, d] tiles and the
     # keys' bias column (1 in a filled slot); every state load issued first, as in `_decode_token_kernel`
     bh = tl.program_id(0)
@@ -239,6 +251,10 @@ def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr,
             value_j = tl.load(slots_v + jj * D + i, mask=filled, other=0.0).to(tl.float32)
             a += key_j[:, None] * value_j[None, :]
         a_bias = tl.sum(key_bias[:, None] * values, axis=0) + vh
+        if DECAY:  # S0 + gamma (S - S0) before the mini-batch's sum is added
+            fade = tl.load(decay_ptr + h).to(tl.float32)
+            s = s0.to(tl.float32) + fade * (s - s0.to(tl.float32))
+            s_bias = s0_bias.to(tl.float32) + fade * (s_bias - s0_bias.to(tl.float32))
         s = _two_level_rounded(s + eta_b * a, s0.to(tl.float32), ok, STATE_CLIP, FINE)
         s_bias = tl.sum(_two_level_rounded((s_bias + eta_b * a_bias)[None, :], s0_bias.to(tl.float32)[None, :], ok,
                                            STATE_CLIP, FINE), axis=0)  # (a one-row tile)
@@ -255,33 +271,36 @@ def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr,
 
 
 def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
-                      at_state: bool = False):
+                      at_state: bool = False, decay=None):
     from ..quant.state_formats import FINE_STEPS, STATE_CLIP
 
+    assert decay is None or not at_state, "a decayed form is a parallel one (values at S0)"
     B, H, D = q.shape
     q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
     for t in (S0, gamma, beta, S, K, V):
         assert t.is_contiguous(), "decode_token_int8 needs contiguous parameters and state"
     out = fresh(torch.empty_like(q))
     slots = K.shape[2]
-    _decode_token_int8_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok, inner, slots - 1, H, D,
-                                        slots, math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
+    _decode_token_int8_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok,
+                                        eta_tok if decay is None else decay, inner, slots - 1, H, D, slots,
+                                        math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
                                         COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
-                                        MINI=next_power_of_2(slots), num_warps=8)
+                                        MINI=next_power_of_2(slots), DECAY=decay is not None, num_warps=8)
     return out
 
 
 @torch.library.custom_op("edgettt::decode_token_int8", mutates_args=("S", "K", "V"))
 def decode_token_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
                          gamma: torch.Tensor, beta: torch.Tensor, S: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-                         eta_tok: torch.Tensor, inner: int, theta: float, at_state: bool) -> torch.Tensor:
+                         eta_tok: torch.Tensor, inner: int, theta: float, at_state: bool,
+                         decay: Optional[torch.Tensor]) -> torch.Tensor:
     """The int8 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
     fn = decode_token_int8 if q.is_cuda else decode_token_int8_ref
-    return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state)
+    return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay)
 
 
 @decode_token_int8_op.register_fake
-def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state):
+def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay):
     return torch.empty_like(q)
 
 

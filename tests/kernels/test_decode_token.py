@@ -43,6 +43,30 @@ def test_decode_token_matches_reference(device, shape, inner, at_state):
             assert (A == 0).all()  # committed
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 3, 16), (1, 1, 24)])
+@pytest.mark.parametrize("inner", [1, 3])  # 3 commits (b = 4)
+def test_decayed_decode_tokens_match_their_references(device, shape, inner):
+    """Both tokens with a decay (gamma a head): at the commit S0 + gamma (S - S0) + eta_b A (float state) and
+    the same rounded to the grid (the int8 format); a token inside the mini-batch is unchanged by it."""
+    eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
+    q, k, v, lr, S0, gamma, beta, S, A = inputs(*shape, torch.float32, device)
+    decay = torch.linspace(0.5, 1.0, shape[1], device=device)
+    S_ref, A_ref, S_plain, A_plain = S.clone(), A.clone(), S.clone(), A.clone()
+    want = decode_token_ref(q, k, v, lr, S0, gamma, beta, S_ref, A_ref, eta, inner, 10000.0, decay=decay)
+    got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0, decay=decay)
+    decode_token_ref(q, k, v, lr, S0, gamma, beta, S_plain, A_plain, eta, inner, 10000.0)
+    assert rel_err(got, want) < 1e-5 and rel_err(S, S_ref) < 1e-5 and rel_err(A, A_ref) < 1e-5 + (inner == 3)
+    assert (rel_err(S_ref, S_plain) > 1e-2) == (inner == 3)  # the decay acts at the commit only
+    S8, K, V = int8_state(*shape, 4, inner, S0, device)
+    S8_ref, K_ref, V_ref = S8.clone(), K.clone(), V.clone()
+    want = decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0, decay=decay)
+    got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0, decay=decay)
+    assert rel_err(got, want) < 3e-4
+    step = (S8_ref - S0).abs().amax(-1, keepdim=True) / 127
+    assert ((S8 - S8_ref).abs() <= step / 14 + 1e-6).all()
+
+
 def int8_state(B, H, D, b, inner, S0, device, seed=1):
     """An int8-format state in the middle of a mini-batch: S on the grid around S0, slots 0..inner-1 filled
     (float16 keys with their bias 1, values), the rest zero."""
@@ -86,7 +110,8 @@ def test_decode_token_int8_matches_reference(device, shape, inner, at_state):
 
 
 @pytest.mark.parametrize("form,batch,state_format", [("parallel", 2, "fp32"), ("exact", 2, "fp32"),
-                                                     ("exact", 1, "fp32"), ("parallel", 2, "int8"), ("exact", 1, "int8")])
+                                                     ("exact", 1, "fp32"), ("parallel", 2, "int8"), ("exact", 1, "int8"),
+                                                     ("decayed", 2, "fp32"), ("decayed", 2, "int8")])
 def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form, batch, state_format):
     """A converted TTT-Linear model stepping through `edgettt::decode_token` (the reference on the
     CPU; aot_eager stands in for inductor) gives the torch path's logits and state across a commit, and the
@@ -96,7 +121,8 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     from edgettt.quant import apply_state_format
     from edgettt.speed import _copy_state
 
-    model = convert(tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1), form).eval()
+    model = tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1)
+    model = (convert(model, "parallel", decay=0.7) if form == "decayed" else convert(model, form)).eval()
     if state_format != "fp32":
         apply_state_format(model, state_format)
     ids = torch.randint(0, 61, (batch, 24), generator=torch.Generator().manual_seed(1))
