@@ -191,6 +191,22 @@ def test_the_runner_needs_neither_torch_nor_anything_beside_the_manifest(exporte
     assert "import of torch halted" in blocked.stderr  # the check is real: torch was blocked
 
 
+def test_an_exporter_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    """torch's exporter failing on a model (a bug, not bad input) ends in one line naming the graph, exit 1,
+    and no output directory."""
+    assert run("create", tmp_path / "t", "--hidden-size", "16", "--intermediate-size", "32", "--layers", "1",
+               "--heads", "2").exit_code == 0
+    assert run("convert", tmp_path / "t", tmp_path / "p", "--form", "parallel", "--no-report").exit_code == 0
+
+    def fails(*args, **kwargs):
+        raise RuntimeError("Failed to export the model with torch.export.\nstep 1/3 ...\n(a long trace)")
+    monkeypatch.setattr(torch.onnx, "export", fails)
+    result = run("export", tmp_path / "p", tmp_path / "x")
+    assert result.exit_code == 1 and not isinstance(result.exception, RuntimeError)
+    assert "prefill.onnx: torch's ONNX exporter failed on this model (RuntimeError: Failed to export" in result.output
+    assert "step 1/3" not in result.output and not (tmp_path / "x").exists()
+
+
 def test_export_refusals(root, exported, tmp_path):
     result = run("export", root / "ttt-linear", tmp_path / "o")  # an original TTT checkpoint
     assert result.exit_code == 1 and "model.layers.0.seq_modeling_block" in result.output

@@ -260,9 +260,15 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
         warnings.simplefilter("ignore")
         for logger in ("torch.onnx", "torch.export"):  # (the exporter logs what it cannot classify, harmlessly)
             logging.getLogger(logger).setLevel(logging.CRITICAL)
-        program = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset, input_names=names_in,
-                                    output_names=names_out, dynamic_shapes=tuple(dynamic), verbose=False,
-                                    custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)
+        try:
+            program = torch.onnx.export(module.eval(), args, dynamo=True, opset_version=opset,
+                                        input_names=names_in, output_names=names_out, dynamic_shapes=tuple(dynamic),
+                                        verbose=False, custom_translation_table=onnx_ops.TRANSLATIONS, optimize=True)
+        except Exception as exc:  # torch's exporter met something in this model it cannot trace: say so in a line
+            first = next((line for line in str(exc).splitlines() if line.strip()), "")[:200]
+            raise EdgetttError(f"{path.name}: torch's ONNX exporter failed on this model ({type(exc).__name__}: "
+                               f"{first}); nothing was written: an edgettt bug, please report it with the model's "
+                               "config.json") from exc
     program.save(str(path), external_data=True)  # any size; `share_weights` gathers the data afterwards
     import onnx
 
