@@ -35,7 +35,9 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
             return Llama(llama_config(LLAMA_PREFIX + preset)).to(torch.bfloat16).eval()
     model = random_model(ModelConfig(**PRESETS[preset], vocab_size=PRESET_VOCAB, ttt_layer_type="linear"))
     form, _, state = kind.partition("-")  # "parallel-int8": the parallel form with the int8 state
-    if form != "ttt":
+    if form == "decayed":  # the decayed parallel form (`convert --decay`), every head's gamma 0.97
+        model = convert(model, "parallel", decay=0.97)
+    elif form != "ttt":
         model = convert(model, form)
     if state:
         from edgettt.quant import apply_state_format
@@ -138,7 +140,7 @@ def main(argv=None) -> int:
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel; "
+    parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel, decayed; "
                         "FORM-STATE for a state format, e.g. parallel-int8")
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "

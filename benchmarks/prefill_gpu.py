@@ -9,6 +9,7 @@ batch 1 (--batch), one prefill of --length tokens from a fresh state, timed with
 warm-up each; every repeat runs each variant once, in turn, and the median is reported. Kinds:
     llama          the transformer (SDPA, static KV cache)
     parallel       the parallel form (edgettt's Triton prefill kernel)
+    decayed        the decayed parallel form (`convert --decay 0.97`: the same kernel with the decay's terms)
     parallel:int4  the same with int4 weights (group 64; --activations float: weight-only GEMM kernels)
     parallel:int4:a8  the same with int8 activations (W4A8 on the int8 tensor cores, as `speed --activations
                    int8` runs it; also parallel:int8:a8)
@@ -44,7 +45,7 @@ from compiled_decode import build, profile_kernels  # noqa: E402
 
 from edgettt.speed import dense_bf16_flops, linear_parameters  # noqa: E402
 
-KINDS = ("llama", "parallel", "parallel:int8", "parallel:int4", "parallel:int8:a8", "parallel:int4:a8", "ttt", "ttt-plain", "parallel-int8",
+KINDS = ("llama", "parallel", "decayed", "parallel:int8", "parallel:int4", "parallel:int8:a8", "parallel:int4:a8", "ttt", "ttt-plain", "parallel-int8",
          "parallel-int8-plain", "exact", "exact-int8", "exact-int8-plain")
 
 

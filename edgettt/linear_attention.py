@@ -74,7 +74,7 @@ class Decay(NamedTuple):
         weighs in the state after commit n) and carries [H, N] (gamma^(n + 1): what the starting state's
         S - S0 weighs after commit n)."""
         n = torch.arange(N, device=device, dtype=self.gamma.dtype)
-        log_gamma = torch.log(self.gamma)[:, None, None]
+        log_gamma = torch.log(self.gamma.clamp_min(1e-30))[:, None, None]  # (a gamma of 0: no 0 * -inf)
         lag = n[:, None] - n[None, :]
         lags = torch.where(lag >= 0, torch.exp(log_gamma * lag.clamp(min=0)), torch.zeros_like(lag))
         return lags, torch.exp(log_gamma[:, :, 0] * (n + 1))

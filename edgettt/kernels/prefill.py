@@ -482,7 +482,7 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
     plan = _parallel_plan(q, eta_tok, tile, segments)
     # (pass 1 launches first, pass 2's outputs are made while it runs: the GPU idles until then)
     gamma, beta, S0 = gamma.float().contiguous(), beta.float().contiguous(), S0.float().contiguous()
-    lg = None if decay is None else torch.log2(decay.float()).contiguous()
+    lg = None if decay is None else torch.log2(decay.float().clamp_min(1e-30)).contiguous()
     U, vh = _parallel_pass1(q, k, v, lr, S0, gamma, beta, plan, eta_tok.shape[0], lg)
     return _parallel_pass2(q, k, gamma, beta, eta_tok, S, U, vh, plan, S0, lg)
 
