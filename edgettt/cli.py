@@ -580,7 +580,9 @@ def format_eval_report(r: dict) -> str:
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 def info(model_path, as_json):
-    """Family, form, sizes, parameter count and decode-state bytes of MODEL."""
+    """Family, form, sizes, parameter count and decode-state bytes of MODEL; the context a parallel form was
+    distilled at, a decayed form's gammas, and the layers that never commit (they remember nothing past a
+    mini-batch)."""
     from . import load
     from .evaluation import model_facts
 
@@ -605,6 +607,7 @@ def info(model_path, as_json):
         "tokenizer": model.tokenizer.name if model.tokenizer else None,
         "distilled_ctx": c.extra.get("distilled_ctx"),
         "state_decay": state_decays(model),
+        "commit_weights": commit_weights(model),
     }
     if as_json:
         click.echo(json.dumps(facts, indent=2))
@@ -623,7 +626,36 @@ def info(model_path, as_json):
         *([f"  distilled at {facts['distilled_ctx']} tokens: its drift from the original grows beyond that"]
           if facts["distilled_ctx"] else []),
         *([decay_line(facts["state_decay"])] if facts["state_decay"] else []),
+        *never_commit_line(facts["commit_weights"], getattr(c, "mini_batch_size", None)),
     ]))
+
+
+def commit_weights(model) -> list[float] | None:
+    """Each TTT layer's commit weight (eta_tok of its mini-batch's last token, what a mini-batch adds to the
+    state with); None for a model without them (LaCT)."""
+    from .ops import mini_batch_etas
+
+    weights = []
+    for layer in model.model.layers:
+        block = getattr(layer, "seq_modeling_block", None)
+        if hasattr(block, "mask_eta"):
+            weights.append(float(block.mask_eta.detach()[-1]))
+        elif hasattr(block, "learnable_token_idx"):
+            weights.append(float(mini_batch_etas(block.learnable_token_idx.detach())[-1]))
+        else:
+            return None
+    return [round(w, 6) for w in weights]
+
+
+def never_commit_line(weights: list[float] | None, b: int | None) -> list[str]:
+    """A line naming the layers whose commit weight is 0: they never carry anything past a mini-batch."""
+    idle = [str(i + 1) for i, w in enumerate(weights or []) if w <= 0]
+    if not idle:
+        return []
+    many = len(idle) > 1
+    return [f"  layer{'s' if many else ''} {', '.join(idle)} of {len(weights)} never commit{'' if many else 's'} "
+            f"(commit weight 0): {'each' if many else 'it'} mixes only within its mini-batch of {b} tokens, "
+            "remembering nothing past it"]
 
 
 def state_decays(model) -> list[list[float]] | None:

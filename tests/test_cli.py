@@ -190,6 +190,18 @@ def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
     assert json.loads((tmp_path / "out" / "config.json").read_text())["distilled_ctx"] == 48
 
 
+def test_info_names_the_layers_that_never_commit():
+    """A layer whose mini-batch's last token weighs 0 never adds to its state: info says which (the shipped
+    TTT-Linear's layers 2 and 4; its distilled parallel form's all commit, a little)."""
+    result = run("info", "ttt-linear-tiny")
+    assert result.exit_code == 0 and "layers 2, 4 of 4 never commit (commit weight 0)" in result.output
+    facts = json.loads(run("info", "ttt-linear-tiny", "--json").output)
+    assert facts["commit_weights"][1] == facts["commit_weights"][3] == 0 and facts["commit_weights"][0] > 0
+    assert "layer 3 of 4 never commits" in run("info", "ttt-mlp-tiny").output
+    assert "never commit" not in run("info", "ttt-linear-tiny-parallel").output
+    assert json.loads(run("info", "lact-tiny", "--json").output)["commit_weights"] is None
+
+
 def test_convert_decay_distills_each_heads_gamma_and_info_shows_them(ckpt, tmp_path):
     """--decay 0.9: a decayed parallel form; the distillation tunes each head's gamma; info lists them."""
     result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--decay", "0.9", "--distill", "--steps", "3",
