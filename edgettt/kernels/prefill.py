@@ -273,7 +273,7 @@ def _parallel_out_kernel(q_ptr, k_ptr, gamma_ptr, beta_ptr, eta_ptr, u_ptr, vh_p
     with the values pass 1 stored. Each tile's bias increment (its committed values' column sums)
     from a product with a block of ones. The chunk mask is built once: every tile starts at a
     mini-batch boundary, so all have the same one; it is applied with one multiply-add. EVEN: no
-    tile needs a mask (see _parallel_plan). DECAY: `_parallel_out_tile_decayed` does each tile."""
+    tile needs a mask (see _parallel_plan). DECAY: the decayed form (the module docstring says how)."""
     bh, seg = tl.program_id(0), tl.program_id(1)
     b, h = bh // H, bh % H
     cols = tl.arange(0, BD)
