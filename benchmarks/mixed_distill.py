@@ -50,7 +50,8 @@ def main():
                    "benchmarks/results/state_growth.md), in this run only (not saved: refused with --save)")
     p.add_argument("--decay", type=float, default=None, help="make the student a decayed parallel form starting at "
                    "this gamma a mini-batch (`edgettt convert --decay`: each head's state decays towards its initial "
-                   "state at every commit; the distillation tunes each head's gamma)")
+                   "state at every commit; the distillation tunes each head's gamma); leave it out to continue an "
+                   "already decayed student with its own gammas")
     p.add_argument("--save", help="write the distilled student here (a model directory)")
     p.add_argument("--json")
     args = p.parse_args()
