@@ -670,7 +670,7 @@ def decay_line(gammas: list[list[float]]) -> str:
     lo, mid, hi = flat[0], flat[len(flat) // 2], flat[-1]
     return (f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max of {len(flat)} "
             f"heads): what a head has learned fades to half in {math.log(0.5) / math.log(mid):.0f} mini-batches (median)"
-            if mid < 1 else f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max)")
+            if 0 < mid < 1 else f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max)")
 
 
 def family_sizes(c) -> dict:
