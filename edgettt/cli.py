@@ -631,20 +631,12 @@ def info(model_path, as_json):
 
 
 def commit_weights(model) -> list[float] | None:
-    """Each TTT layer's commit weight (eta_tok of its mini-batch's last token, what a mini-batch adds to the
-    state with); None for a model without them (LaCT)."""
-    from .ops import mini_batch_etas
-
-    weights = []
-    for layer in model.model.layers:
-        block = getattr(layer, "seq_modeling_block", None)
-        if hasattr(block, "mask_eta"):
-            weights.append(float(block.mask_eta.detach()[-1]))
-        elif hasattr(block, "learnable_token_idx"):
-            weights.append(float(mini_batch_etas(block.learnable_token_idx.detach())[-1]))
-        else:
-            return None
-    return [round(w, 6) for w in weights]
+    """Each TTT layer's commit weight (`commit_weight`: eta_tok of its mini-batch's last token); None for a
+    model without them (LaCT)."""
+    blocks = [getattr(layer, "seq_modeling_block", None) for layer in model.model.layers]
+    if not all(hasattr(block, "commit_weight") for block in blocks):
+        return None
+    return [round(block.commit_weight(), 6) for block in blocks]
 
 
 def never_commit_line(weights: list[float] | None, b: int | None) -> list[str]:

@@ -101,6 +101,10 @@ class LinearAttentionLayer(StateScales, MixerBase):
                 state[f"A{level}"] = torch.zeros_like(state[f"S{level}"])
         return state
 
+    def commit_weight(self) -> float:
+        """eta_tok of a mini-batch's last token: what a mini-batch adds to the state with (0: never commits)."""
+        return float(self.mask_eta.detach()[-1])
+
     def learning_rates(self, x: torch.Tensor) -> torch.Tensor:
         logits = la.token_linear(x, self.lr_proj.weight, self.lr_proj.bias)
         return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)

@@ -49,6 +49,10 @@ class TTTLayer(MixerBase):
             state["G" + name] = torch.zeros_like(state[name])  # running gradient sums
         return state
 
+    def commit_weight(self) -> float:
+        """eta_tok of a mini-batch's last token: what a mini-batch adds to the state with (0: never commits)."""
+        return float(mini_batch_etas(self.learnable_token_idx.detach())[-1])
+
     def learning_rates(self, x: torch.Tensor) -> torch.Tensor:
         # lr[t, h] = (base_lr / d) * sigmoid(X[t] . w_lr[h] + b_lr[h])  -> [B, H, T]
         logits = torch.einsum("btc,hc->bth", x, self.learnable_ttt_lr_weight[:, 0]) + self.learnable_ttt_lr_bias[:, 0]

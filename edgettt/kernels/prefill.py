@@ -490,8 +490,6 @@ def _parallel_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, tile=64, segment
 def parallel(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, decay=None):
     """`decay`: gamma [H] of a decayed parallel form (`la.Decay` towards S0), or None."""
     q, k, v = _same_layout(q, k, v)
-    if decay is None:
-        return _with_head(_parallel_aligned, parallel_ref, q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
     return _with_head(functools.partial(_parallel_aligned, decay=decay), functools.partial(parallel_ref, decay=decay),
                       q, k, v, lr, S0, gamma, beta, eta_tok, start, S, A)
 
