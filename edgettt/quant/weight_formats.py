@@ -383,7 +383,7 @@ def _(x, qweight, scales, zero_points, K, N, block_size, bits):
 
 
 def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int, bits: int):
-    """DynamicQuantizeMatMul(x, int8 columns, row scales). The columns come from MatMulNBits' bytes
+    """DynamicQuantizeMatMul(x, int8 columns (as uint8, zero point 128), row scales). The columns come from MatMulNBits' bytes
     through constant nodes that ONNX Runtime folds once when the session loads (with the manifest's
     `session.disable_quant_qdq`): unpacked codes, DequantizeLinear by the blocks' factors and zero
     points, QuantizeLinear (round, saturate), Transpose: about 10 bytes a weight while folding, then
@@ -409,8 +409,12 @@ def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block
     if blocks * block_size != K:  # 8-bit rows padded to whole blocks
         codes = op.Slice(codes, op.Constant(value_ints=[0]), op.Constant(value_ints=[K]), op.Constant(value_ints=[1]))
     values = opset21.DequantizeLinear(codes, factors, zeros, axis=1, block_size=block_size)  # (code - zero) * factor
-    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), op.Constant(value=scalar_proto(0, "int8")))
-    return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale)
+    # the int8 rows stored as uint8 + 128: ONNX Runtime's uint8 x int8 GEMM on x86 CPUs without VNNI (AVX2) adds
+    # pairs of products in 16 bits and saturates (up to 7.5x the activation rounding bound, measured); its uint8 x
+    # uint8 GEMM does not, on any CPU
+    zero = op.Constant(value=scalar_proto(128, "uint8"))
+    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), zero)
+    return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale, zero)
 
 
 def unpack_nibbles_onnx(packed):
