@@ -16,7 +16,7 @@ MSFT_OPS = {
     "MatMulNBits": ([("A", "T1"), ("B", "T2"), ("scales", "T1"), ("zero_points", "T2")],
                     [("K", "int"), ("N", "int"), ("bits", "int"), ("block_size", "int"), ("accuracy_level", "int")],
                     {"T1": FLOATS, "T2": ["tensor(uint8)"]}),
-    "DynamicQuantizeMatMul": ([("A", "T1"), ("B", "T2"), ("b_scale", "T1"), ("b_zero_point", "T2")], [],
+    "DynamicQuantizeMatMul": ([("A", "T1"), ("B", "T2"), ("b_scale", "T1")], [],
                               {"T1": ["tensor(float)"], "T2": ["tensor(int8)", "tensor(uint8)"]}),
     "MatMulBnb4": ([("A", "T1"), ("B", "T2"), ("absmax", "T1")],
                    [("K", "int"), ("N", "int"), ("block_size", "int"), ("quant_type", "int")],

@@ -353,18 +353,24 @@ def matmul_nbits_onnx(x, qweight, scales, zero_points, K: int, N: int, block_siz
                                           block_size=block_size, accuracy_level=accuracy_level)
 
 
+# The prefill's int8 rows span +-63, not +-127: ONNX Runtime's uint8 x int8 GEMM on x86 CPUs without VNNI (AVX2)
+# adds pairs of uint8 x int8 products in 16 bits and saturates past 32767; 2 x 255 x 63 stays below it, so the
+# same fast kernel (AMX, VNNI, AVX2) is exact on every CPU (its own "reduce range"). Full +-127 rows were off by
+# up to 7.5x the activation rounding bound on an AVX2 CPU (measured).
+INT8_ROW_MAX = 63
+
+
 def int8_row_factors(scales: torch.Tensor, zeros: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The int8 rows of a MatMulNBits weight [N, K] (scales and unpacked zero points [N, blocks]):
     w = (code - zero) * scale_g = int8 * row_scale, int8 = round((code - zero) * factor_g),
-    factor_g = scale_g / row_scale, row_scale = max_g(scale_g * reach_g) / 127 where reach_g =
+    factor_g = scale_g / row_scale, row_scale = max_g(scale_g * reach_g) / INT8_ROW_MAX where reach_g =
     max(zero, 2^bits - 1 - zero) (at most 127: 8-bit codes are symmetric int8 + 128) bounds
     |code - zero|: the row's largest value when the codes span the grid (as round-to-nearest's min/max
     grid does), so every value fits. From the small per-block tensors only: the export's load-time
-    derivation touches each weight in three ops (`matmul_int8_rows_onnx`). An int8 weight's own codes
-    come back unchanged (one scale a row, zero 128: factor 1)."""
+    derivation touches each weight in three ops (`matmul_int8_rows_onnx`)."""
     zeros = zeros.float()
     reach = torch.maximum(zeros, (2**bits - 1) - zeros).clamp(max=127)
-    row_scale = (scales * reach).amax(dim=1).clamp_min(1e-12) / 127
+    row_scale = (scales * reach).amax(dim=1).clamp_min(1e-12) / INT8_ROW_MAX
     return scales / row_scale[:, None], row_scale
 
 
@@ -373,7 +379,7 @@ def matmul_int8_rows(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tenso
                      K: int, N: int, block_size: int, bits: int) -> torch.Tensor:
     """x times the MatMulNBits weight rounded again to int8 rows (`int8_row_factors`)."""
     factors, row_scale = int8_row_factors(scales, nbits_zeros(zero_points, scales.shape[1], bits), bits)
-    rows = torch.round(nbits_weight(qweight, factors, zero_points, K, bits)).clamp(-127, 127)
+    rows = torch.round(nbits_weight(qweight, factors, zero_points, K, bits)).clamp(-INT8_ROW_MAX, INT8_ROW_MAX)
     return x @ (rows * row_scale[:, None]).T.to(x.dtype)
 
 
@@ -383,7 +389,7 @@ def _(x, qweight, scales, zero_points, K, N, block_size, bits):
 
 
 def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block_size: int, bits: int):
-    """DynamicQuantizeMatMul(x, int8 columns (as uint8, zero point 128), row scales). The columns come from MatMulNBits' bytes
+    """DynamicQuantizeMatMul(x, int8 columns within +-INT8_ROW_MAX, row scales). The columns come from MatMulNBits' bytes
     through constant nodes that ONNX Runtime folds once when the session loads (with the manifest's
     `session.disable_quant_qdq`): unpacked codes, DequantizeLinear by the blocks' factors and zero
     points, QuantizeLinear (round, saturate), Transpose: about 10 bytes a weight while folding, then
@@ -403,18 +409,14 @@ def matmul_int8_rows_onnx(x, qweight, scales, zero_points, K: int, N: int, block
     reach = op.Min(op.Max(zero_values, op.Sub(op.Constant(value_float=float(2**bits - 1)), zero_values)),
                    op.Constant(value_float=127.0))
     row_scale = op.Div(op.Max(op.ReduceMax(op.Mul(scales, reach), op.Constant(value_ints=[1]), keepdims=0),
-                              op.Constant(value_float=1e-12)), op.Constant(value_float=127.0))
+                              op.Constant(value_float=1e-12)), op.Constant(value_float=float(INT8_ROW_MAX)))
     factors = op.Div(scales, op.Unsqueeze(row_scale, op.Constant(value_ints=[1])))
     codes = op.Reshape(codes, op.Constant(value_ints=[N, blocks * block_size]))
     if blocks * block_size != K:  # 8-bit rows padded to whole blocks
         codes = op.Slice(codes, op.Constant(value_ints=[0]), op.Constant(value_ints=[K]), op.Constant(value_ints=[1]))
     values = opset21.DequantizeLinear(codes, factors, zeros, axis=1, block_size=block_size)  # (code - zero) * factor
-    # the int8 rows stored as uint8 + 128: ONNX Runtime's uint8 x int8 GEMM on x86 CPUs without VNNI (AVX2) adds
-    # pairs of products in 16 bits and saturates (up to 7.5x the activation rounding bound, measured); its uint8 x
-    # uint8 GEMM does not, on any CPU
-    zero = op.Constant(value=scalar_proto(128, "uint8"))
-    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), zero)
-    return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale, zero)
+    rows = opset21.QuantizeLinear(values, op.Constant(value_float=1.0), op.Constant(value=scalar_proto(0, "int8")))
+    return ort_schemas.msft().DynamicQuantizeMatMul(x, op.Transpose(rows, perm=[1, 0]), row_scale)
 
 
 def unpack_nibbles_onnx(packed):
