@@ -25,6 +25,10 @@ declare -A DISTILL_LR_OF=([ttt-linear]=3e-3 [ttt-mlp]=2e-3)
 # batches a length computed once (shipped since 2026-12-03; that run ended on a 5-minute clock after 1,330
 # steps: here the steps set the schedule)
 declare -A MIXED_OF=([ttt-mlp]="--steps 1330 --batch 4 --lr 2e-4 --pool 24")
+# and last, the same at the three lengths as a decayed parallel form (each head's state decays towards its initial
+# state at every commit, gamma from 0.97 and learned: `edgettt convert --decay`; shipped since 2026-12-03, 948 steps
+# in a 4.3-minute run beside another distillation on one H200)
+declare -A DECAYED_OF=([ttt-mlp]="--steps 948 --batch 4 --lr 2e-4 --pool 24 --decay 0.97")
 BATCH=${BATCH:-256}; DOCS_WEIGHT=${DOCS_WEIGHT:-0}; CTX=${CTX:-512}
 ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
 GPUS=${GPUS:-1}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}; DISTILL_DATA=${DISTILL_DATA:-train.bin}
@@ -72,21 +76,25 @@ for arch in $DISTILL; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); b=r['distill']['before']; print(sys.argv[1], 'KLD', b['kld_mean'], '->', r['kld_mean'], 'bpb', r['ref']['bits_per_byte'], b['model']['bits_per_byte'], '->', r['model']['bits_per_byte'])" "$WORK/$arch-distill.json"
   if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel.tar" -C "$WORK" "$arch-parallel" "$arch-distill.json" "$arch-distill.log"; fi
 done
-job=0
-for arch in $DISTILL; do
-  [ -n "${MIXED_OF[$arch]:-}" ] || continue
-  rm -rf "$WORK/$arch-parallel-mixed"
-  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
-    --student "$WORK/$arch-parallel" --lengths 512,2048,8192 ${MIXED_OF[$arch]} --data "$DATA/$DISTILL_DATA" \
-    --eval-data "$DATA/test.bin" \
-    --max-tokens 40960 --json "$WORK/$arch-mixed.json" --save "$WORK/$arch-parallel-mixed" \
-    > "$WORK/$arch-mixed.log" 2>&1 &
-  job=$((job + 1))
-  if [ "$GPUS" -le 1 ]; then wait; fi
-done
-wait
-for arch in $DISTILL; do
-  [ -n "${MIXED_OF[$arch]:-}" ] || continue
-  tail -n 2 "$WORK/$arch-mixed.log"
-  if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel-mixed.tar" -C "$WORK" "$arch-parallel-mixed" "$arch-mixed.json"; fi
-done
+mixed_stage() {  # name from to: mixed_distill.py at 512, 2048 and 8192 tokens with ${name}_OF[arch]'s options
+  local -n options=$1; local from=$2 to=$3 job=0
+  for arch in $DISTILL; do
+    [ -n "${options[$arch]:-}" ] || continue
+    rm -rf "$WORK/$arch-parallel-$to"
+    CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
+      --student "$WORK/$arch-parallel$from" --lengths 512,2048,8192 ${options[$arch]} --data "$DATA/$DISTILL_DATA" \
+      --eval-data "$DATA/test.bin" \
+      --max-tokens 40960 --json "$WORK/$arch-$to.json" --save "$WORK/$arch-parallel-$to" \
+      > "$WORK/$arch-$to.log" 2>&1 &
+    job=$((job + 1))
+    if [ "$GPUS" -le 1 ]; then wait; fi
+  done
+  wait
+  for arch in $DISTILL; do
+    [ -n "${options[$arch]:-}" ] || continue
+    tail -n 2 "$WORK/$arch-$to.log"
+    if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel-$to.tar" -C "$WORK" "$arch-parallel-$to" "$arch-$to.json"; fi
+  done
+}
+mixed_stage MIXED_OF "" mixed
+mixed_stage DECAYED_OF -mixed decayed
