@@ -660,9 +660,11 @@ def state_decays(model) -> list[list[float]] | None:
 def decay_line(gammas: list[list[float]]) -> str:
     flat = sorted(g for layer in gammas for g in layer)
     lo, mid, hi = flat[0], flat[len(flat) // 2], flat[-1]
-    return (f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max of {len(flat)} "
-            f"heads): what a head has learned fades to half in {math.log(0.5) / math.log(mid):.0f} mini-batches (median)"
-            if 0 < mid < 1 else f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max)")
+    line = f"  state decay: gamma a mini-batch {lo:.4f} / {mid:.4f} / {hi:.4f} (min / median / max"
+    if not 0 < mid < 1:  # (no half-life to give)
+        return line + ")"
+    return (line + f" of {len(flat)} heads): what a head has learned fades to half in "
+            f"{math.log(0.5) / math.log(mid):.0f} mini-batches (median)")
 
 
 def family_sizes(c) -> dict:
