@@ -122,6 +122,25 @@ def build(arch: str, layers: int, seed: int, sizes: dict | None = None):
     return random_model(config, seed), config
 
 
+# the modules whose outputs are added to the residual stream (and the embedding that starts it): edgettt's
+# TTT blocks and the baseline transformer's; --dropout drops their outputs while training
+RESIDUAL_WRITERS = {"embed_tokens", "conv", "seq_modeling_block", "mlp", "embed", "o", "down"}
+
+
+def add_dropout(model: nn.Module, p: float) -> int:
+    """Dropout with rate p on every residual writer's output in training mode (nanoGPT's places: the
+    embedding and each branch's output), as forward hooks, so that the saved model has no trace of it.
+    Returns the number of modules hooked."""
+    def is_writer(name: str) -> bool:  # a writer's own submodules (PreConv's conv) are not
+        parts = name.split(".")
+        return parts[-1] in RESIDUAL_WRITERS and (len(parts) < 2 or parts[-2] not in RESIDUAL_WRITERS)
+
+    writers = [m for name, m in model.named_modules() if is_writer(name)]
+    for module in writers:
+        module.register_forward_hook(lambda mod, args, out: F.dropout(out, p, mod.training))
+    return len(writers)
+
+
 def batches(sources: list[tuple[torch.Tensor, float]], batch: int, ctx: int, gen: torch.Generator):
     """Random windows of ctx+1 bytes; each window's source is drawn with the given weights."""
     weights = torch.tensor([w for _, w in sources])
@@ -232,6 +251,9 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dropout", type=float, default=0.0,
+                    help="Dropout on the embedding and each residual branch's output while training (TTT and "
+                         "transformer archs): the docs over-fit, more so at larger sizes.")
     ap.add_argument("--docs-weight", type=float, default=0.0,
                     help="Share of windows drawn from python-docs:train alone (0: uniform over all text).")
     ap.add_argument("--init", type=Path, default=None,
@@ -270,6 +292,9 @@ def main():
         assert model.config.to_dict() == config.to_dict(), f"{args.init} is not a {args.arch} model"
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
+    if args.dropout:
+        assert args.arch not in LACT_ARCHS, "--dropout: TTT and transformer archs"
+        print(f"dropout {args.dropout} on {add_dropout(model, args.dropout)} modules", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=device), betas=(0.9, 0.95),
                             weight_decay=0.1, capturable=device == "cuda")
@@ -303,7 +328,7 @@ def main():
     result = {
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
-        "docs_weight": args.docs_weight, "compiled": args.compile,
+        "docs_weight": args.docs_weight, "dropout": args.dropout, "compiled": args.compile,
         "continued_from": None if args.init is None else {k: v for k, v in previous.items() if k != "log"},
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},

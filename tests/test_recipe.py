@@ -35,10 +35,31 @@ def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
         assert edgettt.load(out).config.num_hidden_layers == 1
 
 
-def test_early_stopping_keeps_the_weights_of_the_best_validation_score():
+def load_recipe():
     spec = importlib.util.spec_from_file_location("train_tiny", RECIPE)
     recipe = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(recipe)
+    return recipe
+
+
+@pytest.mark.parametrize("arch,writers", [("ttt-linear", 1 + 2 * 2), ("ttt-mlp", 1 + 3 * 2), ("transformer", 1 + 2 * 2)])
+def test_dropout_hooks_every_residual_writer_once_and_only_in_training(arch, writers):
+    """--dropout: the embedding and each branch's output (TTT-MLP's PreConv once, not also its inner conv);
+    evaluation sees the model unchanged."""
+    recipe = load_recipe()
+    model, _ = recipe.build(arch, 2, 0, {"hidden_size": 64, "intermediate_size": 96})
+    ids = torch.randint(0, 256, (2, 32), generator=torch.Generator().manual_seed(0))
+    logits = lambda: getattr(out := model(ids), "logits", out)  # noqa: E731
+    model.eval()
+    before = logits()
+    assert recipe.add_dropout(model, 0.5) == writers
+    assert torch.equal(logits(), before)
+    model.train()
+    assert not torch.allclose(logits(), before, atol=1e-3)
+
+
+def test_early_stopping_keeps_the_weights_of_the_best_validation_score():
+    recipe = load_recipe()
     model, best = torch.nn.Linear(2, 2), recipe.BestWeights()
     snapshots = {}
     for step, val in [(100, 3.0), (200, 2.0), (300, 2.5)]:
@@ -76,11 +97,12 @@ def test_sizes_and_a_bfloat16_file_for_larger_embedded_models(tmp_path):
     write_parts(tmp_path)
     out = tmp_path / "out"
     subprocess.run([sys.executable, str(RECIPE), "--arch", "ttt-linear", "--out", str(out), "--minutes", "30",
-                    "--steps", "2", "--layers", "1", "--hidden", "64", "--intermediate", "96", "--store", "bfloat16",
+                    "--steps", "2", "--layers", "1", "--hidden", "64", "--intermediate", "96", "--store", "bfloat16", "--dropout", "0.1",
                     "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path)], check=True, capture_output=True,
                    timeout=300)
     with safe_open(out / "model.safetensors", "pt") as f:
         assert {f.get_slice(k).get_dtype() for k in f.keys()} == {"BF16"}
+    assert json.loads((out / "train_log.json").read_text())["dropout"] == 0.1
     model = edgettt.load(out)
     assert (model.config.hidden_size, model.config.intermediate_size) == (64, 96)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
