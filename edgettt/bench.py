@@ -537,7 +537,10 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
 
 # ---- weights: GEMV and GEMM ---------------------------------------------------------------------------
 
-def weight_variants(N, K, dtype, group=64, gemm_variants=False) -> dict:
+GEMV_WAY_MAX_ROWS = 64  # up to here a GEMM row also times the GEMV kernel a row (`gemm="gemv"`)
+
+
+def weight_variants(N, K, dtype, group=64, gemm_variants=False, gemv_way=False) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
     from .quant.weight_formats import weight_format
@@ -551,7 +554,7 @@ def weight_variants(N, K, dtype, group=64, gemm_variants=False) -> dict:
     variants = {f"{dt_name} (torch.matmul)": (lambda: w.to(dtype), lambda x, c: x @ c.T, N * K * dtype.itemsize, True)}
     # a GEMV runs one kernel; a GEMM each of the ways `gemm` picks (the kernels' docstrings name the default)
     ways = [("fused", "edgettt fused"), ("swapped", "edgettt W x^T"), ("dequantize", "dequantize + cuBLAS"),
-            ("a8", "edgettt, int8 activations")]
+            ("a8", "edgettt, int8 activations")] + ([("gemv", "edgettt GEMV a row")] if gemv_way else [])
     for gemm, how in (ways if gemm_variants else [(None, "edgettt kernel")]):
         picked = {} if gemm is None else {"gemm": gemm}
         variants[f"int8 per-channel ({how})"] = (lambda: tuple(p.clone() for p in per_channel),
@@ -585,10 +588,13 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
     """x [M, K] through one weight matrix [N, K] stored in each format; weight copies rotate past L2."""
     x = torch.randn(M, K, device="cuda", dtype=dtype)
     act = M * (K + N) * dtype.itemsize
-    group_name = "decode GEMV (M=1)" if M == 1 else f"prefill GEMM (M={M})"
+    few = M <= GEMV_WAY_MAX_ROWS  # a decode step's rows: its weights stream from memory as a GEMV's do
+    group_name = "decode GEMV (M=1)" if M == 1 else f"{'few-row' if few else 'prefill'} GEMM (M={M})"
     rows = []
-    for name, (copy, matmul, nbytes, capturable) in weight_variants(N, K, dtype, gemm_variants=M > int4.GEMV_MAX_ROWS).items():
-        copies = [copy() for _ in range(copies_for(nbytes) if M == 1 else 2)]
+    gemm = M > int4.GEMV_MAX_ROWS
+    variants = weight_variants(N, K, dtype, gemm_variants=gemm, gemv_way=gemm and few)
+    for name, (copy, matmul, nbytes, capturable) in variants.items():
+        copies = [copy() for _ in range(copies_for(nbytes) if few else 2)]
         ms, timing = time_rotating_ms([lambda c=c: matmul(x, c) for c in copies], capturable)
         rows.append(row(group_name, name, ms, nbytes + act, ceiling, M, N=N, K=K, M=M, weight_bytes=nbytes,
                         bits_per_weight=8 * nbytes / (N * K), timing=timing))
@@ -601,7 +607,7 @@ def weight_rows(N, K, M, dtype, ceiling) -> list[dict]:
 # ---- the whole run -------------------------------------------------------------------------------------
 
 def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, references=True, progress=None,
-        train_shapes=(), lact_seq_lens=(), lact_batch=1, lact_code=None) -> dict:
+        train_shapes=(), lact_seq_lens=(), lact_batch=1, lact_code=None, gemm_rows=(2048,)) -> dict:
     """Every row of the benchmark, with the run's device, versions and copy ceiling."""
     import triton
 
@@ -627,7 +633,9 @@ def run(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv_shapes, refe
             rows += lact_decode_rows(arg, dtype, ceiling)
         else:
             N, K = arg
-            rows += weight_rows(N, K, 1, dtype, ceiling) + weight_rows(N, K, 2048, dtype, ceiling)
+            rows += weight_rows(N, K, 1, dtype, ceiling)
+            for M in gemm_rows:
+                rows += weight_rows(N, K, M, dtype, ceiling)
         torch.cuda.empty_cache()
     try:
         import fla

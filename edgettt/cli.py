@@ -827,7 +827,10 @@ def shape_list(ctx, param, value):
 @click.option("--decode-batch", default="64,256", show_default=True, callback=int_list,
               help="Sequences per decode step (comma-separated).")
 @click.option("--gemv", default="4096x4096,11008x4096", show_default=True, callback=shape_list,
-              help="Weight shapes NxK for the GEMV (M=1) and GEMM (M=2048) rows.")
+              help="Weight shapes NxK for the GEMV (M=1) and GEMM rows.")
+@click.option("--gemm-rows", default="2048", show_default=True, callback=int_list,
+              help="Rows M of the GEMM rows (comma-separated; e.g. 16,2048: a batch-16 decode step's products "
+                   "and a prefill block's). Up to 64 rows the GEMV kernel a row is timed too.")
 @click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
               help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
 @click.option("--lact-seq-lens", default="32768", show_default=True, callback=int_list,
@@ -841,8 +844,8 @@ def shape_list(ctx, param, value):
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_shapes, lact_seq_lens, lact_batch,
-          lact_code, no_references, json_path, md_path, force):
+def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows, train_shapes, lact_seq_lens,
+          lact_batch, lact_code, no_references, json_path, md_path, force):
     """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
 
     \b
@@ -852,9 +855,10 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
              S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
              token, a commit, and the mean over a mini-batch of 16
-    weights  one token through a weight matrix (GEMV) and a 2048-token block (GEMM): float against
-             edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
-             cuBLAS), bitsandbytes NF4 and LLM.int8 when installed
+    weights  one token through a weight matrix (GEMV) and blocks of --gemm-rows tokens (GEMM): float
+             against edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
+             cuBLAS, int8 activations; up to 64 rows the GEMV kernel a row too), bitsandbytes NF4 and
+             LLM.int8 when installed
     train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
              kernel with its backward against autograd through the mini-batch scan
     lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
@@ -879,7 +883,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, train_sha
     result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
                            references=not no_references, progress=lambda jobs: bar(jobs, desc="bench", unit="case"),
                            train_shapes=train_shapes, lact_seq_lens=lact_seq_lens, lact_batch=lact_batch,
-                           lact_code=lact_code)
+                           lact_code=lact_code, gemm_rows=gemm_rows)
     meta = result["meta"]
     header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
               f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "

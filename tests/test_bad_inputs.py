@@ -504,6 +504,7 @@ CASES = [
     c("bench-seq-lens-zero", lambda w: ["bench", "--seq-lens", "0"], USAGE, "--seq-lens"),
     c("bench-seq-lens-text", lambda w: ["bench", "--seq-lens", "a,b"], USAGE, "--seq-lens"),
     c("bench-gemv-zero", lambda w: ["bench", "--gemv", "0x4096"], USAGE, "--gemv"),
+    c("bench-gemm-rows-zero", lambda w: ["bench", "--gemm-rows", "16,0"], USAGE, "--gemm-rows"),
     c("bench-batch-zero", lambda w: ["bench", "--batch", 0], USAGE, "--batch"),
     c("unknown-option", lambda w: ["info", w / "ttt", "--colour"], USAGE, "--colour"),
     c("unknown-command", lambda w: ["compress", w / "ttt"], USAGE, "compress"),

@@ -18,7 +18,9 @@
   from M = 1024 on, the fused kernel below), or "a8" (W4A8: the weight requantized to int8 with one scale
   a row by a kernel (`int4_to_int8`), the activations to int8 with one scale a row, then int8's W8A8
   GEMM on the int8 tensor cores; it changes the result by both roundings, so it is asked for, never
-  picked). A W4A8 kernel with a float scale a group step (int8 dots a group, rescaled into a float sum)
+  picked), or "gemv" (the GEMV kernel at any M, a program column a row, each row re-reading the weight
+  mostly from L2: for the few-row products between the two ranges, a batch-16 decode step, to be
+  measured against the GEMM there with `edgettt bench --gemm-rows 16`). A W4A8 kernel with a float scale a group step (int8 dots a group, rescaled into a float sum)
   ran at 0.31x bf16 cuBLAS and was dropped: benchmarks/results/gemm_h200.md.
 """
 
@@ -264,7 +266,7 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     qweight, scales, zero_points = qweight.contiguous(), scales.contiguous(), zero_points.contiguous()
     ZPW = zero_points.shape[1]
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
-    if M <= GEMV_MAX_ROWS:
+    if M <= GEMV_MAX_ROWS or gemm == "gemv":
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
     elif gemm == "a8":

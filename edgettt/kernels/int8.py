@@ -16,6 +16,9 @@ apply the per-row scale once, at the end (it factors out of the sum over k):
   0.57-0.59x), or "a8" (W8A8: the activations rounded to int8, one scale a row (`act8`), and the
   integer product on int8 tensor cores, exact in int32; both scales in the epilogue; it changes the
   result by the activations' rounding, so it is asked for, never picked): benchmarks/results/gemm_h200.md.
+  "gemv" runs the GEMV kernel at any M (a program column a row: each row re-reads the weight, mostly
+  from L2), for the few-row products between the two ranges (a batch-16 decode step), to be measured
+  against the GEMM there (`edgettt bench --gemm-rows 16`).
 The layer keeps only the int8 bytes on the GPU (no dequantized float copy).
 """
 
@@ -175,7 +178,7 @@ def int8_matmul(x, qweight, scales, gemm: str = "swapped"):
     M = x2.shape[0]
     qweight, scales = qweight.contiguous(), scales.contiguous()
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
-    if M <= GEMV_MAX_ROWS:
+    if M <= GEMV_MAX_ROWS or gemm == "gemv":
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         _int8_gemv_kernel[grid](x2, qweight, scales, y, N, K, x2.stride(0))
     elif gemm == "dequantize":  # the weight in x's dtype, then the float GEMM

@@ -47,9 +47,10 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("gemm", ["swapped", "dequantize"])
+@pytest.mark.parametrize("gemm", ["swapped", "dequantize", "gemv"])
 def test_int4_gemm_variants_match_reference(device, gemm):
-    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, and dequantize + matmul."""
+    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, dequantize + matmul, and
+    the GEMV kernel a row."""
     weight = packed(40, 192, 64, device)
     for dtype in [torch.float32, torch.float16]:
         x = torch.randn(GEMV_MAX_ROWS + 9, 192, generator=torch.Generator().manual_seed(1)).to(device=device, dtype=dtype)

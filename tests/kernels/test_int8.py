@@ -57,9 +57,10 @@ def test_int8_matmul_bf16_llm_shape_on_gpu(M):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("gemm", ["swapped", "dequantize"])
+@pytest.mark.parametrize("gemm", ["swapped", "dequantize", "gemv"])
 def test_int8_gemm_variants_match_reference(device, gemm):
-    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, and dequantize + matmul."""
+    """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, dequantize + matmul, and
+    the GEMV kernel a row."""
     g = torch.Generator().manual_seed(0)
     t = weight_format("int8").quantize(torch.randn(40, 200, generator=g), 64)
     weight = [t[name].to(device) for name in ("qweight", "scales")]
