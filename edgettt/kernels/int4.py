@@ -20,8 +20,9 @@
   GEMM on the int8 tensor cores; it changes the result by both roundings, so it is asked for, never
   picked), or "gemv" (the GEMV kernel at any M, a program column a row, each row re-reading the weight
   mostly from L2: for the few-row products between the two ranges, a batch-16 decode step, to be
-  measured against the GEMM there with `edgettt bench --gemm-rows 16`). A W4A8 kernel with a float scale a group step (int8 dots a group, rescaled into a float sum)
-  ran at 0.31x bf16 cuBLAS and was dropped: benchmarks/results/gemm_h200.md.
+  measured against the GEMM there with `edgettt bench --gemm-rows 16`). A W4A8 kernel with a float
+  scale a group step (int8 dots a group, rescaled into a float sum) ran at 0.31x bf16 cuBLAS and was
+  dropped: benchmarks/results/gemm_h200.md.
 """
 
 from __future__ import annotations
