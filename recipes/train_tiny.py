@@ -269,6 +269,8 @@ def main():
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
     args = ap.parse_args()
+    if args.dropout and args.arch in LACT_ARCHS:
+        ap.error(f"--dropout: TTT and transformer archs only, not {args.arch}")
 
     parts = load_parts(args.data_dir)
     if args.write_data:
@@ -293,7 +295,6 @@ def main():
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
     if args.dropout:
-        assert args.arch not in LACT_ARCHS, "--dropout: TTT and transformer archs"
         print(f"dropout {args.dropout} on {add_dropout(model, args.dropout)} modules", flush=True)
     n_params = sum(p.numel() for p in model.parameters())
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(args.lr, device=device), betas=(0.9, 0.95),
