@@ -447,3 +447,25 @@ def test_int8_activations_cost_a_little_in_prefill_and_leave_decode_alone(traine
         assert torch.equal(q.step(ids[:, 8], q.prefill(ids[:, :8])[1])[0], float_logits)
     with pytest.raises(ValueError):
         set_activations(q, "int4")
+
+
+@pytest.mark.parametrize("name, first_a8_rows", [("int8", 9), ("int4", 65)])
+def test_int8_activations_start_at_each_formats_row_count(name, first_a8_rows):
+    """A layer asked for int8 activations rounds them only in products of enough rows: int8 above the
+    GEMV range (9 rows), int4 from 65 rows (below, its W4A8 way requantizes the whole weight every call
+    and loses 2x to weight-only at a batch-16 decode step's 16 rows). Below the bound the product is the
+    weight-only one, bit for bit; from it on the activations' rounding shows."""
+    from edgettt.kernels import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
+
+    assert (GEMV_MAX_ROWS + 1, INT4_A8_MIN_ROWS) == (9, 65)
+    fmt = weight_format(name)
+    t = fmt.quantize(torch.randn(48, 128, generator=torch.Generator().manual_seed(4)) / 10, 64)
+    layer = QuantLinear(128, 48, name, 64, t)
+    x = torch.randn(first_a8_rows, 128, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        weight_only = layer(x)
+        layer.activations = "int8"
+        below, at = layer(x[:-1]), layer(x)
+    assert torch.equal(below, weight_only[:-1])
+    assert not torch.equal(at, weight_only)
+    assert ((at - weight_only).norm() / weight_only.norm()).item() < 0.02

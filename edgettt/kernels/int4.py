@@ -14,15 +14,14 @@
   cores; the low and high nibbles are interleaved back into k order in registers. `gemm` picks one
   of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):
   "fused" (that kernel), "swapped" (the same computing y^T = W x^T), "dequantize" (W into x's dtype
-  by a kernel, then cuBLAS: the fastest at M = 2048, 0.88-0.90x bf16 against 0.46x fused; the default
-  from M = 1024 on, the fused kernel below), or "a8" (W4A8: the weight requantized to int8 with one scale
-  a row by a kernel (`int4_to_int8`), the activations to int8 with one scale a row, then int8's W8A8
-  GEMM on the int8 tensor cores; it changes the result by both roundings, so it is asked for, never
-  picked), or "gemv" (the GEMV kernel at any M, a program column a row, each row re-reading the weight
-  mostly from L2: for the few-row products between the two ranges, a batch-16 decode step, to be
-  measured against the GEMM there with `edgettt bench --gemm-rows 16`). A W4A8 kernel with a float
-  scale a group step (int8 dots a group, rescaled into a float sum) ran at 0.31x bf16 cuBLAS and was
-  dropped: benchmarks/results/gemm_h200.md.
+  by a kernel, then cuBLAS: the fastest weight-only way at M = 2048, 0.88-0.90x bf16 against 0.46x
+  fused, and at M = 16, 1.3-2.3x fused: the default above the GEMV range), or "a8" (W4A8: the weight
+  requantized to int8 with one scale a row by a kernel (`int4_to_int8`), the activations to int8 with
+  one scale a row, then int8's W8A8 GEMM on the int8 tensor cores; it changes the result by both
+  roundings, so it is asked for, never picked), or "gemv" (the GEMV kernel at any M, a program column
+  a row, each row re-reading the weight mostly from L2: at 16 rows 0.19-0.29x bf16, against
+  dequantize's 0.65-0.69x). A W4A8 kernel with a float scale a group step (int8 dots a group,
+  rescaled into a float sum) ran at 0.31x bf16 cuBLAS and was dropped: benchmarks/results/gemm_h200.md.
 """
 
 from __future__ import annotations
@@ -252,9 +251,6 @@ def kernel_supports(group: int) -> bool:
     return group in (32, 64, 128)
 
 
-DEQUANTIZE_MIN_ROWS = 1024  # from here on "dequantize" by default (measured: 2x the fused kernel at M = 2048)
-
-
 def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
@@ -272,7 +268,7 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
-    elif (gemm or ("dequantize" if M >= DEQUANTIZE_MIN_ROWS else "fused")) == "dequantize":
+    elif (gemm or "dequantize") == "dequantize":
         torch.matmul(x2, int4_dequantize(qweight, scales, zero_points, x.dtype).T, out=y)
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731

@@ -17,8 +17,8 @@ apply the per-row scale once, at the end (it factors out of the sum over k):
   integer product on int8 tensor cores, exact in int32; both scales in the epilogue; it changes the
   result by the activations' rounding, so it is asked for, never picked): benchmarks/results/gemm_h200.md.
   "gemv" runs the GEMV kernel at any M (a program column a row: each row re-reads the weight, mostly
-  from L2), for the few-row products between the two ranges (a batch-16 decode step), to be measured
-  against the GEMM there (`edgettt bench --gemm-rows 16`).
+  from L2); at 16 rows (a batch-16 decode step's products) 0.28-0.58x bf16 against the GEMM ways'
+  0.43-0.69x, so the GEMV range stays at 8 rows (benchmarks/results/gemm_h200.md).
 The layer keeps only the int8 bytes on the GPU (no dequantized float copy).
 """
 

@@ -33,7 +33,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import EdgetttError
-from ..kernels import GEMV_MAX_ROWS, kernels_enabled
+from ..kernels import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS, kernels_enabled
 from . import layouts
 from .. import ort_schemas
 from .gptq import gptq
@@ -107,13 +107,13 @@ class WeightFormat:
         raise NotImplementedError
 
 
-def int8_activations(x: torch.Tensor, layer) -> bool:
-    """Whether `layer` multiplies x in integers (`QuantLinear.activations` = "int8"): in the GEMMs of
-    a prefill (above the kernels' GEMV_MAX_ROWS: a decode step's GEMV stays float), where the int8
-    tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
+def int8_activations(x: torch.Tensor, layer, min_rows: int = GEMV_MAX_ROWS + 1) -> bool:
+    """Whether `layer` multiplies x in integers (`QuantLinear.activations` = "int8"): in products of at
+    least `min_rows` rows (above the kernels' GEMV_MAX_ROWS by default: a decode step's GEMV stays
+    float), where the int8 tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
     Off CUDA the same arithmetic runs as the kernels' references (to measure what it costs)."""
     return (layer.activations == "int8" and not x.requires_grad
-            and x.numel() // x.shape[-1] > GEMV_MAX_ROWS)
+            and x.numel() // x.shape[-1] >= min_rows)
 
 
 # ---- int8 -----------------------------------------------------------------------------------------
@@ -209,7 +209,7 @@ class Int4(WeightFormat):
 
     def matmul(self, x, layer):
         t = (layer.qweight, layer.scales, layer.zero_points)
-        a8 = int8_activations(x, layer)
+        a8 = int8_activations(x, layer, INT4_A8_MIN_ROWS)
         if compiling(x):
             return torch.ops.edgettt.int4_linear(x, *t, a8)
         kernel = kernels_enabled(x) and (a8 or not x.requires_grad)

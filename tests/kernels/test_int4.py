@@ -47,7 +47,7 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("gemm", ["swapped", "dequantize", "gemv"])
+@pytest.mark.parametrize("gemm", ["fused", "swapped", "dequantize", "gemv"])
 def test_int4_gemm_variants_match_reference(device, gemm):
     """The GEMM's other ways (benchmarked against the fused kernel): y^T = W x^T, dequantize + matmul, and
     the GEMV kernel a row."""
