@@ -28,7 +28,19 @@ declare -A MIXED_OF=([ttt-mlp]="--steps 1330 --batch 4 --lr 2e-4 --pool 24")
 # and last, the same at the three lengths as a decayed parallel form (each head's state decays towards its initial
 # state at every commit, gamma from 0.97 and learned: `edgettt convert --decay`; shipped since 2026-12-03, 948 steps
 # in a 4.3-minute run beside another distillation on one H200)
-declare -A DECAYED_OF=([ttt-mlp]="--steps 948 --batch 4 --lr 2e-4 --pool 24 --decay 0.97")
+declare -A DECAYED_OF=([ttt-mlp]="--steps 948 --batch 4 --lr 2e-4 --pool 24 --decay 0.97"
+                        [ttt-linear]="--steps 4619 --batch 4 --lr 3e-4 --decay 0.97")
+# ttt-linear's decayed form (shipped since 2026-12-03, session 18; it starts from the 512-token model, no MIXED
+# stage) took four more stages, each continuing the last with its learned gammas (';' between stages; the
+# first two on one H200 beside another run, 7.0 and 5.2 minutes; the third and fifth on a 2-core CPU, 35
+# and 30 minutes; the fourth alone on an H200, 4.6 minutes; every one on the clock, here the steps set it):
+# 512 and 2048 only (the original is degraded at 8192: 1.83 bits per byte against 1.48 at 2048) until both
+# were within 3%, then a short stage with the 8192-token windows back to hold that length
+declare -A DECAYED_MORE_OF=([ttt-linear]="--steps 3384 --batch 4 --lr 2e-4;
+  --lengths 512,2048 --steps 2736 --batch 1 --lr 2e-4; --lengths 512,2048 --steps 4466 --batch 4 --lr 3e-4;
+  --steps 501 --batch 1 --lr 2e-4")
+# and the model shipped is the last two stages' weights averaged: 0.7 x the fourth + 0.3 x the fifth (t = 0.3)
+declare -A DECAYED_AVERAGE_OF=([ttt-linear]=0.3)
 BATCH=${BATCH:-256}; DOCS_WEIGHT=${DOCS_WEIGHT:-0}; CTX=${CTX:-512}
 ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
 GPUS=${GPUS:-1}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}; DISTILL_DATA=${DISTILL_DATA:-train.bin}
@@ -76,17 +88,21 @@ for arch in $DISTILL; do
   python3 -c "import json,sys; r=json.load(open(sys.argv[1])); b=r['distill']['before']; print(sys.argv[1], 'KLD', b['kld_mean'], '->', r['kld_mean'], 'bpb', r['ref']['bits_per_byte'], b['model']['bits_per_byte'], '->', r['model']['bits_per_byte'])" "$WORK/$arch-distill.json"
   if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel.tar" -C "$WORK" "$arch-parallel" "$arch-distill.json" "$arch-distill.log"; fi
 done
-mixed_stage() {  # name from to: mixed_distill.py at 512, 2048 and 8192 tokens with ${name}_OF[arch]'s options
+mixed_distill() {  # job arch from to [options]: mixed_distill.py from parallel model $arch-parallel$from to $to
+  local job=$1 arch=$2 from=$3 to=$4; shift 4
+  rm -rf "$WORK/$arch-parallel-$to"
+  CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
+    --student "$WORK/$arch-parallel$from" --lengths 512,2048,8192 "$@" --data "$DATA/$DISTILL_DATA" \
+    --eval-data "$DATA/test.bin" --max-tokens 40960 --json "$WORK/$arch-$to.json" --save "$WORK/$arch-parallel-$to" \
+    > "$WORK/$arch-$to.log" 2>&1
+}
+mixed_stage() {  # name from to: mixed_distill for every arch with ${name}_OF[arch]'s options (they may override --lengths)
   local -n options=$1; local from=$2 to=$3 job=0
   for arch in $DISTILL; do
     [ -n "${options[$arch]:-}" ] || continue
-    rm -rf "$WORK/$arch-parallel-$to"
-    CUDA_VISIBLE_DEVICES=$(on_gpu $job) python3 benchmarks/mixed_distill.py --teacher "$WORK/$arch" \
-      --student "$WORK/$arch-parallel$from" --lengths 512,2048,8192 ${options[$arch]} --data "$DATA/$DISTILL_DATA" \
-      --eval-data "$DATA/test.bin" \
-      --max-tokens 40960 --json "$WORK/$arch-$to.json" --save "$WORK/$arch-parallel-$to" \
-      > "$WORK/$arch-$to.log" 2>&1 &
-    job=$((job + 1))
+    [ -n "${MIXED_OF[$arch]:-}" ] || [ "$from" != -mixed ] || from=""  # no mixed stage: from the 512-token model
+    mixed_distill $job $arch "$from" $to ${options[$arch]} &
+    from=$2; job=$((job + 1))
     if [ "$GPUS" -le 1 ]; then wait; fi
   done
   wait
@@ -98,3 +114,20 @@ mixed_stage() {  # name from to: mixed_distill.py at 512, 2048 and 8192 tokens w
 }
 mixed_stage MIXED_OF "" mixed
 mixed_stage DECAYED_OF -mixed decayed
+for arch in $DISTILL; do  # the further stages, one after another (each continues the last)
+  [ -n "${DECAYED_MORE_OF[$arch]:-}" ] || continue
+  IFS=';' read -ra stages <<< "$(echo ${DECAYED_MORE_OF[$arch]})"  # (echo: the value's lines joined)
+  mv "$WORK/$arch-parallel-decayed" "$WORK/$arch-parallel-decayed-0"
+  for i in "${!stages[@]}"; do
+    mixed_distill 0 $arch -decayed-$i decayed-$((i + 1)) ${stages[$i]}
+    tail -n 1 "$WORK/$arch-decayed-$((i + 1)).log"
+  done
+  last=${#stages[@]}
+  if [ -n "${DECAYED_AVERAGE_OF[$arch]:-}" ]; then
+    python3 recipes/average_models.py "$WORK/$arch-parallel-decayed-$((last - 1))" "$WORK/$arch-parallel-decayed-$last" \
+      "$WORK/$arch-parallel-decayed" --t "${DECAYED_AVERAGE_OF[$arch]}"
+  else
+    mv "$WORK/$arch-parallel-decayed-$last" "$WORK/$arch-parallel-decayed"
+  fi
+  if [ -n "${PACK:-}" ]; then tar cf "$PACK/$arch-parallel-decayed.tar" -C "$WORK" "$arch-parallel-decayed"; fi
+done

@@ -280,8 +280,8 @@ def test_torch_threads_default_leaves_busy_cores_alone_and_the_option_sets_them(
 
 def test_info_shows_the_distilled_context():
     facts = json.loads(run("info", "ttt-linear-tiny-parallel", "--json").output)
-    assert facts["distilled_ctx"] == 512
-    assert "distilled at 512 tokens" in run("info", "ttt-linear-tiny-parallel").output
+    assert facts["distilled_ctx"] == 8192
+    assert "distilled at 8192 tokens" in run("info", "ttt-linear-tiny-parallel").output
     assert json.loads(run("info", "ttt-linear-tiny", "--json").output)["distilled_ctx"] is None
 
 

@@ -61,11 +61,16 @@ def test_eval_bad_inputs(models, tmp_path):
     assert result.exit_code == 1 and "give one reference" in result.output
 
 
-def test_eval_warns_beyond_the_context_a_parallel_form_was_distilled_at():
+def test_eval_warns_beyond_the_context_a_parallel_form_was_distilled_at(tmp_path):
+    import edgettt
+
+    model = edgettt.load("ttt-linear-tiny-parallel")
+    model.config.extra["distilled_ctx"] = 512  # (the shipped one holds to 8192: a copy said to hold to 512)
+    edgettt.save(model, tmp_path / "m")
     runner = CliRunner()
-    beyond = runner.invoke(cli, ["eval", "ttt-linear-tiny-parallel", "--data", "python-docs-sample", "--ctx", "1024",
+    beyond = runner.invoke(cli, ["eval", str(tmp_path / "m"), "--data", "python-docs-sample", "--ctx", "1024",
                                  "--max-tokens", "1024"])
-    within = runner.invoke(cli, ["eval", "ttt-linear-tiny-parallel", "--data", "python-docs-sample", "--ctx", "512",
+    within = runner.invoke(cli, ["eval", str(tmp_path / "m"), "--data", "python-docs-sample", "--ctx", "512",
                                 "--max-tokens", "512"])
     assert beyond.exit_code == 0 and within.exit_code == 0, beyond.output + within.output
     assert "distilled at 512 tokens" in beyond.output and "distilled at" not in within.output

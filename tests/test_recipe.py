@@ -106,3 +106,35 @@ def test_sizes_and_a_bfloat16_file_for_larger_embedded_models(tmp_path):
     model = edgettt.load(out)
     assert (model.config.hidden_size, model.config.intermediate_size) == (64, 96)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_average_models_interpolates_every_weight_and_refuses_what_it_cannot_average(tmp_path):
+    """recipes/average_models.py: (1 - t) a + t b in every floating tensor (t = 0 gives a back exactly),
+    the larger distilled_ctx kept; models of different configs, a weight outside 0..1 and an output that
+    is an input are refused with one line and a non-zero exit, nothing written."""
+    spec = importlib.util.spec_from_file_location("average_models", RECIPE.parent / "average_models.py")
+    avg = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(avg)
+    a, b = edgettt.load("ttt-linear-tiny-parallel"), edgettt.load("ttt-linear-tiny-parallel")
+    with torch.no_grad():
+        for p in b.parameters():
+            p.add_(1.0)
+    b.config.extra["distilled_ctx"] = 99999
+    mixed = avg.average(a, b, 0.25)
+    name, wa = next(iter(a.state_dict().items()))
+    assert torch.allclose(mixed.state_dict()[name], wa + 0.25, atol=1e-6)
+    assert mixed.config.extra["distilled_ctx"] == 99999
+    assert all(torch.equal(x, y) for x, y in zip(avg.average(a, b, 0).state_dict().values(), a.state_dict().values()))
+    edgettt.save(a, tmp_path / "a")
+    assert avg.main([str(tmp_path / "a"), "ttt-linear-tiny-parallel", str(tmp_path / "out"), "--t", "0.5"]) == 0
+    assert (tmp_path / "out" / "config.json").exists()
+    bad = [([str(tmp_path / "a"), "ttt-mlp-tiny-parallel", str(tmp_path / "x"), "--t", "0.5"], 1),
+           ([str(tmp_path / "a"), str(tmp_path / "a"), str(tmp_path / "x"), "--t", "1.5"], 2),
+           ([str(tmp_path / "a"), str(tmp_path / "out"), str(tmp_path / "a"), "--t", "0.5", "--force"], 2),
+           ([str(tmp_path / "a"), str(tmp_path / "a"), str(tmp_path / "out"), "--t", "0.5"], 1)]  # out exists, no --force
+    for args, code in bad:
+        result = subprocess.run([sys.executable, str(RECIPE.parent / "average_models.py"), *args], capture_output=True,
+                                text=True)
+        assert result.returncode == code and "Traceback" not in result.stderr, (args, result.stderr)
+        assert len(result.stderr.strip().splitlines()[-1]) > 0
+    assert not (tmp_path / "x").exists()
