@@ -100,9 +100,10 @@ mixed_stage() {  # name from to: mixed_distill for every arch with ${name}_OF[ar
   local -n options=$1; local from=$2 to=$3 job=0
   for arch in $DISTILL; do
     [ -n "${options[$arch]:-}" ] || continue
-    [ -n "${MIXED_OF[$arch]:-}" ] || [ "$from" != -mixed ] || from=""  # no mixed stage: from the 512-token model
-    mixed_distill $job $arch "$from" $to ${options[$arch]} &
-    from=$2; job=$((job + 1))
+    local src=$from
+    [ -n "${MIXED_OF[$arch]:-}" ] || [ "$from" != -mixed ] || src=""  # no mixed stage: from the 512-token model
+    mixed_distill $job $arch "$src" $to ${options[$arch]} &
+    job=$((job + 1))
     if [ "$GPUS" -le 1 ]; then wait; fi
   done
   wait
