@@ -15,10 +15,12 @@ import torch
 
 
 GEMV_MAX_ROWS = 8  # the weight kernels' GEMV range (a decode step's rows); GEMMs above it
-# int4 layers asked for int8 activations take them only from here on: below, a few-row product (a batch-16
-# decode step) runs 2x faster weight-only (dequantize + cuBLAS) than W4A8, which requantizes the whole
-# weight every call (benchmarks/results/gemm_h200.md, run of session 18; at 2048 rows W4A8 wins by 1.2x)
-INT4_A8_MIN_ROWS = 65
+# int4 layers asked for int8 activations take them only from here on, where W4A8 was measured to win (1.07x
+# and 1.21x bf16 at 2,048 rows of 4096-wide layers); at 16-128 rows of the 125m layers it runs at half the
+# speed of weight-only dequantize + cuBLAS: three launches (the activations' rounding, the weight's
+# requantization to int8, which every call repeats, the product) against two, in products launches bound
+# (benchmarks/results/gemm_h200.md, few-row sections)
+INT4_A8_MIN_ROWS = 2048
 POISON_OUTPUTS = False  # tests switch it on: every kernel output starts as NaN, so unwritten elements show
 
 
