@@ -122,6 +122,23 @@ def build(arch: str, layers: int, seed: int, sizes: dict | None = None):
     return random_model(config, seed), config
 
 
+def load_init(directory: Path, arch: str, model: nn.Module, config) -> nn.Module:
+    """The weights a run continues from (--init): a saved TTT or LaCT model, or the baseline transformer's
+    weights file (its sizes must be this run's: load_state_dict refuses others), in float32 whatever they
+    were stored in."""
+    if arch == "transformer":
+        from safetensors.torch import load_file
+
+        weights = load_file(directory / "transformer.safetensors")
+        model.load_state_dict({k: v.float() for k, v in weights.items()})
+        return model
+    from edgettt.checkpoint import load_model
+
+    model = load_model(directory)
+    assert model.config.to_dict() == config.to_dict(), f"{directory} is not a {arch} model of these sizes"
+    return model
+
+
 # the modules whose outputs are added to the residual stream (and the embedding that starts it): edgettt's
 # TTT blocks and the baseline transformer's; --dropout drops their outputs while training
 RESIDUAL_WRITERS = {"embed_tokens", "conv", "seq_modeling_block", "mlp", "embed", "o", "down"}
@@ -257,8 +274,8 @@ def main():
     ap.add_argument("--docs-weight", type=float, default=0.0,
                     help="Share of windows drawn from python-docs:train alone (0: uniform over all text).")
     ap.add_argument("--init", type=Path, default=None,
-                    help="Continue from this saved TTT model (same arch) instead of a random one: a second, "
-                         "shorter schedule (warm-up and cosine again) at --lr.")
+                    help="Continue from this run's output (same arch and sizes) instead of a random model: a "
+                         "second, shorter schedule (warm-up and cosine again) at --lr.")
     ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
     ap.add_argument("--compile", action="store_true",
                     help="torch.compile the TTT mini-batch steps (TTT-MLP: 1.5x a step on a CPU, benchmarks/results/"
@@ -288,10 +305,7 @@ def main():
     sizes = {k: v for k, v in (("hidden_size", args.hidden), ("intermediate_size", args.intermediate)) if v}
     model, config = build(args.arch, args.layers, args.seed, sizes)
     if args.init is not None:
-        from edgettt.checkpoint import load_model
-
-        model = load_model(args.init)
-        assert model.config.to_dict() == config.to_dict(), f"{args.init} is not a {args.arch} model"
+        model = load_init(args.init, args.arch, model, config)
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
     if args.dropout:

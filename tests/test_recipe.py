@@ -33,6 +33,15 @@ def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
     assert (out / weights).stat().st_size > 0
     if arch != "transformer":
         assert edgettt.load(out).config.num_hidden_layers == 1
+    # a second schedule continues from the first's output (--init), the transformer's weights file too: with no
+    # steps it scores what the first scored
+    more = tmp_path / "more"
+    subprocess.run([sys.executable, str(RECIPE), "--arch", arch, "--out", str(more), "--minutes", "30", "--steps", "0",
+                    "--layers", "1", "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path), "--init", str(out)],
+                   check=True, capture_output=True, timeout=300)
+    continued = json.loads((more / "train_log.json").read_text())
+    assert continued["steps"] == 0 and continued["continued_from"]["steps"] == 3
+    assert continued["test_bits_per_byte"] == pytest.approx(log["test_bits_per_byte"], abs=1e-6)
 
 
 def load_recipe():
