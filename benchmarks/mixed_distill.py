@@ -53,6 +53,9 @@ def main():
                    "state at every commit; the distillation tunes each head's gamma); leave it out to continue an "
                    "already decayed student with its own gammas")
     p.add_argument("--save", help="write the distilled student here (a model directory)")
+    p.add_argument("--store", choices=["float32", "bfloat16"], default="float32",
+                   help="precision of the saved student's matrices (bfloat16: half the bytes, as the larger "
+                        "embedded models; measured after the rounding)")
     p.add_argument("--json")
     args = p.parse_args()
     if args.value_eps is not None and args.save:
@@ -83,8 +86,10 @@ def main():
     result["minutes"] = (time.time() - t0) / 60
     if args.save:  # before the last measurement: a run cut short keeps its weights
         student.config.extra["distilled_ctx"] = max(lengths)
-        edgettt.save(student, args.save)  # (its tensors copied to the CPU as written)
+        edgettt.save(student, args.save, store=getattr(torch, args.store))  # (its tensors copied to the CPU)
     write(result, args.json)
+    if args.store != "float32":  # measure what was saved
+        student = edgettt.load(args.save).to(next(teacher.parameters()).device)
     result["after"] = bits_per_byte(student, lengths, eval_text, args.max_tokens)
     for when in ("before", "after"):
         ratios = " / ".join(f"{result[when][n] / result['teacher'][n]:.3f}" for n in lengths)

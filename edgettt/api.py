@@ -159,8 +159,9 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
     return Report(Path(out), data)
 
 
-def save(model: CausalLM, out, force: bool = False) -> None:
-    """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True."""
+def save(model: CausalLM, out, force: bool = False, store: torch.dtype | None = None) -> None:
+    """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True;
+    `store=torch.bfloat16` keeps the floating matrices in half the bytes (`checkpoint.stored_matrices`)."""
     from .checkpoint import save_model
 
-    save_model(model, out, force=force)
+    save_model(model, out, force=force, store=store)

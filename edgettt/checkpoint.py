@@ -158,17 +158,28 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
                            "the checkpoint does not match its config")
 
 
+def stored_matrices(t: torch.Tensor, store: torch.dtype | None) -> torch.Tensor:
+    """t in `store` if it is a floating matrix (2 or more dimensions); vectors and scalars (norms, biases, a
+    decayed form's decay rates) keep their precision: they are few bytes, and a decay rate rounded to bfloat16
+    (steps of 1/256 near 1) would change how fast a state forgets. The loader reads both back as float32."""
+    if store is None or t.dim() < 2 or not t.is_floating_point():
+        return t
+    return t.to(store)
+
+
 def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str, str] | None = None,
-               weights_format: str = "safetensors", max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
+               weights_format: str = "safetensors", max_shard_bytes: int = MAX_SHARD_BYTES,
+               store: torch.dtype | None = None) -> None:
     """Write config.json, the weights (and the tokenizer, extra text files) atomically.
 
     `path` is a path or an `Output` planned before the work (`outputs.Output.plan(..., "model")`);
     `weights_format` "bin" writes a weights-only `pytorch_model.bin`, as older checkpoints have; weights
-    above `max_shard_bytes` are written as Hugging Face shards with an index.
+    above `max_shard_bytes` are written as Hugging Face shards with an index; `store` (torch.bfloat16: half
+    the bytes) is the precision of the floating matrices in the file (`stored_matrices`).
     """
     with as_output(path, "model", force).write() as tmp:
         (tmp / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")
-        tensors = {k: v.detach().contiguous().cpu() for k, v in model.weights().items()}
+        tensors = {k: stored_matrices(v.detach().contiguous().cpu(), store) for k, v in model.weights().items()}
         write_weights(tensors, tmp, weights_format, max_shard_bytes)
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)

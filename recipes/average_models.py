@@ -48,6 +48,8 @@ def main(argv=None) -> int:
     p.add_argument("out")
     p.add_argument("--t", type=float, required=True, help="the second model's weight, 0 to 1")
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--store", choices=["float32", "bfloat16"], default="float32",
+                   help="precision of OUT's matrices (bfloat16: half the bytes; vectors stay float32)")
     args = p.parse_args(argv)
     if not 0 <= args.t <= 1:
         p.error(f"--t {args.t}: give a weight from 0 to 1")
@@ -55,7 +57,7 @@ def main(argv=None) -> int:
         p.error(f"{args.out}: is one of the inputs; write the average to a new directory")
     try:
         model = average(edgettt.load(args.first), edgettt.load(args.second), args.t)
-        edgettt.save(model, args.out, force=args.force)
+        edgettt.save(model, args.out, force=args.force, store=getattr(torch, args.store))
     except EdgetttError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1

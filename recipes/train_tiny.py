@@ -263,7 +263,8 @@ def main():
     ap.add_argument("--hidden", type=int, default=None, help="Hidden size in place of the arch's (192).")
     ap.add_argument("--intermediate", type=int, default=None, help="MLP size in place of the arch's.")
     ap.add_argument("--store", choices=["float32", "bfloat16"], default="float32",
-                    help="Precision of the saved weights (bfloat16: half the file; edgettt loads it as float32, exactly).")
+                    help="Precision of the saved matrices (bfloat16: half the file; vectors stay float32; edgettt "
+                         "loads it as float32, exactly).")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--lr", type=float, default=3e-3)
@@ -362,7 +363,7 @@ def main():
         save_file({k: v.contiguous().cpu().to(getattr(torch, args.store)) for k, v in model.state_dict().items()},
                   args.out / "transformer.safetensors")
     else:
-        save_model(model.cpu().eval().to(getattr(torch, args.store)), args.out, force=True)
+        save_model(model.cpu().eval(), args.out, force=True, store=getattr(torch, args.store))
     (args.out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
 
 
