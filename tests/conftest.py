@@ -1,4 +1,5 @@
-"""Shared helpers: tiny random configurations and the relative-error measure tests compare by."""
+"""Shared helpers: tiny random configurations, the relative-error measure tests compare by, and checks of
+saved models (their file's dtypes, their documented slice numbers)."""
 
 import itertools
 import os
@@ -79,3 +80,30 @@ SLOW_FIRST = ("test_export.py", "test_readme.py", "test_bad_inputs.py", "test_tr
 def pytest_collection_modifyitems(session, config, items):
     rank = {name: i for i, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
+
+
+def stored_dtypes(model_dir, matrices: bool = True) -> set[str]:
+    """The dtypes in a model directory's weights file: of its matrices (2 or more dimensions), or of the rest."""
+    from safetensors import safe_open
+
+    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+        return {f.get_slice(k).get_dtype() for k in f.keys() if (len(f.get_slice(k).get_shape()) >= 2) == matrices}
+
+
+def check_documented_slice(model, name: str, documented: dict) -> dict[int, float]:
+    """An eval.json's slice numbers (at the slice's context, and at each of `slice_bits_per_byte_by_ctx`'s)
+    measured again on its text, once the text is checked to be the one they were measured on (a changed split
+    changes the fingerprint); returns them by context."""
+    from edgettt.data import read_text
+    from edgettt.evaluation import evaluate
+
+    slice_ = documented["slice"]
+    text = read_text(slice_["data"])
+    assert documented["text"] == text.fingerprint()
+    expected = {slice_["ctx"]: documented["slice_bits_per_byte"],
+                **{int(ctx): bits for ctx, bits in documented.get("slice_bits_per_byte_by_ctx", {}).items()}}
+    for ctx, bits in expected.items():
+        report, _, _ = evaluate(model, name, text, ctx, slice_["max_tokens"])
+        assert report["bits_per_byte"] == pytest.approx(bits, abs=2e-3), (name, ctx)
+    return expected
+
