@@ -278,6 +278,17 @@ def test_torch_threads_default_leaves_busy_cores_alone_and_the_option_sets_them(
         torch.set_num_threads(before)
 
 
+def test_busy_cores_counts_the_cpu_time_not_idle_now():
+    """The default thread count's idea of busy cores: /proc/stat's first line, iowait counted idle (the
+    1-minute load average lags a run that just ended: the next command took one thread of two)."""
+    from edgettt.cli import busy_cores, idle_and_total
+
+    line = "cpu  100 5 20 800 50 3 2 0 40 0\ncpu0 1 2 3 4 5 6 7 8 9 10\n"
+    assert idle_and_total(line) == (850, 980)  # guest (40) is inside user: not added again
+    busy = busy_cores(2, interval=0.01)
+    assert 0.0 <= busy <= 2.0
+
+
 def test_info_shows_the_distilled_context():
     facts = json.loads(run("info", "ttt-linear-tiny-parallel", "--json").output)
     assert facts["distilled_ctx"] == 8192
