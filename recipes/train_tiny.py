@@ -359,8 +359,11 @@ def main():
     if args.arch == "transformer":  # not an edgettt model: its weights alone, to measure it again later
         from safetensors.torch import save_file
 
+        from edgettt.checkpoint import stored_matrices
+
         args.out.mkdir(parents=True, exist_ok=True)
-        save_file({k: v.contiguous().cpu().to(getattr(torch, args.store)) for k, v in model.state_dict().items()},
+        store = getattr(torch, args.store)
+        save_file({k: stored_matrices(v.contiguous().cpu(), store) for k, v in model.state_dict().items()},
                   args.out / "transformer.safetensors")
     else:
         save_model(model.cpu().eval(), args.out, force=True, store=getattr(torch, args.store))

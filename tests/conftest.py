@@ -82,11 +82,13 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))
 
 
-def stored_dtypes(model_dir, matrices: bool = True) -> set[str]:
-    """The dtypes in a model directory's weights file: of its matrices (2 or more dimensions), or of the rest."""
+def stored_dtypes(path, matrices: bool = True) -> set[str]:
+    """The dtypes in a safetensors file (or a model directory's model.safetensors): of its matrices (2 or more
+    dimensions), or of the rest."""
     from safetensors import safe_open
 
-    with safe_open(os.path.join(model_dir, "model.safetensors"), "pt") as f:
+    path = os.path.join(path, "model.safetensors") if os.path.isdir(path) else path
+    with safe_open(path, "pt") as f:
         return {f.get_slice(k).get_dtype() for k in f.keys() if (len(f.get_slice(k).get_shape()) >= 2) == matrices}
 
 

@@ -114,6 +114,13 @@ def test_sizes_and_a_bfloat16_file_for_larger_embedded_models(tmp_path):
     model = edgettt.load(out)
     assert (model.config.hidden_size, model.config.intermediate_size) == (64, 96)
     assert {p.dtype for p in model.parameters()} == {torch.float32}
+    # the baseline transformer's weights file the same way: matrices in bfloat16, its norms' vectors float32
+    baseline = tmp_path / "baseline"
+    subprocess.run([sys.executable, str(RECIPE), "--arch", "transformer", "--out", str(baseline), "--minutes", "30",
+                    "--steps", "1", "--layers", "1", "--store", "bfloat16", "--batch", "2", "--ctx", "64",
+                    "--data-dir", str(tmp_path)], check=True, capture_output=True, timeout=300)
+    weights = baseline / "transformer.safetensors"
+    assert stored_dtypes(weights) == {"BF16"} and stored_dtypes(weights, matrices=False) == {"F32"}
 
 
 def test_average_models_interpolates_every_weight_and_refuses_what_it_cannot_average(tmp_path):
