@@ -9,11 +9,14 @@ Runs on the GPU when there is one, else on the CPU.
 from __future__ import annotations
 
 import math
+import sys
 import time
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from .cuda_graph import graphed
 from .evaluation import best_device
 from .model import CausalLM
 from .progress import bar
@@ -48,6 +51,31 @@ def draw_windows(data: torch.Tensor, length: int, windows: int, gen: torch.Gener
     return torch.stack([data[s:s + length] for s in starts]).to(device)
 
 
+def teacher_forward(teacher: CausalLM, device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The teacher's logits of a batch of windows, without gradients. On a GPU each batch shape's forward is
+    recorded once as a CUDA graph (`cuda_graph.graphed`) and replayed: the original TTT-MLP's mini-batch loop
+    is thousands of small kernels, bound by their launches. The logits are overwritten by the next call of
+    that shape (clone what you keep). A shape whose capture fails runs eagerly, with a line saying so."""
+    def eager(ids: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return teacher(ids)
+
+    if torch.device(device).type != "cuda":
+        return eager
+    by_shape = {}
+
+    def forward(ids: torch.Tensor) -> torch.Tensor:
+        if ids.shape not in by_shape:
+            try:
+                by_shape[ids.shape] = graphed(eager, ids)
+            except Exception as exc:  # a teacher that cannot be captured: the same logits, slower
+                print(f"teacher forward at {tuple(ids.shape)} not captured as a CUDA graph ({exc!r}); eager",
+                      file=sys.stderr, flush=True)
+                by_shape[ids.shape] = eager
+        return by_shape[ids.shape](ids)
+    return forward
+
+
 def teacher_pool(teacher: CausalLM, data: torch.Tensor, plan: list[tuple[int, int]], pool: int,
                  gen: torch.Generator, device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """For each (length, windows) of the plan, `pool` batches of windows with the teacher's logits
@@ -56,13 +84,13 @@ def teacher_pool(teacher: CausalLM, data: torch.Tensor, plan: list[tuple[int, in
     the H200 where TTT-Linear's kernel made 5,327, benchmarks/results/mixed_distill_gpu.md) then costs
     `pool` forwards a length instead of one a step."""
     batches = [[] for _ in plan]
+    forward = teacher_forward(teacher, device)
     progress = bar(total=pool * len(plan), desc="teacher", unit="batch")
-    with torch.no_grad():
-        for _ in range(pool):
-            for kept, (length, windows) in zip(batches, plan):
-                ids = draw_windows(data, length, windows, gen, device)
-                kept.append((ids, teacher(ids).to(torch.bfloat16)))
-                progress.update()
+    for _ in range(pool):
+        for kept, (length, windows) in zip(batches, plan):
+            ids = draw_windows(data, length, windows, gen, device)
+            kept.append((ids, forward(ids).to(torch.bfloat16)))
+            progress.update()
     progress.close()
     return batches
 
@@ -84,6 +112,7 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
     gen = torch.Generator().manual_seed(seed)
     teacher.to(device).eval()
     pools = teacher_pool(teacher, data, plan, pool, gen, device) if pool else None
+    forward = None if pools else teacher_forward(teacher, device)
     student.to(device).train()
     opt = torch.optim.AdamW(student.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
     losses = []
@@ -102,8 +131,7 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
         else:
             length, windows = plan[step % len(plan)]
             ids = draw_windows(data, length, windows, gen, device)
-            with torch.no_grad():
-                target = teacher(ids)
+            target = forward(ids)  # (overwritten by the next step's: used before it)
         logits = student(ids)
         loss = kl_loss(target, logits)
         if hard_weight:

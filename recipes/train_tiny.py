@@ -33,6 +33,7 @@ from torch import nn
 
 from edgettt.checkpoint import save_model
 from edgettt.config import ModelConfig
+from edgettt.cuda_graph import graphed
 from edgettt.data import builtin_text
 from edgettt.random_init import random_model
 
@@ -227,26 +228,11 @@ def make_step(model, opt, example: torch.Tensor, graph: bool):
 
     if not graph:
         return eager
-    try:
-        static = example.clone()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(3):  # warm-up outside the graph (allocations, autotuning)
-                eager(static)
-        torch.cuda.current_stream().wait_stream(side)
-        cuda_graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(cuda_graph):
-            static_loss = eager(static)
+    try:  # (its warm-up calls are training steps too, on the example batch)
+        replay = graphed(eager, example)
     except Exception as exc:  # any capture problem: train eagerly, slower but the same
         print(f"CUDA graph capture failed ({exc!r}); training eagerly", flush=True)
         return eager
-
-    def replay(batch):
-        static.copy_(batch)
-        cuda_graph.replay()
-        return static_loss
-
     print("training step captured as a CUDA graph", flush=True)
     return replay
 

@@ -1,5 +1,6 @@
 """Distillation wins back part of the parallel form's drift."""
 
+import pytest
 import torch
 
 from edgettt import convert
@@ -105,3 +106,33 @@ def test_a_teacher_pool_runs_the_teacher_once_a_batch_and_the_steps_reuse_it(tin
     losses = distill(teacher, student, train, steps=60, batch=2, ctx=[8, 32], lr=1e-3, device="cpu", pool=3)
     assert len(calls) == 3 * 2 and len(losses) == 60
     assert sum(losses[-6:]) < sum(losses[:6])
+
+
+def test_the_teacher_forward_off_the_gpu_is_the_teachers_logits_without_gradients(tiny_model):
+    from edgettt.distill import teacher_forward
+
+    teacher = tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(3))
+    logits = teacher_forward(teacher, "cpu")(ids)
+    assert not logits.requires_grad and torch.equal(logits, teacher(ids).detach())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("name", ["ttt-mlp-tiny", "ttt-linear-tiny"])
+def test_the_teacher_forward_replays_one_cuda_graph_a_shape_with_the_eager_logits(name, capsys):
+    """On a GPU the teacher's forward is recorded once a batch shape and replayed (TTT-MLP's mini-batch loop
+    is launch-bound): each call's logits are the eager forward's for that call's windows, shapes mixed."""
+    import edgettt
+    from edgettt.distill import teacher_forward
+
+    teacher = edgettt.load(name).cuda().eval()
+    if teacher.form == "ttt" and name == "ttt-linear-tiny":
+        teacher = edgettt.convert(teacher, "exact")  # as distillation runs it: the exact-form kernel
+    forward, gen = teacher_forward(teacher, "cuda"), torch.Generator().manual_seed(0)
+    for shape in [(4, 64), (2, 256), (4, 64), (2, 256)]:
+        ids = torch.randint(0, 256, shape, generator=gen).cuda()
+        with torch.no_grad():
+            expected = teacher(ids)
+        assert torch.allclose(forward(ids), expected, atol=1e-4, rtol=1e-4)
+    assert "not captured" not in capsys.readouterr().err
