@@ -1,12 +1,12 @@
 """Recipe that trains the shipped tiny models (and the transformer baseline they are compared with).
 
-    python recipes/train_tiny.py --arch ttt-linear --out /tmp/ttt-linear-tiny --minutes 2.5 --eval-every 500
-    python recipes/train_tiny.py --arch ttt-mlp --out /tmp/ttt-mlp-tiny --minutes 3.5 --eval-every 100
-    python recipes/train_tiny.py --arch transformer --out /tmp/transformer-baseline --minutes 2.5 --eval-every 500
+    python recipes/train_tiny.py --arch ttt-linear --out /tmp/s1 --hidden 256 --layers 5 --dropout 0.1 \
+        --store bfloat16 --steps 2349 --minutes 600 --lr 3e-3 --eval-every 500
+    python recipes/train_tiny.py --arch ttt-linear --out /tmp/s2 --init /tmp/s1 ...     # the next schedule
     python recipes/train_tiny.py --arch lact --out /tmp/lact-tiny --minutes 4 --eval-every 500
-    python recipes/train_tiny.py --arch lact-w1 --out /tmp/lact-w1-tiny --minutes 3 --eval-every 500
 
-(`recipes/train_all.sh` runs these and the distillations, as the shipped models were made.)
+(`recipes/train_all.sh` runs every schedule of every shipped model and the distillations, as they were made;
+`DRY=1 bash recipes/train_all.sh` prints the commands.)
 
 Data (byte level, no download): `python-stdlib` plus `python-docs:train` for training, bits per
 byte reported on `python-docs:test` (and `:val`). `--data-dir` reads the parts from files written by
