@@ -174,7 +174,8 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
 
 
 def weight_bits(model: nn.Module) -> dict:
-    """Size on disk of the weights and bits per weight (a quantized layer counts its N*K weights)."""
+    """Size of the weights as held and bits per weight (a quantized layer counts its N*K weights). Float
+    weights count as held, float32 after loading: a model stored with bfloat16 matrices is half that on disk."""
     stored = tuple(f".{name}" for name in stored_tensor_names())
     n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
     n_weights = sum(t.numel() for name, t in model.weights().items()
