@@ -62,8 +62,7 @@ distill_arch() {  # arch: its parallel form, output $WORK/$arch-parallel (each s
   done < <(stages "${DISTILL_OF[$arch]}")
   run cp -r "$WORK/$arch-p$i" "$WORK/$arch-parallel"
   # distilled at 512 and 2048, measured to hold at 8192: the shipped config.json says 8192 (where the warning starts)
-  run python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["distilled_ctx"] = 8192
-json.dump(c, open(p, "w"), indent=2)' "$WORK/$arch-parallel"
+  run python3 -c 'import json, sys; p = sys.argv[1] + "/config.json"; c = json.load(open(p)); c["distilled_ctx"] = 8192; json.dump(c, open(p, "w"), indent=2)' "$WORK/$arch-parallel"
 }
 on_gpus() {  # function, archs: one arch a GPU side by side when GPUS > 1, else one after another
   local fn=$1 job=0; shift

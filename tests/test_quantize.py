@@ -4,8 +4,7 @@ import pytest
 import torch
 
 import edgettt
-from conftest import tiny_config
-from edgettt import EdgetttError, convert, random_model
+from edgettt import EdgetttError, convert
 from edgettt import linear_attention as la
 from edgettt.data import read_text
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
@@ -284,10 +283,14 @@ def test_requantized_chunk_equals_requantized_recurrence(start):
         assert torch.allclose(x, y, atol=1e-5)
 
 
-def test_bad_configs():
+# a TTT-Linear of the 1.9M models' widths (two layers): input sizes that groups of 128 divide (512) and do not (192)
+HIDDEN_192 = dict(vocab_size=256, hidden_size=192, intermediate_size=512)
+
+
+def test_bad_configs(tiny_model):
     with pytest.raises(EdgetttError, match="gptq applies to --weights int8 and int4 only"):
         QuantConfig("nf4", method="gptq")
-    model = convert(hidden_192_model(), "exact")
+    model = convert(tiny_model("linear", **HIDDEN_192), "exact")
     before = {k: v.clone() for k, v in model.state_dict().items()}
     with pytest.raises(EdgetttError, match=r"cannot take 12 layers.*q_proj \(K=192\)"):
         quantize_(model, QuantConfig("int4", 128, fallback="refuse"))
@@ -296,18 +299,12 @@ def test_bad_configs():
         quantize_(model, QuantConfig("int4", 64, "gptq"))
 
 
-def hidden_192_model():
-    """A random TTT-Linear of the 1.9M models' widths (hidden 192, intermediate 512), two layers: input
-    sizes that groups of 128 divide (512) and do not (192)."""
-    return random_model(tiny_config(vocab_size=256, hidden_size=192, intermediate_size=512, num_attention_heads=4), 0)
-
-
 @pytest.mark.parametrize("fallback", ["int8", "float"])
-def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path, fallback):
+def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path, fallback, tiny_model):
     """int4 in groups of 128 cannot take layers of input size 192 (all but down_proj, which reads 512):
     they go to the fallback, down_proj to int4; the choice is recorded per layer, and the saved model
     loads with the same formats."""
-    model = convert(hidden_192_model(), "exact")
+    model = convert(tiny_model("linear", **HIDDEN_192), "exact")
     config = QuantConfig("int4", 128, fallback=fallback)
     rows = {r["name"]: r for r in quantize_model(model, config)}  # weights, state, the recorded config
     up, down = "model.layers.0.mlp.up_proj", "model.layers.0.mlp.down_proj"

@@ -1,5 +1,6 @@
 """The training recipe (recipes/train_tiny.py) runs end to end on the CPU: a few steps, the files it writes."""
 
+import functools
 import importlib.util
 import json
 import os
@@ -175,7 +176,6 @@ def test_mixed_distill_saves_the_student_in_bfloat16_and_measures_what_it_saved(
     assert result["after"]["64"] == pytest.approx(saved.bits_per_byte, abs=1e-6)
 
 
-
 TRAIN_ALL = RECIPE.parent / "train_all.sh"
 RESULTS = RECIPE.parent.parent / "benchmarks" / "results"
 # the committed records of each shipped parallel form's distillation stages, in order (MODEL_CARD.md)
@@ -186,6 +186,7 @@ DISTILL_RECORDS = {
 }
 
 
+@functools.cache
 def train_all_commands() -> list[list[str]]:
     """recipes/train_all.sh's commands, one argument list each (DRY=1 prints them and runs nothing)."""
     done = subprocess.run(["bash", str(TRAIN_ALL)], env=dict(os.environ, DRY="1", WORK="/w", DATA="/d"),
