@@ -31,7 +31,77 @@ from edgettt.quant.layouts import unpack_nibbles
 SHAPES = ((4096, 4096), (11008, 4096))
 
 
-@triton.autotune(configs=autotune_configs(int4.GEMV_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
+@triton.jit
+def strided_tile(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
+              BN: tl.constexpr, BKB: tl.constexpr):
+    """The GEMV's bytes j0 .. j0 + BKB of rows n (whole groups): (code * x * scale as a [BN, BKB] tile,
+    zero * scale * the group sums of x [BN, NGS]), both to be summed over K."""
+    j = tl.arange(0, BKB)
+    KB = K // 2
+    blocks = K // (2 * GH)
+    j_ok = j0 + j < KB
+    byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
+    lo, hi = int4._nibbles(byte.to(tl.int32))  # [BN, BKB]
+    xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
+    xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
+    gi = j0 // GH + tl.arange(0, NGS)
+    mask2 = n_ok[:, None] & (gi < blocks)[None, :]
+    scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
+    zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
+    x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
+    zeros = zero * scale * x_group[None, :]
+    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
+    return (lo * xe[None, :] + hi * xo[None, :]) * scale, zeros
+
+
+STRIDED_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
+                for bn, bkb, w, s in [(8, 128, 4, 3), (16, 128, 4, 3), (4, 256, 4, 3), (8, 256, 4, 3), (16, 256, 8, 3),
+                                      (32, 128, 8, 3), (4, 512, 4, 2), (8, 512, 8, 2), (2, 512, 4, 3), (16, 64, 4, 4),
+                                      (2, 1024, 4, 2), (4, 1024, 8, 2), (8, 1024, 8, 2), (4, 256, 2, 4),
+                                      (2, 256, 1, 4), (4, 128, 2, 4), (16, 512, 8, 2), (32, 256, 8, 2)]]
+
+
+@triton.autotune(configs=autotune_configs(STRIDED_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
+                 key=["N", "K", "GROUP"])
+@triton.jit
+def strided_x_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
+                      GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
+    """The previous shipped kernel (session 13 to 22): x[2j] and x[2j + 1] read by two strided loads, one
+    load instruction an element; bytes as a [BN, BKB] tile, the scales broadcast by a reshape.
+    y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).
+    code * x is scaled in place into a [BN, BKB] tile, reduced once at the end; the zero points
+    enter once a group through the group sums of x (two fewer operations a byte than subtracting
+    them from every code)."""
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    GH: tl.constexpr = GROUP // 2
+    NGS: tl.constexpr = BKB // GH
+    n = pid_n * BN + tl.arange(0, BN)
+    n_ok = n < N
+    KB = K // 2
+    acc = tl.zeros([BN, BKB], dtype=tl.float32)
+    zacc = tl.zeros([BN, NGS], dtype=tl.float32)
+    for j0 in range(0, KB, BKB):
+        tile, zeros = strided_tile(x_ptr + m * stride_xm, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BN, BKB)
+        acc += tile
+        zacc += zeros
+    y = tl.sum(acc, axis=1) - tl.sum(zacc, axis=1)
+    tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
+                for bm, bn, w, s in [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3),
+                                     (128, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3), (32, 64, 4, 4)]]
+
+def strided_x(x, qweight, scales, zero_points):
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]), 1)  # noqa: E731
+    strided_x_kernel[grid](x, qweight, scales, zero_points, y, N, K, zero_points.shape[1], x.stride(0), GROUP=GH * 2)
+    return y
+
+
+@triton.autotune(configs=autotune_configs(STRIDED_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
                  key=["N", "K", "GROUP"])
 @triton.jit
 def zero_per_code_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
@@ -70,47 +140,6 @@ def zero_per_code(x, qweight, scales, zero_points):
     grid = lambda meta: (triton.cdiv(N, meta["BN"]), 1)  # noqa: E731
     zero_per_code_kernel[grid](x, qweight, scales, zero_points, y, N, K, zero_points.shape[1], x.stride(0), GROUP=GH * 2)
     return y
-
-
-SPLIT_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb, "SPLIT": sp}, num_warps=w, num_stages=st)
-                 for bn, bkb, sp, w, st in [(8, 256, 2, 4, 3), (8, 256, 4, 4, 3), (16, 256, 4, 8, 3), (4, 512, 2, 4, 2),
-                                            (8, 128, 4, 4, 3), (16, 128, 8, 4, 3), (32, 128, 4, 8, 3), (4, 256, 8, 2, 3),
-                                            (16, 256, 2, 8, 3), (8, 512, 4, 8, 2), (32, 256, 2, 8, 2), (64, 128, 2, 8, 3)]]
-
-
-@triton.autotune(configs=autotune_configs(SPLIT_CONFIGS, [triton.Config({"BN": 16, "BKB": 64, "SPLIT": 3}, num_warps=4)]),
-                 key=["N", "K", "GROUP"], reset_to_zero=["y_ptr"])
-@triton.jit
-def split_k_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW,
-                   GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr, SPLIT: tl.constexpr):
-    """edgettt's kernel (zero points once a group) with K cut into SPLIT slices, one program each: SPLIT
-    times the programs, each with fewer bytes, so that more loads are in flight at once (a [4096, 4096]
-    int4 weight is 8 MB: at the copy bandwidth 2 us, about 4 MB of it must be on its way at any time);
-    the slices' partial sums are added atomically into a float32 y (zeroed before)."""
-    pid_n, s = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
-    NGS: tl.constexpr = BKB // GH
-    n = pid_n * BN + tl.arange(0, BN)
-    n_ok = n < N
-    KB = K // 2
-    per_slice = tl.cdiv(tl.cdiv(KB, SPLIT), BKB) * BKB  # bytes a slice: whole tiles (whole groups)
-    acc = tl.zeros([BN, BKB], dtype=tl.float32)
-    zacc = tl.zeros([BN, NGS], dtype=tl.float32)
-    for j0 in range(s * per_slice, tl.minimum((s + 1) * per_slice, KB), BKB):
-        tile, zeros = int4.gemv_tile(x_ptr, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BN, BKB)
-        acc += tile
-        zacc += zeros
-    tl.atomic_add(y_ptr + n, tl.sum(acc, axis=1) - tl.sum(zacc, axis=1), mask=n_ok)
-
-
-def split_k(x, qweight, scales, zero_points):
-    """One row x [1, K]: the split-K kernel into a zeroed float32 y, then x's dtype (2 small kernels more)."""
-    N, blocks, GH = qweight.shape
-    K = blocks * GH * 2
-    y = torch.zeros(N, device=x.device, dtype=torch.float32)
-    grid = lambda meta: (triton.cdiv(N, meta["BN"]), meta["SPLIT"])  # noqa: E731
-    split_k_kernel[grid](x, qweight, scales, zero_points, y, N, K, zero_points.shape[1], GROUP=GH * 2)
-    return y.to(x.dtype)[None]
 
 
 @triton.jit
@@ -265,8 +294,7 @@ def repacked(x, words, scales, zero_points):
     return y[None]
 
 
-VARIANTS = {"zero per group": int4.int4_matmul, "zero per code": zero_per_code, "split-K": split_k,
-            "words": words, "words split-K": lambda *a: words(*a, split=True)}
+VARIANTS = {"shipped": int4.int4_matmul, "strided x": strided_x, "zero per code": zero_per_code, "words": words, "words split-K": lambda *a: words(*a, split=True)}
 PREPARE = {"repacked": repack_words}  # variants that take the weight in their own layout: made once a weight
 VARIANTS["repacked"] = repacked
 

@@ -59,58 +59,85 @@ def _nibbles(byte):
 
 
 @triton.jit
-def gemv_tile(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
-              BN: tl.constexpr, BKB: tl.constexpr):
-    """The GEMV's bytes j0 .. j0 + BKB of rows n (whole groups): (code * x * scale as a [BN, BKB] tile,
-    zero * scale * the group sums of x [BN, NGS]), both to be summed over K."""
-    j = tl.arange(0, BKB)
-    KB = K // 2
-    blocks = K // (2 * GH)
-    j_ok = j0 + j < KB
-    byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-    lo, hi = _nibbles(byte.to(tl.int32))  # [BN, BKB]
-    xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
-    xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
-    gi = j0 // GH + tl.arange(0, NGS)
-    mask2 = n_ok[:, None] & (gi < blocks)[None, :]
-    scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-    zero = _zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
-    x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
-    zeros = zero * scale * x_group[None, :]
-    scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
-    return (lo * xe[None, :] + hi * xo[None, :]) * scale, zeros
+def _x_pair(x_row, w, b: tl.constexpr, ok, X16: tl.constexpr):
+    """x[8w + 2b] and x[8w + 2b + 1] as fp32, the partners of codes 2b and 2b + 1 of words w. 16-bit x is
+    read as 32-bit words, the pair in one (the low half the earlier element), split in registers."""
+    if X16:
+        pair = tl.load(x_row.to(tl.pointer_type(tl.int32)) + 4 * w + b, mask=ok, other=0)
+        lo = pair.to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
+        hi = (pair >> 16).to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
+    else:
+        lo = tl.load(x_row + 8 * w + 2 * b, mask=ok, other=0.0).to(tl.float32)
+        hi = tl.load(x_row + 8 * w + 2 * b + 1, mask=ok, other=0.0).to(tl.float32)
+    return lo, hi
 
 
-GEMV_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages=s)
-                for bn, bkb, w, s in [(8, 128, 4, 3), (16, 128, 4, 3), (4, 256, 4, 3), (8, 256, 4, 3), (16, 256, 8, 3),
-                                      (32, 128, 8, 3), (4, 512, 4, 2), (8, 512, 8, 2), (2, 512, 4, 3), (16, 64, 4, 4),
-                                      (2, 1024, 4, 2), (4, 1024, 8, 2), (8, 1024, 8, 2), (4, 256, 2, 4),
-                                      (2, 256, 1, 4), (4, 128, 2, 4), (16, 512, 8, 2), (32, 256, 8, 2)]]
-
-
-@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 16, "BKB": 64}, num_warps=4)]),
-                 key=["N", "K", "GROUP"])
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
-                      GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
+def _one_plus_sixteenths(word, SHIFT: tl.constexpr, one_bits):
+    """1 + c / 16 as fp32 for the 4-bit code c at bits SHIFT .. SHIFT + 3 of int32 `word`: c moved into
+    mantissa bits 19-22 of 1.0 (a shift and one LOP3: no conversion, no subtraction; exact). `one_bits`
+    is 1.0's bits (0x3F800000) as a kernel argument, not a literal: with two literals the compiler
+    masks and ORs in two instructions."""
+    if SHIFT <= 19:
+        moved = word << (19 - SHIFT)
+    else:
+        moved = word >> (SHIFT - 19)
+    return ((moved & 0x780000) | one_bits).to(tl.float32, bitcast=True)
+
+
+GEMV_CONFIGS = [triton.Config({"BN": bn, "WPT": wpt, "NQ": 32 * w * r}, num_warps=w, num_stages=s)
+                for bn, wpt, r, w, s in [(8, 4, 1, 4, 1), (4, 4, 1, 4, 1), (16, 4, 1, 4, 1), (8, 2, 1, 4, 1),
+                                         (8, 4, 1, 2, 1), (4, 4, 1, 8, 1), (8, 4, 1, 8, 1), (16, 2, 1, 4, 1),
+                                         (4, 2, 2, 4, 1), (2, 4, 1, 4, 1), (16, 4, 1, 2, 1), (32, 2, 1, 4, 1),
+                                         (4, 4, 2, 4, 1), (8, 2, 1, 8, 1), (2, 4, 2, 8, 1), (8, 4, 1, 4, 2),
+                                         (4, 4, 1, 2, 2), (32, 4, 1, 4, 1)]]
+
+
+@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
+                 key=["N", "K", "GROUP", "X16"])
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, stride_xm, one_bits,
+                      GROUP: tl.constexpr, X16: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
+                      NQ: tl.constexpr):
     """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).
-    code * x is scaled in place into a [BN, BKB] tile, reduced once at the end; the zero points
-    enter once a group through the group sums of x (two fewer operations a byte than subtracting
-    them from every code)."""
+
+    The codes are read as 32-bit words (code k = 8w + e is nibble e of word w), a step an [NQ, BN, WPT]
+    tile: NQ chunks of WPT words (one chunk a thread, within one group) of each of BN rows, the rows held
+    in registers, so that a thread reads and converts its chunk's x once for all BN rows. The chunk axis
+    first makes the loads of x (16-bit pairs as 32-bit words, [NQ, WPT] each) take the tile's own layout:
+    no shuffle through shared memory. A code c enters as v = 1 + c / 16 (`_one_plus_sixteenths`), one
+    FFMA a code, so a chunk's sum of c x is 16 (sum v x - sum x); its scale and zero point enter once a
+    chunk."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
-    GH: tl.constexpr = GROUP // 2
-    NGS: tl.constexpr = BKB // GH
+    WPG: tl.constexpr = GROUP // 8
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    KB = K // 2
-    acc = tl.zeros([BN, BKB], dtype=tl.float32)
-    zacc = tl.zeros([BN, NGS], dtype=tl.float32)
-    for j0 in range(0, KB, BKB):
-        tile, zeros = gemv_tile(x_ptr + m * stride_xm, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BN, BKB)
-        acc += tile
-        zacc += zeros
-    y = tl.sum(acc, axis=1) - tl.sum(zacc, axis=1)
-    tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    q = tl.arange(0, NQ)
+    blocks = K // GROUP
+    words = qw_ptr.to(tl.pointer_type(tl.int32))
+    x_row = x_ptr + m * stride_xm
+    acc = tl.zeros([NQ, BN], dtype=tl.float32)
+    for w0 in range(0, KW, NQ * WPT):
+        c = w0 + q * WPT  # [NQ] chunk starts (words)
+        c_ok = c < KW  # whole chunks: WPT divides K / 8
+        w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
+        ok = c_ok[:, None] & n_ok[None, :]  # [NQ, BN]
+        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0,
+                       eviction_policy="evict_first")  # [NQ, BN, WPT]
+        part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
+        x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
+        for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
+            x_lo, x_hi = _x_pair(x_row, w, b, c_ok[:, None], X16)
+            part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
+            part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
+            x_sum += x_lo + x_hi
+        g = c // WPG
+        scale = tl.load(sc_ptr + n[None, :] * blocks + g[:, None], mask=ok, other=0.0).to(tl.float32)
+        zero = tl.load(zp_ptr + n[None, :] * ZPW + g[:, None] // 2, mask=ok, other=0).to(tl.int32)
+        zero = ((zero >> ((g % 2) * 4)[:, None]) & 0xF).to(tl.float32)  # two a byte, the even group low
+        x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
+        acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
+    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
@@ -265,7 +292,12 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS or gemm == "gemv":
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
-        _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, ZPW, x2.stride(0), GROUP=GH * 2)
+        if x2.element_size() == 2 and (x2.data_ptr() % 4 or x2.stride(0) % 2):  # 16-bit pairs are read as
+            x2 = x2.clone(memory_format=torch.contiguous_format)  # aligned 32-bit words
+        # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the
+        # word loads are known aligned and vectorized
+        _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, K // 8, ZPW, x2.stride(0), 0x3F800000,
+                                GROUP=GH * 2, X16=x2.element_size() == 2)
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
     elif (gemm or "dequantize") == "dequantize":

@@ -44,6 +44,18 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
     assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.bfloat16]
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rows", [1, 2])
+def test_int4_gemv_takes_x_not_on_a_32_bit_boundary(device, rows):
+    """The GEMV reads 16-bit x two values at a time as 32-bit words: a view of x that starts one element
+    in (its data 2 bytes off a word) or whose rows are an odd number of elements apart must still give
+    the reference's product (the wrapper copies such an x first)."""
+    N, K, group = 40, 192, 64
+    weight = packed(N, K, group, device)
+    wide = torch.randn(rows, K + 1, generator=torch.Generator().manual_seed(4)).to(device=device, dtype=torch.float16)
+    x = wide[:, 1:]  # 2 bytes past the allocation's start; rows K + 1 elements apart
+    assert (x.data_ptr() % 4, x.stride(0) % 2) == (2, 1)
+    assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.float16]
 
 
 @pytest.mark.parametrize("device", DEVICES)
