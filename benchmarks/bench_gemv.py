@@ -305,9 +305,9 @@ def in_layout(name, weight):
     return (PREPARE[name](qweight) if name in PREPARE else qweight), scales, zero_points
 
 
-def variant_rows(ceiling, names):
+def variant_rows(ceiling, names, shapes=SHAPES):
     rows = []
-    for N, K in SHAPES:
+    for N, K in shapes:
         variants = weight_variants(N, K, torch.bfloat16)
         copy, _, nbytes, _ = variants["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
@@ -319,6 +319,8 @@ def variant_rows(ceiling, names):
             laid_out = [in_layout(name, c) for c in copies]
             ms, _ = time_rotating_ms([lambda c=c, fn=VARIANTS[name]: fn(x, *c) for c in laid_out])
             rows.append({"variant": name, "N": N, "K": K, "us": ms * 1e3, "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
+            if name == "shipped":  # the autotuner's pick at this shape
+                rows[-1]["config"] = str(int4._int4_gemv_kernel.best_config)
             print(json.dumps(rows[-1]), flush=True)
             del laid_out
         del copies
@@ -338,14 +340,16 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
+    ap.add_argument("--shapes", default="4096x4096,11008x4096", help="comma-separated NxK weight shapes")
     args = ap.parse_args()
     names = [v for v in args.variants.split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:
         raise SystemExit(f"bench_gemv.py: unknown variant(s) {', '.join(unknown)}; choose from {', '.join(VARIANTS)}")
+    shapes = [tuple(int(v) for v in shape.split("x")) for shape in args.shapes.split(",") if shape]
     ceiling = copy_bandwidth()
-    variants = variant_rows(ceiling, names)
-    rows = [r for N, K in SHAPES for r in weight_rows(N, K, 1, torch.bfloat16, ceiling)]
+    variants = variant_rows(ceiling, names, shapes)
+    rows = [r for N, K in shapes for r in weight_rows(N, K, 1, torch.bfloat16, ceiling)]
     for r in rows:
         print(f"{r['N']}x{r['K']} {r['name']:32s} {r['ms'] * 1e3:7.2f} us  {r['fraction_of_copy']:6.1%} of copy  "
               + "  ".join(f"{k} {v:.2f}" for k, v in r.items() if k.startswith("x ")))

@@ -85,12 +85,17 @@ def _one_plus_sixteenths(word, SHIFT: tl.constexpr, one_bits):
     return ((moved & 0x780000) | one_bits).to(tl.float32, bitcast=True)
 
 
+# (rows a program, words a thread's chunk, chunks a thread, warps, stages); a step covers 32 * warps * chunks *
+# words of a row's K / 8: the one- and two-warp tiles fit the K of 1,536 and 768 (192 and 96 words) of the
+# 760m and 125m presets' layers
 GEMV_CONFIGS = [triton.Config({"BN": bn, "WPT": wpt, "NQ": 32 * w * r}, num_warps=w, num_stages=s)
                 for bn, wpt, r, w, s in [(8, 4, 1, 4, 1), (4, 4, 1, 4, 1), (16, 4, 1, 4, 1), (8, 2, 1, 4, 1),
                                          (8, 4, 1, 2, 1), (4, 4, 1, 8, 1), (8, 4, 1, 8, 1), (16, 2, 1, 4, 1),
                                          (4, 2, 2, 4, 1), (2, 4, 1, 4, 1), (16, 4, 1, 2, 1), (32, 2, 1, 4, 1),
                                          (4, 4, 2, 4, 1), (8, 2, 1, 8, 1), (2, 4, 2, 8, 1), (8, 4, 1, 4, 2),
-                                         (4, 4, 1, 2, 2), (32, 4, 1, 4, 1)]]
+                                         (4, 4, 1, 2, 2), (32, 4, 1, 4, 1), (4, 2, 1, 1, 1), (8, 2, 1, 1, 1),
+                                         (16, 2, 1, 1, 1), (8, 4, 1, 1, 1), (16, 4, 1, 1, 1), (4, 2, 1, 2, 1),
+                                         (8, 2, 1, 2, 1), (2, 2, 1, 2, 1)]]
 
 
 @triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
