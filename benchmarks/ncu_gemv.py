@@ -1,10 +1,11 @@
-"""One launch of each int4 GEMV at 4096x4096 (the shipped kernel, bench_gemv.py's repacked variant), for ncu:
+"""One launch of the shipped int4 GEMV at each of bench_gemv.py's shapes (4096x4096, 11008x4096), for ncu:
 
     EDGETTT_AUTOTUNE=0 ncu --clock-control none --section SpeedOfLight --section WarpStateStats \\
-        --section SchedulerStats --section Occupancy --section LaunchStats -k regex:"int4_gemv|repacked" -c 2 \\
+        --section SchedulerStats --section Occupancy --section LaunchStats -k regex:int4_gemv -c 2 \\
         python benchmarks/ncu_gemv.py > benchmarks/results/ncu_gemv_h200.txt
 
-(EDGETTT_AUTOTUNE=0: each kernel's first configuration, so that the profiled launch is not an autotuning one.)
+(EDGETTT_AUTOTUNE=0: the kernel's first configuration, so that the profiled launch is not an autotuning one;
+it is the autotuner's pick at 11008x4096 on the H200, `gemv_shapes_h200.json`.)
 """
 
 import sys
@@ -20,13 +21,10 @@ from edgettt.kernels import int4  # noqa: E402
 
 
 def main():
-    copy = weight_variants(4096, 4096, torch.bfloat16)["int4 g64 (edgettt kernel)"][0]
-    weight = copy()
-    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
-    repacked = bench_gemv.in_layout("repacked", weight)
-    for _ in range(2):
+    for N, K in bench_gemv.SHAPES:
+        weight = weight_variants(N, K, torch.bfloat16)["int4 g64 (edgettt kernel)"][0]()
+        x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         int4.int4_matmul(x, *weight)
-        bench_gemv.repacked(x, *repacked)
     torch.cuda.synchronize()
 
 
