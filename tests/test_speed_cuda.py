@@ -87,6 +87,9 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
     if state_format != "fp32":
         apply_state_format(model, state_format)
     ids = torch.randint(0, 61, (2, 24), generator=torch.Generator().manual_seed(1))
+    # the int8 state rounds S to its grid: a last-bit difference of the compiled arithmetic can move an
+    # element one step (measured 1.02e-5 with torch 2.11 on the GPU machine's CPU, under 1e-5 with 2.13)
+    tolerance = 1e-5 if state_format == "fp32" else 1e-4
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         eager = _copy_state(state)
@@ -95,12 +98,12 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
         for t in range(13, 24):
             want, eager = model.step(ids[:, t], eager)
             got = model.step_in_place(ids[:, t], state, t)
-            assert rel_err(got, want) < 1e-5
+            assert rel_err(got, want) < tolerance
     torch._dynamo.reset()
     for kept, layer, stepped in zip(tensors, state.layers, eager.layers):
         for name in stepped:
             assert layer[name] is kept[name], name  # the same tensors, updated in place
-            assert rel_err(layer[name].float(), stepped[name].float()) < 1e-5, name
+            assert rel_err(layer[name].float(), stepped[name].float()) < tolerance, name
 
 
 @pytest.mark.gpu

@@ -311,4 +311,5 @@ def use_token_kernel(model: torch.nn.Module) -> int:
     layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
     for layer in layers:
         layer.token_kernel = True
-    return sum(layer.token_kernel_applies() for layer in layers)
+    with torch.no_grad():  # as a decode runs: counted outside autograd whatever the caller's mode
+        return sum(layer.token_kernel_applies() for layer in layers)
