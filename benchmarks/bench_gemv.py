@@ -1,19 +1,20 @@
 """Benchmark: the int4 GEMV of edgettt/kernels/int4.py alone, then the weight rows of `edgettt bench`
 (bf16 cuBLAS, the int4 kernel, bitsandbytes NF4), on CUDA.
 
-    python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json
+    python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json [--variants A,B] [--shapes NxK,...]
 
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
-Variants timed in the same run: "zero per group" (the kernel in edgettt: code * x * scale summed
-into a tile, the zero points applied once a group through the group sums of x) and "zero per code"
-(the previous kernel, kept here: (code - zero) * scale * x for every code) and "split-K" (zero per group
-with K cut into slices, one program each, added atomically: more loads in flight), "words" (32-bit loads, K
-unrolled; with or without split-K) and "repacked" (the codes reordered once a weight so that each nibble
-position meets contiguous x; a code made a float by a shift and a masked OR; loads one step ahead; `--variants`
-picks what to time). Each shape also times a plain device copy that moves the same bytes ("copy (same
-bytes)"): the most a kernel that small can reach. Results: benchmarks/results/bench_h200.md. An earlier run (commit
-d220746) measured a "group-sum" kernel (each group summed across lanes every step) slower than
-zero per code on both shapes.
+Variants timed in the same run: "shipped" (the kernel in edgettt: 32-bit code words, a thread's chunk of
+all its program's rows, codes as 1 + c/16; its autotuned configuration goes into the row), "strided x"
+(the kernel shipped until session 22: a [BN, BKB] byte tile, x's even and odd elements by two strided
+loads moved through shared memory into the tile's layout, ~10 instructions a code), "zero per code"
+(the one before it: (code - zero) * scale * x for every code), "words" (32-bit loads, K unrolled; with
+or without split-K: K cut into slices, one program each, added atomically) and "repacked" (the codes
+reordered once a weight so that each nibble position meets contiguous x; loads one step ahead). Each
+shape also times a plain device copy that moves the same bytes ("copy (same bytes)"): the most a kernel
+that small can reach. Results: benchmarks/results/gemm_h200.md (last section) and bench_h200.md. Measured
+and dropped earlier: a "group-sum" kernel (commit d220746) and split-K of the strided-x kernel (12.49 us
+against its 9.98 at 4096x4096, bench_h200.md).
 """
 
 import argparse
@@ -65,9 +66,10 @@ STRIDED_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages
                  key=["N", "K", "GROUP"])
 @triton.jit
 def strided_x_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
-                      GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
-    """The previous shipped kernel (session 13 to 22): x[2j] and x[2j + 1] read by two strided loads, one
-    load instruction an element; bytes as a [BN, BKB] tile, the scales broadcast by a reshape.
+                     GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
+    """The kernel shipped until session 22: bytes as a [BN, BKB] tile; x[2j] and x[2j + 1] by two strided
+    loads in a layout of their own, moved through shared memory into the tile's (layout conversions and
+    barriers every step); about 10 SASS instructions a code (benchmarks/results/gemm_h200.md).
     y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).
     code * x is scaled in place into a [BN, BKB] tile, reduced once at the end; the zero points
     enter once a group through the group sums of x (two fewer operations a byte than subtracting
@@ -294,7 +296,8 @@ def repacked(x, words, scales, zero_points):
     return y[None]
 
 
-VARIANTS = {"shipped": int4.int4_matmul, "strided x": strided_x, "zero per code": zero_per_code, "words": words, "words split-K": lambda *a: words(*a, split=True)}
+VARIANTS = {"shipped": int4.int4_matmul, "strided x": strided_x, "zero per code": zero_per_code, "words": words,
+            "words split-K": lambda *a: words(*a, split=True)}
 PREPARE = {"repacked": repack_words}  # variants that take the weight in their own layout: made once a weight
 VARIANTS["repacked"] = repacked
 
