@@ -33,22 +33,30 @@ SHAPES = ((4096, 4096), (11008, 4096))
 
 
 @triton.jit
-def strided_tile(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
-              BN: tl.constexpr, BKB: tl.constexpr):
-    """The GEMV's bytes j0 .. j0 + BKB of rows n (whole groups): (code * x * scale as a [BN, BKB] tile,
-    zero * scale * the group sums of x [BN, NGS]), both to be summed over K."""
+def strided_loads(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
+                  BKB: tl.constexpr):
+    """Bytes j0 .. j0 + BKB of rows n (whole groups) as the low and high codes [BN, BKB] in fp32, x's even
+    and odd elements [BKB] (two strided loads), the groups' scales and zero points [BN, NGS]."""
     j = tl.arange(0, BKB)
     KB = K // 2
     blocks = K // (2 * GH)
     j_ok = j0 + j < KB
     byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-    lo, hi = int4._nibbles(byte.to(tl.int32))  # [BN, BKB]
-    xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
+    lo, hi = int4._nibbles(byte.to(tl.int32))
+    xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)
     xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
     gi = j0 // GH + tl.arange(0, NGS)
     mask2 = n_ok[:, None] & (gi < blocks)[None, :]
     scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-    zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)  # [BN, NGS]
+    return lo, hi, xe, xo, scale, int4._zero_points(zp_ptr, n, gi, ZPW, mask2)
+
+
+@triton.jit
+def strided_tile(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH: tl.constexpr, NGS: tl.constexpr,
+                 BN: tl.constexpr, BKB: tl.constexpr):
+    """(code * x * scale as a [BN, BKB] tile, zero * scale * the group sums of x [BN, NGS]), both to be
+    summed over K."""
+    lo, hi, xe, xo, scale, zero = strided_loads(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BKB)
     x_group = tl.sum(tl.reshape(xe + xo, [NGS, GH]), axis=1)  # [NGS]
     zeros = zero * scale * x_group[None, :]
     scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
@@ -114,21 +122,11 @@ def zero_per_code_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride
     NGS: tl.constexpr = BKB // GH
     n = pid_n * BN + tl.arange(0, BN)
     n_ok = n < N
-    j = tl.arange(0, BKB)
     KB = K // 2
-    blocks = K // GROUP
     acc = tl.zeros([BN, BKB], dtype=tl.float32)
     x_row = x_ptr + m * stride_xm
     for j0 in range(0, KB, BKB):
-        j_ok = j0 + j < KB
-        byte = tl.load(qw_ptr + n[:, None] * KB + j0 + j[None, :], mask=n_ok[:, None] & j_ok[None, :], other=0)
-        lo, hi = int4._nibbles(byte.to(tl.int32))  # [BN, BKB]
-        xe = tl.load(x_row + 2 * (j0 + j), mask=j_ok, other=0.0).to(tl.float32)  # [BKB]
-        xo = tl.load(x_row + 2 * (j0 + j) + 1, mask=j_ok, other=0.0).to(tl.float32)
-        gi = j0 // GH + tl.arange(0, NGS)
-        mask2 = n_ok[:, None] & (gi < blocks)[None, :]
-        scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=mask2, other=0.0).to(tl.float32)
-        zero = int4._zero_points(zp_ptr, n, gi, ZPW, mask2)
+        lo, hi, xe, xo, scale, zero = strided_loads(x_row, qw_ptr, sc_ptr, zp_ptr, n, n_ok, j0, K, ZPW, GH, NGS, BKB)
         scale = tl.reshape(tl.broadcast_to(scale[:, :, None], [BN, NGS, GH]), [BN, BKB])
         zero = tl.reshape(tl.broadcast_to(zero[:, :, None], [BN, NGS, GH]), [BN, BKB])
         acc += ((lo - zero) * xe[None, :] + (hi - zero) * xo[None, :]) * scale
