@@ -45,6 +45,22 @@ def test_int4_matmul_bf16_llm_shape_on_gpu(M):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_int4_gemv_error_is_within_fp32_rounding_of_its_terms(device):
+    """The GEMV sums v x with v = 1 + c / 16 and subtracts the sum of x (`_one_plus_sixteenths`), which
+    cancels most of each chunk's sum when x shares a large offset: its error, against a float64 product,
+    must stay within a few fp32 roundings of the terms' magnitude (sum of |scale x| * 16 a row)."""
+    N, K, group = 40, 512, 64
+    qweight, scales, zero_points = packed(N, K, group, device, seed=5)
+    g = torch.Generator().manual_seed(6)
+    x = (1000.0 + torch.randn(1, K, generator=g)).to(device)  # a large common offset: the worst cancellation
+    w = dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points}).double()
+    exact = x.double() @ w.T
+    terms = 16 * (x.double().abs() @ scales.double().abs().repeat_interleave(group, dim=1).T)
+    error = (int4_matmul(x, qweight, scales, zero_points).double() - exact).abs() / terms
+    assert error.max() < 16 * 2.0 ** -24  # measured 0.54 of one rounding on the CPU interpreter
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [1, 2])
 def test_int4_gemv_takes_x_not_on_a_32_bit_boundary(device, rows):
     """The GEMV reads 16-bit x two values at a time as 32-bit words: a view of x that starts one element
