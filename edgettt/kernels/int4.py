@@ -300,6 +300,8 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
         if x2.element_size() == 2 and (x2.data_ptr() % 4 or x2.stride(0) % 2):  # 16-bit pairs are read as
             x2 = x2.clone(memory_format=torch.contiguous_format)  # aligned 32-bit words
+        if qweight.data_ptr() % 4:  # the codes too (a view into a byte buffer may start anywhere)
+            qweight = qweight.clone()
         # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the
         # word loads are known aligned and vectorized
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, K // 8, ZPW, x2.stride(0), 0x3F800000,

@@ -62,16 +62,24 @@ def test_int4_gemv_error_is_within_fp32_rounding_of_its_terms(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("rows", [1, 2])
-def test_int4_gemv_takes_x_not_on_a_32_bit_boundary(device, rows):
-    """The GEMV reads 16-bit x two values at a time as 32-bit words: a view of x that starts one element
-    in (its data 2 bytes off a word) or whose rows are an odd number of elements apart must still give
-    the reference's product (the wrapper copies such an x first)."""
+def test_int4_gemv_takes_x_and_codes_not_on_a_32_bit_boundary(device, rows):
+    """The GEMV reads 16-bit x two values at a time and the codes four bytes at a time as 32-bit words: a
+    view of x that starts one element in (its data 2 bytes off a word) or whose rows are an odd number of
+    elements apart, and codes that start 1 byte into a buffer, must still give the reference's product
+    (the wrapper copies such tensors first; on a GPU a misaligned 32-bit load faults, while the CPU
+    interpreter reads any address, so the test bites on the GPU)."""
     N, K, group = 40, 192, 64
     weight = packed(N, K, group, device)
     wide = torch.randn(rows, K + 1, generator=torch.Generator().manual_seed(4)).to(device=device, dtype=torch.float16)
     x = wide[:, 1:]  # 2 bytes past the allocation's start; rows K + 1 elements apart
     assert (x.data_ptr() % 4, x.stride(0) % 2) == (2, 1)
     assert rel_err(int4_matmul(x, *weight).float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.float16]
+    qweight, scales, zero_points = weight  # the codes read as 32-bit words: from a byte buffer 1 byte in
+    codes = torch.empty(qweight.numel() + 1, dtype=torch.uint8, device=device)[1:].view(qweight.shape)
+    codes.copy_(qweight)
+    assert codes.data_ptr() % 4 == 1
+    y = int4_matmul(x, codes, scales, zero_points)
+    assert rel_err(y.float(), int4_matmul_ref(x.float(), *weight)) < TOL[torch.float16]
 
 
 @pytest.mark.parametrize("device", DEVICES)
