@@ -43,20 +43,12 @@ def int4_matmul_ref(x, qweight, scales, zero_points):
 
 
 @triton.jit
-def _zero_points(zp_ptr, n, gi, ZPW, mask):
-    """Zero points of groups gi of rows n: packed two a byte, the even group in the low nibble."""
-    byte = tl.load(zp_ptr + n[:, None] * ZPW + gi[None, :] // 2, mask=mask, other=0).to(tl.int32)
-    return ((byte >> ((gi[None, :] % 2) * 4)) & 0xF).to(tl.float32)
-
-
-@triton.jit
-def _nibbles(byte):
-    """The low and high 4-bit codes of int32 `byte` as fp32, without int-to-float conversions (a
-    quarter-rate instruction on the GPU): the bits go into the mantissa of 2^23, which is then
-    subtracted; exact."""
-    lo = ((byte & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    hi = (((byte >> 4) & 0xF) | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-    return lo, hi
+def _zero_points(zp_ptr, row, group, ZPW, mask):
+    """Zero points as fp32 of rows `row`, groups `group` (index tensors or scalars that broadcast against
+    each other, in whatever orientation the caller's tile has): packed two a byte, the even group in the
+    low nibble."""
+    byte = tl.load(zp_ptr + row * ZPW + group // 2, mask=mask, other=0).to(tl.int32)
+    return ((byte >> ((group % 2) * 4)) & 0xF).to(tl.float32)
 
 
 @triton.jit
@@ -139,8 +131,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, strid
             x_sum += x_lo + x_hi
         g = c // WPG
         scale = tl.load(sc_ptr + n[None, :] * blocks + g[:, None], mask=ok, other=0.0).to(tl.float32)
-        zero = tl.load(zp_ptr + n[None, :] * ZPW + g[:, None] // 2, mask=ok, other=0).to(tl.int32)
-        zero = ((zero >> ((g % 2) * 4)[:, None]) & 0xF).to(tl.float32)  # two a byte, the even group low
+        zero = _zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
         x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
         acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
     tl.store(y_ptr + m * N + n, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=n_ok)
@@ -158,8 +149,7 @@ def _centered_codes(qw_ptr, zp_ptr, n, n_ok, g, K, ZPW, GROUP: tl.constexpr):
     GH: tl.constexpr = GROUP // 2
     c = tl.arange(0, GH)
     byte = tl.load(qw_ptr + n[:, None] * (K // 2) + g * GH + c[None, :], mask=n_ok[:, None], other=0).to(tl.int32)
-    zero = tl.load(zp_ptr + n * ZPW + g // 2, mask=n_ok, other=0).to(tl.int32)
-    zero = ((zero >> ((g % 2) * 4)) & 0xF).to(tl.float32)  # [BN]
+    zero = _zero_points(zp_ptr, n, g, ZPW, n_ok)  # [BN]
     codes = tl.interleave((byte & 0xF).to(tl.float32), (byte >> 4).to(tl.float32))  # [BN, GROUP], k order
     return codes - zero[:, None]
 
@@ -254,7 +244,7 @@ def _int4_to_int8_kernel(qw_ptr, sc_ptr, zp_ptr, w8_ptr, step_ptr, N, K, ZPW, BL
     gi = tl.arange(0, BLOCKS_P2)
     ok = n_ok[:, None] & (gi < blocks)[None, :]
     scale = tl.load(sc_ptr + n[:, None] * blocks + gi[None, :], mask=ok, other=0.0).to(tl.float32)
-    zero = _zero_points(zp_ptr, n, gi, ZPW, ok)
+    zero = _zero_points(zp_ptr, n[:, None], gi[None, :], ZPW, ok)
     step = tl.max(scale * tl.maximum(zero, 15.0 - zero), axis=1) / 127.0  # [BN]
     if c0 == 0:
         tl.store(step_ptr + n, step, mask=n_ok)
@@ -298,14 +288,15 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS or gemm == "gemv":
         grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
-        if x2.element_size() == 2 and (x2.data_ptr() % 4 or x2.stride(0) % 2):  # 16-bit pairs are read as
-            x2 = x2.clone(memory_format=torch.contiguous_format)  # aligned 32-bit words
+        x16 = x2.element_size() == 2
+        if x16 and (x2.data_ptr() % 4 or x2.stride(0) % 2):  # 16-bit pairs are read as aligned 32-bit words
+            x2 = x2.clone(memory_format=torch.contiguous_format)
         if qweight.data_ptr() % 4:  # the codes too (a view into a byte buffer may start anywhere)
             qweight = qweight.clone()
         # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the
         # word loads are known aligned and vectorized
         _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, K // 8, ZPW, x2.stride(0), 0x3F800000,
-                                GROUP=GH * 2, X16=x2.element_size() == 2)
+                                GROUP=GH * 2, X16=x16)
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
     elif (gemm or "dequantize") == "dequantize":

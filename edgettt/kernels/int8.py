@@ -8,7 +8,7 @@
 apply the per-row scale once, at the end (it factors out of the sum over k):
 - GEMV (decode, M <= 8): each program owns BN outputs of one row and walks K in [BN, BK] tiles of
   codes, accumulating code * x in place; one reduction and one scale at the end. Codes become
-  floats through the mantissa of 2^23 (as `int4._nibbles`), not an int-to-float conversion.
+  floats through the mantissa of 2^23 (`_codes`), not an int-to-float conversion.
 - GEMM (prefill): x tiles times code tiles converted to x's dtype (exact: |code| <= 127) on the
   tensor cores; the scale multiplies the finished tile. `gemm` picks the way: "swapped" (the
   default: y^T = W x^T, the converted codes the dot's register operand; 0.70-0.72x bf16 cuBLAS at
