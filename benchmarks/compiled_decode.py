@@ -65,7 +65,9 @@ class Variant:
 
         self.kind, self.step, self.args, self.llama = kind, step, args, kind == "llama"
         torch.manual_seed(0)
-        model = build(kind, args.preset, not args.separate_projections, "none" if self.llama else args.weights)
+        kind, _, weights = kind.partition(":")  # "parallel:int4": this kind's weights, whatever --weights says
+        model = build(kind, args.preset, not args.separate_projections,
+                      "none" if self.llama else weights or args.weights)
         compiled = step != "eager"
         if "-rows" in step:  # batch-1 weight products as products and sums inductor fuses
             from edgettt.row_products import use_row_products
@@ -75,6 +77,10 @@ class Variant:
             from edgettt.kernels.decode_token import use_token_kernel
 
             use_token_kernel(model)
+        if "-fused" in step:  # int4 products with their norm, activation and residual, one GEMV launch each
+            from edgettt.fused_products import use_fused_products
+
+            use_fused_products(model)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
@@ -141,11 +147,13 @@ def main(argv=None) -> int:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--kinds", default="llama,parallel,ttt", help="among llama, ttt, exact, parallel, decayed; "
-                        "FORM-STATE for a state format, e.g. parallel-int8")
+                        "FORM-STATE for a state format, e.g. parallel-int8; KIND:WEIGHTS for a kind's own weights "
+                        "(none, int8, int4), e.g. parallel,parallel:int4 to time float and int4 weights in turns")
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
-                        "parallel-int8, `decode_token_int8`), compile-rows-token; for every kind")
+                        "parallel-int8, `decode_token_int8`), compile-rows-token; -fused after any compiled step: int4 products "
+                        "with their norm, activation and residual add in one GEMV launch (`fused_products`); for every kind")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],
@@ -171,6 +179,8 @@ def main(argv=None) -> int:
     for kind in args.kinds.split(","):
         for step in args.steps.split(","):
             if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
+                continue
+            if "-fused" in step and "int4" not in (kind.partition(":")[2] or args.weights):  # no int4 layers
                 continue
             try:
                 variants.append(Variant(kind, step, args))

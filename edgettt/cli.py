@@ -950,6 +950,10 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows
               help="With --device cuda --compile: each converted TTT-Linear layer's decode token (float or int8 state) in one "
                    "Triton kernel (rotary, value map, state step, output norm: kernels/decode_token.py), instead of "
                    "the ~8 kernels inductor makes of them.")
+@click.option("--fused-products/--no-fused-products", default=True, show_default=True,
+              help="With --device cuda --compile: at batch <= 8 each int4 layer's decode product in one GEMV launch with "
+                   "the norm before it, SwiGLU's activation and the residual add (fused_products.py), instead of "
+                   "inductor's kernels around the GEMV.")
 @click.option("--graph-prefill", is_flag=True,
               help="With --device cuda: each ppN prefill captured as a CUDA graph before it is timed (untimed) and "
                    "timed as its replay, the host's kernel launches out of the time as in decode (an eager batch-1 prefill of a "
@@ -962,7 +966,7 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
 def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, row_products,
-          token_kernel, graph_prefill, workers, json_path, md_path, force):
+          token_kernel, fused_products, graph_prefill, workers, json_path, md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
@@ -986,7 +990,7 @@ def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compi
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations, row_products, token_kernel, graph_prefill),
+                 CudaOptions(compile_steps, activations, row_products, token_kernel, graph_prefill, fused_products),
                  None if workers is None else workers == "kept",
                  partial=lambda so_far: write(so_far, json_out, md_out))  # rewritten after every repetition
     click.echo(table(result))

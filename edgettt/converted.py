@@ -109,9 +109,11 @@ class LinearAttentionLayer(StateScales, MixerBase):
         logits = la.token_linear(x, self.lr_proj.weight, self.lr_proj.bias)
         return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
 
-    def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for x (a block's normed hidden state), plus `residual` if given."""
         if decode and self.token_kernel and x.shape[1] == 1 and la.fused_decode() and self.token_kernel_applies():
-            return self._decode_token(x, state, start)
+            return self._decode_token(x, state, start, residual)
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         attend = self._decode_attend if decode else la.chunk
@@ -123,7 +125,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
             out = self._exact_two_level(state, q, k, v, lr, start, attend)
         else:
             out = self._exact(state, q, k, v, lr, start, attend)
-        return self.finish(x, out)
+        return self.finish(x, out, residual)
 
     def token_kernel_fits(self) -> bool:
         """`kernels.decode_token` covers TTT-Linear (both forms) with q and k projected (not `share_qk`'s
@@ -140,7 +142,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         (q, k, v), lr = self.project_inputs(x), self.learning_rates(x)
         return *(self.split_heads(t)[:, :, 0] for t in (q, k, v)), lr[:, :, 0]
 
-    def _decode_token(self, x, st, start):
+    def _decode_token(self, x, st, start, residual=None):
         """One compiled token from the layer's input to its output, the heads' part in one operation."""
         from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int8)
 
@@ -153,7 +155,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
             out = torch.ops.edgettt.decode_token_int8(*common, st["S1"], st["K1"], st["V1"], *place)
         else:
             out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
-        return self.finish(x, out[:, :, None])
+        return self.finish(x, out[:, :, None], residual)
 
     def _exact(self, state, q, k, v, lr, start, attend):
         """The exact form: values at each mini-batch's boundary state, so one mini-batch at a time."""

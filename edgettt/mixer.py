@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
+from .fused_products import product
 from .ops import causal_conv, gelu_tanh, rotary
 
 
@@ -30,10 +31,13 @@ class FusableInputs:
     def input_projection_names(self) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def project_inputs(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    def project_inputs(self, x: torch.Tensor, norm: nn.Module | None = None) -> tuple[torch.Tensor, ...]:
+        """The projections of norm(x) (of x without a norm)."""
         fused = getattr(self, "fused_inputs", None)
         if fused is not None:
-            return fused(x)
+            return fused(x, norm)
+        if norm is not None:
+            x = norm(x)
         return tuple(getattr(self, name)(x) for name in self.input_projection_names())
 
 
@@ -44,8 +48,8 @@ class SplitOutputs(nn.Module):
         super().__init__()
         self.linear, self.sizes = linear, sizes
 
-    def forward(self, x):
-        return tuple(self.linear(x).split(self.sizes, dim=-1))
+    def forward(self, x, norm: nn.Module | None = None):
+        return tuple(product(self.linear, x, norm).split(self.sizes, dim=-1))
 
 
 def stacked_float_linear(layers: list[nn.Module]) -> nn.Linear | None:
@@ -115,13 +119,13 @@ class MixerBase(FusableInputs, nn.Module):
         theta, period = self.config.rope_theta, self.config.mini_batch_size
         return rotary(q, positions, theta, period), rotary(k, positions, theta, period), v
 
-    def finish(self, x: torch.Tensor, heads_out: torch.Tensor) -> torch.Tensor:
-        """[B, H, T, d] -> [B, T, C]: merge heads, post-norm, gate, output projection."""
+    def finish(self, x: torch.Tensor, heads_out: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+        """[B, H, T, d] -> [B, T, C]: merge heads, post-norm, gate, output projection (+ the residual)."""
         B, H, T, d = heads_out.shape
-        out = self.post_norm(heads_out.transpose(1, 2).reshape(B, T, H * d))
+        heads = heads_out.transpose(1, 2).reshape(B, T, H * d)
         if self.config.use_gate:
-            out = gelu_tanh(self.g_proj(x)) * out
-        return self.o_proj(out)
+            return product(self.o_proj, gelu_tanh(self.g_proj(x)) * self.post_norm(heads), residual=residual)
+        return product(self.o_proj, heads, self.post_norm, residual=residual)
 
     def conv_state_shapes(self) -> dict[str, tuple[int, ...]]:
         if self.config.share_qk:

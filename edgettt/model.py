@@ -1,6 +1,8 @@
 """The language model around the sequence mixers (DESIGN 3.3), for every form.
 
     block: [h += dwconv(RMSNorm_conv(h))]; h += Mixer(RMSNorm_seq(h)); h += SwiGLU(RMSNorm_ffn(h))
+    (the residual adds, the MLP's norm and the mixer's output norm pass into `fused_products.product`,
+    which a compiled decode step may run with the product in one kernel)
     model: embed -> blocks -> RMSNorm -> lm_head
 
 The mixer is the original TTT layer (form "ttt") or the converted linear attention ("exact",
@@ -16,11 +18,11 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelConfig
 from .converted import LinearAttentionLayer
+from .fused_products import product
 from .mixer import FusableInputs, depthwise_conv
 from .ops import causal_conv, rms_norm, tokens_from
 from .quant.state_formats import state_format
@@ -28,6 +30,8 @@ from .ttt import TTTLayer
 
 
 class RMSNorm(nn.Module):
+    norm_kind = "rms"  # (a norm a fused product applies: `fused_products.norm_kind`)
+
     def __init__(self, size: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
@@ -47,9 +51,10 @@ class SwiGLU(FusableInputs, nn.Module):
     def input_projection_names(self) -> tuple[str, ...]:
         return ("gate_proj", "up_proj")
 
-    def forward(self, x):
-        gate, up = self.project_inputs(x)
-        return self.down_proj(F.silu(gate) * up)
+    def forward(self, x, norm: nn.Module | None = None, residual: torch.Tensor | None = None):
+        """(residual +) the MLP of norm(x) (of x without a norm)."""
+        gate, up = self.project_inputs(x, norm)
+        return product(self.down_proj, gate, up=up, residual=residual)
 
 
 class PreConv(nn.Module):
@@ -87,8 +92,8 @@ class Block(nn.Module):
     def forward(self, h, state: dict, start: int, decode: bool):
         if hasattr(self, "conv"):
             h = h + self.conv(h, state)
-        h = h + self.seq_modeling_block(self.seq_norm(h), state, start, decode)
-        return h + self.mlp(self.ffn_norm(h))
+        h = self.seq_modeling_block(self.seq_norm(h), state, start, decode, residual=h)
+        return self.mlp(h, self.ffn_norm, residual=h)
 
 
 class Backbone(nn.Module):

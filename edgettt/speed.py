@@ -124,13 +124,15 @@ class CudaOptions:
     a ppN test's prefill captured as a CUDA graph before each timing (untimed, after an eager prefill) and
     timed as its replay, the host's launches out of the time as in decode (an eager batch-1 760m prefill
     launches ~2,200 kernels and took 77 ms for 51 ms of kernels: `benchmarks/results/prefill_gpu_h200.md`
-    run 4)."""
+    run 4); `fused_products`, with `compile`: a step's int4 products (at most GEMV_MAX_ROWS rows) each one GEMV
+    launch with the norm before it, SwiGLU's activation and the residual add (`fused_products.use_fused_products`)."""
 
     compile: bool = False
     activations: str = "float"
     row_products: bool | None = None
     token_kernel: bool = True
     graph_prefill: bool = False
+    fused_products: bool = True
 
 
 class CudaEngine:
@@ -169,6 +171,10 @@ class CudaEngine:
                 from .kernels.decode_token import use_token_kernel
 
                 use_token_kernel(self.model)
+            if self.options.fused_products:
+                from .fused_products import use_fused_products
+
+                use_fused_products(self.model)
             compile_step(self.model)
         self.vocab = self.model.config.vocab_size
         self.graphs = None
@@ -653,6 +659,7 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
             result["meta"].update(compile=cuda.compile, activations=cuda.activations,
                                   row_products=cuda.compile and ("auto" if cuda.row_products is None else cuda.row_products),
                                   token_kernel=cuda.compile and cuda.token_kernel, graph_prefill=cuda.graph_prefill,
+                                  fused_products=cuda.compile and cuda.fused_products,
                                   copy_bandwidth_GBps=ceiling / 1e9)
             peak_flops = dense_bf16_flops(result["meta"]["gpu"])
             result["meta"]["dense_bf16_TFLOPs"] = peak_flops and peak_flops / 1e12
@@ -852,6 +859,7 @@ def footer(meta: dict) -> str:
             {True: "batch-1 float products as inductor's reductions, ", "auto": "batch-1 float products as inductor's "
              "reductions where the hidden size is <= 1024, "}.get(meta.get("row_products"), "") + \
             ("a TTT layer's token in one kernel, " if meta.get("token_kernel") else "") + \
+            ("int4 products with their norm, activation and residual in one kernel, " if meta.get("fused_products") else "") + \
             ("int8 activations in the quantized prefill GEMMs, " if meta.get("activations") == "int8" else "") + \
             ("prefill: a CUDA graph replay, " if meta.get("graph_prefill") else "")
         return (f"GPU {meta['gpu']}, torch {meta['torch']}, triton {meta['triton']}, {meta['dtype']}, {how}decode: "

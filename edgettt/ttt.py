@@ -58,18 +58,20 @@ class TTTLayer(MixerBase):
         logits = torch.einsum("btc,hc->bth", x, self.learnable_ttt_lr_weight[:, 0]) + self.learnable_ttt_lr_bias[:, 0]
         return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
 
-    def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """The layer's output for x (a block's normed hidden state), plus `residual` if given."""
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         eta_tok = mini_batch_etas(self.learnable_token_idx)
         if self._kernel_applies(x, start):
-            return self.finish(x, self._exact_kernel(state, q, k, v, lr, eta_tok))
+            return self.finish(x, self._exact_kernel(state, q, k, v, lr, eta_tok), residual)
         step = self._mlp_step if self.mlp else self._linear_step
         outs = []
         for offset, count, inner in segments(start, x.shape[1], self.config.mini_batch_size):
             sl = slice(offset, offset + count)
             outs.append(step(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta_tok, inner))
-        return self.finish(x, torch.cat(outs, dim=2))
+        return self.finish(x, torch.cat(outs, dim=2), residual)
 
     def _kernel_applies(self, x: torch.Tensor, start: int) -> bool:
         """TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form kernel

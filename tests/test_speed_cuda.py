@@ -32,7 +32,7 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
     result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"],
+    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"], ["--no-fused-products"],
                    ["--graph-prefill"]):  # no cuda
         result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
         assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
@@ -112,11 +112,13 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
                                            ("parallel", True), ("ttt", True), ("llama", True),
                                            ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True),
                                            ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True),
-                                           ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True)])
+                                           ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True),
+                                           ("parallel:int4+token+fused", True), ("parallel:int4+rows+fused", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off), and
     with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence) and with
-    each layer's token in one kernel (`+token`: `use_token_kernel`)."""
+    each layer's token in one kernel (`+token`: `use_token_kernel`) and with int4 products fused with their
+    norms, activation and residual adds (`+fused`: `use_fused_products`)."""
     import contextlib
 
     from edgettt import convert
@@ -153,6 +155,10 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
         from edgettt.kernels.decode_token import use_token_kernel
 
         assert use_token_kernel(model) > 0
+    if "fused" in extras:
+        from edgettt.fused_products import use_fused_products
+
+        assert use_fused_products(model) > 0
     ids = torch.randint(0, 61, (batch, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():
         state = model.init_state(batch, 40) if form == "llama" else None
@@ -183,9 +189,10 @@ def test_the_cuda_table_says_how_the_models_ran():
             "peak": "allocated", "repetitions": 3, "batch": 1}
     assert "compiled" not in footer(meta) and "int8 activations" not in footer(meta) and "prefill:" not in footer(meta)
     text = footer({**meta, "compile": True, "activations": "int8", "row_products": True, "token_kernel": True,
-                   "graph_prefill": True})
+                   "graph_prefill": True, "fused_products": True})
     assert "decode steps compiled (torch.compile)" in text and "int8 activations" in text and "reductions" in text
-    assert "token in one kernel" in text and "prefill: a CUDA graph replay" in text
+    assert "token in one kernel" in text and "prefill: a CUDA graph replay" in text and "int4 products with" in text
+    assert "int4 products" not in footer({**meta, "compile": True})
 
 
 @pytest.mark.gpu

@@ -11,6 +11,9 @@
   by a shift and one LOP3, one FFMA a code; scales and zero points once a chunk (`_int4_gemv_kernel`).
   1.48x / 1.50x bitsandbytes' gemv_4bit at 4096x4096 / 11008x4096 on the H200; the previous kernel
   and other variants are measured in `benchmarks/bench_gemv.py` (benchmarks/results/gemm_h200.md).
+  `int4_gemv` is the same kernel with a prologue (x through an RMSNorm, a LayerNorm or silu(x) * up as
+  it is read) and a residual added as it stores: a compiled decode step's product with what surrounds
+  it in one launch (`fused_products`).
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers. `gemm` picks one
   of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):
@@ -91,13 +94,58 @@ GEMV_CONFIGS = [triton.Config({"BN": bn, "WPT": wpt, "NQ": 32 * w * r}, num_warp
                                          (8, 2, 1, 2, 1), (2, 2, 1, 2, 1)]]
 
 
-@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
-                 key=["N", "K", "GROUP", "X16"])
+# what the GEMV applies to x on the way in (`int4_gemv`): nothing, an RMSNorm, a LayerNorm, or SwiGLU's silu(x) * up
+PROLOGUES = {"none": 0, "rms": 1, "layer": 2, "gated": 3}
+
+
 @triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, stride_xm, one_bits,
-                      GROUP: tl.constexpr, X16: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
+def _x_stats(x_row, KW, K, eps, X16: tl.constexpr, NQ: tl.constexpr, WPT: tl.constexpr):
+    """(mean, 1 / sqrt(var + eps)) of a row of x for the LayerNorm prologue, in a pass over the same
+    [NQ, WPT] chunks of words the product reads (so in its layout)."""
+    q = tl.arange(0, NQ)
+    s1 = tl.zeros([NQ, WPT], dtype=tl.float32)
+    s2 = tl.zeros([NQ, WPT], dtype=tl.float32)
+    for w0 in range(0, KW, NQ * WPT):
+        c = w0 + q * WPT
+        w = c[:, None] + tl.arange(0, WPT)[None, :]
+        for b in tl.static_range(4):
+            lo, hi = _x_pair(x_row, w, b, (c < KW)[:, None], X16)
+            s1 += lo + hi
+            s2 += lo * lo + hi * hi
+    mean = tl.sum(tl.sum(s1, axis=1), axis=0) / K
+    return mean, tl.rsqrt(tl.maximum(tl.sum(tl.sum(s2, axis=1), axis=0) / K - mean * mean, 0.0) + eps)
+
+
+@triton.jit
+def _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PROLOGUE: tl.constexpr,
+          X16: tl.constexpr, W16: tl.constexpr):
+    """Pair b of words w of x (`_x_pair`: lo, hi) as the product takes it, through the prologue: x * weight
+    (an RMSNorm, whose 1 / rms scales the sums at the end), (x - mean) * inv * weight + bias (a LayerNorm),
+    or silu(x) * up."""
+    if PROLOGUE == 1 or PROLOGUE == 2:
+        g_lo, g_hi = _x_pair(nw_ptr, w, b, ok, W16)
+        if PROLOGUE == 2:
+            b_lo, b_hi = _x_pair(nb_ptr, w, b, ok, W16)
+            lo = (lo - mean) * inv * g_lo + b_lo
+            hi = (hi - mean) * inv * g_hi + b_hi
+        else:
+            lo = lo * g_lo
+            hi = hi * g_hi
+    elif PROLOGUE == 3:
+        u_lo, u_hi = _x_pair(up_row, w, b, ok, X16)
+        lo = lo * tl.sigmoid(lo) * u_lo
+        hi = hi * tl.sigmoid(hi) * u_hi
+    return lo, hi
+
+
+@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
+                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL"])
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW, stride_xm,
+                      stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr, PROLOGUE: tl.constexpr,
+                      W16: tl.constexpr, RESIDUAL: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
                       NQ: tl.constexpr):
-    """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).
+    """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]) (+ r[n]).
 
     The codes are read as 32-bit words (code k = 8w + e is nibble e of word w), a step an [NQ, BN, WPT]
     tile: NQ chunks of WPT words (one chunk a thread, within one group) of each of BN rows, the rows held
@@ -105,7 +153,10 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, strid
     first makes the loads of x (16-bit pairs as 32-bit words, [NQ, WPT] each) take the tile's own layout:
     no shuffle through shared memory. A code c enters as v = 1 + c / 16 (`_one_plus_sixteenths`), one
     FFMA a code, so a chunk's sum of c x is 16 (sum v x - sum x); its scale and zero point enter once a
-    chunk."""
+    chunk. PROLOGUE (`PROLOGUES`) turns x into the product's input as it is read (each program walks all
+    of K, so it can take a norm's statistics: an RMSNorm's on the way, a LayerNorm's in a pass before),
+    RESIDUAL adds r to y: a decode step's norm, activation and residual add then need no kernels of their
+    own."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
     n = pid_n * BN + tl.arange(0, BN)
@@ -114,7 +165,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, strid
     blocks = K // GROUP
     words = qw_ptr.to(tl.pointer_type(tl.int32))
     x_row = x_ptr + m * stride_xm
+    up_row = up_ptr + m * stride_xm
+    mean, inv = 0.0, 1.0
+    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product)
+        mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
     acc = tl.zeros([NQ, BN], dtype=tl.float32)
+    squares = tl.zeros([NQ, WPT], dtype=tl.float32)
     for w0 in range(0, KW, NQ * WPT):
         c = w0 + q * WPT  # [NQ] chunk starts (words)
         c_ok = c < KW  # whole chunks: WPT divides K / 8
@@ -126,6 +182,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, strid
         x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
         for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
             x_lo, x_hi = _x_pair(x_row, w, b, c_ok[:, None], X16)
+            if PROLOGUE == 1:
+                squares += x_lo * x_lo + x_hi * x_hi
+            x_lo, x_hi = _x_in(x_lo, x_hi, up_row, nw_ptr, nb_ptr, w, b, c_ok[:, None], mean, inv, PROLOGUE, X16, W16)
             part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
             part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
             x_sum += x_lo + x_hi
@@ -134,7 +193,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, strid
         zero = _zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
         x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
         acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
-    tl.store(y_ptr + m * N + n, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=n_ok)
+    y = tl.sum(acc, axis=0)
+    if PROLOGUE == 1:
+        y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
+    if RESIDUAL:
+        y += tl.load(r_ptr + m * stride_rm + n, mask=n_ok, other=0.0).to(tl.float32)
+    tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
@@ -274,6 +338,80 @@ def kernel_supports(group: int) -> bool:
     return group in (32, 64, 128)
 
 
+def _words(t: torch.Tensor) -> torch.Tensor:
+    """t (rows of 16-bit values, or codes) as the GEMV reads it, in 32-bit words: copied if it starts off a
+    4-byte boundary or its rows do (a view into a buffer may start anywhere)."""
+    if t.element_size() <= 2 and (t.data_ptr() % 4 or (t.dim() > 1 and t.stride(0) * t.element_size() % 4)):
+        return t.clone(memory_format=torch.contiguous_format)
+    return t
+
+
+def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up=None, norm_weight=None,
+                 norm_bias=None, eps: float = 0.0, residual=None) -> None:
+    """y = prologue(x2) @ W^T (+ residual) by `_int4_gemv_kernel`: x2 [M, K] (and up) rows with unit stride."""
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    x16 = x2.element_size() == 2
+    x2, qweight = _words(x2), _words(qweight)
+    if up is not None:
+        up = _words(up)
+        if up.stride(0) != x2.stride(0):
+            x2, up = x2.contiguous(), up.contiguous()
+    if norm_weight is not None:
+        norm_weight = _words(norm_weight.contiguous())
+        norm_bias = None if norm_bias is None else _words(norm_bias.to(norm_weight.dtype).contiguous())
+    grid = lambda meta: (cdiv(N, meta["BN"]), x2.shape[0])  # noqa: E731
+    # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the word loads
+    # are known aligned and vectorized; unused pointers are x's (never read)
+    _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
+                            x2 if norm_weight is None else norm_weight, x2 if norm_bias is None else norm_bias,
+                            y if residual is None else residual, N, K, K // 8, zero_points.shape[1], x2.stride(0),
+                            0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
+                            PROLOGUE=PROLOGUES[prologue],
+                            W16=norm_weight is not None and norm_weight.element_size() == 2,
+                            RESIDUAL=residual is not None)
+
+
+def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None):
+    """A decode step's product with what surrounds it, by the GEMV kernel in one launch:
+    (residual +) prologue(x) @ W^T, the prologue an RMSNorm or LayerNorm of x (`norm`: ("rms" | "layer",
+    weight, bias or None, eps)), SwiGLU's silu(x) * up (`up`), or none. x, up, residual: [..., K] / [..., N]
+    with at most GEMV_MAX_ROWS rows in all (the kernel's range: each row re-reads the weight); computed in
+    fp32 from x's values, as `int4_gemv_ref`."""
+    K = qweight.shape[1] * qweight.shape[2] * 2
+    assert norm is None or up is None, "one prologue: a norm or the gate"
+    assert x.shape[-1] == K and (up is None or up.shape == x.shape), f"x has {x.shape[-1]} features, the weight {K}"
+    x2, up2, r2 = (None if t is None else _rows(t) for t in (x, up, residual))
+    assert x2.shape[0] <= GEMV_MAX_ROWS, f"{x2.shape[0]} rows: the GEMV takes at most {GEMV_MAX_ROWS}"
+    y = fresh(torch.empty(x2.shape[0], qweight.shape[0], device=x.device, dtype=x.dtype))
+    kind, weight, bias, eps = norm if norm is not None else ("none", None, None, 0.0)
+    _launch_gemv(x2, qweight.contiguous(), scales.contiguous(), zero_points.contiguous(), y,
+                 "gated" if up is not None else kind, up2, weight, bias, eps, r2)
+    return y.reshape(*x.shape[:-1], -1)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """t [..., C] as 2-D rows whose elements are contiguous."""
+    t2 = t.reshape(-1, t.shape[-1])
+    return t2 if t2.stride(-1) == 1 else t2.contiguous()
+
+
+def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None):
+    """What `int4_gemv` computes, in fp32 torch, the result in x's dtype."""
+    x32 = x.float()
+    if norm is not None:
+        kind, weight, bias, eps = norm
+        if kind == "rms":
+            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+        else:
+            x32 = torch.nn.functional.layer_norm(x32, x32.shape[-1:], weight.float(),
+                                                 None if bias is None else bias.float(), eps)
+    if up is not None:
+        x32 = torch.nn.functional.silu(x32) * up.float()
+    y = x32 @ dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points}).float().T
+    return (y if residual is None else y + residual.float()).to(x.dtype)
+
+
 def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
@@ -287,16 +425,7 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     ZPW = zero_points.shape[1]
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS or gemm == "gemv":
-        grid = lambda meta: (cdiv(N, meta["BN"]), M)  # noqa: E731
-        x16 = x2.element_size() == 2
-        if x16 and (x2.data_ptr() % 4 or x2.stride(0) % 2):  # 16-bit pairs are read as aligned 32-bit words
-            x2 = x2.clone(memory_format=torch.contiguous_format)
-        if qweight.data_ptr() % 4:  # the codes too (a view into a byte buffer may start anywhere)
-            qweight = qweight.clone()
-        # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the
-        # word loads are known aligned and vectorized
-        _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, N, K, K // 8, ZPW, x2.stride(0), 0x3F800000,
-                                GROUP=GH * 2, X16=x16)
+        _launch_gemv(x2, qweight, scales, zero_points, y)
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
     elif (gemm or "dequantize") == "dequantize":

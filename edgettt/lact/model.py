@@ -218,7 +218,7 @@ class LaCTBlock(nn.Module):
 
     def forward(self, h, state: dict, start: int, decode: bool):
         h = h + self.attn(self.attn_norm(h), state, start, decode)
-        return h + self.mlp(self.mlp_norm(h))
+        return self.mlp(h, self.mlp_norm, residual=h)
 
 
 class LaCTBackbone(nn.Module):

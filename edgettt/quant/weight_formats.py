@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -319,6 +320,26 @@ def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
 
 @int4_linear.register_fake
 def _(x, qweight, scales, zero_points, a8):
+    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+
+
+@torch.library.custom_op("edgettt::int4_linear_fused", mutates_args=())
+def int4_linear_fused(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
+                      norm: str, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor], eps: float,
+                      up: Optional[torch.Tensor], residual: Optional[torch.Tensor]) -> torch.Tensor:
+    """(residual +) prologue(x) @ W^T of an int4 weight in one GEMV launch (`kernels.int4.int4_gemv`; its
+    reference off CUDA): `norm` "none", "rms" or "layer" (with its weight, bias, eps), or `up` for SwiGLU's
+    silu(x) * up. A compiled decode step's product with its norm, activation and residual
+    (`fused_products.product`)."""
+    from ..kernels.int4 import int4_gemv, int4_gemv_ref, kernel_supports
+
+    spec = None if norm == "none" else (norm, norm_weight, norm_bias, eps)
+    gemv = int4_gemv if x.is_cuda and kernel_supports(qweight.shape[2] * 2) else int4_gemv_ref
+    return gemv(x, qweight, scales, zero_points, spec, up, residual)
+
+
+@int4_linear_fused.register_fake
+def _(x, qweight, scales, zero_points, norm, norm_weight, norm_bias, eps, up, residual):
     return x.new_empty(*x.shape[:-1], qweight.shape[0])
 
 

@@ -5,7 +5,7 @@ import torch
 
 from conftest import rel_err
 from test_int8 import assert_codes_match
-from edgettt.kernels.int4 import GEMV_MAX_ROWS, int4_matmul, int4_matmul_ref, int4_matmul_a8_ref, int4_to_int8, int4_to_int8_ref
+from edgettt.kernels.int4 import GEMV_MAX_ROWS, int4_gemv, int4_gemv_ref, int4_matmul, int4_matmul_ref, int4_matmul_a8_ref, int4_to_int8, int4_to_int8_ref
 from edgettt.quant.layouts import dequantize_int4
 from edgettt.quant.weight_formats import weight_format
 
@@ -58,6 +58,42 @@ def test_int4_gemv_error_is_within_fp32_rounding_of_its_terms(device):
     terms = 16 * (x.double().abs() @ scales.double().abs().repeat_interleave(group, dim=1).T)
     error = (int4_matmul(x, qweight, scales, zero_points).double() - exact).abs() / terms
     assert error.max() < 16 * 2.0 ** -24  # measured 0.54 of one rounding on the CPU interpreter
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("prologue", ["residual", "rms", "layer+residual", "gated+residual"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_int4_gemv_with_its_prologue_and_residual_matches_reference(device, prologue, rows):
+    """`int4_gemv`, a decode step's product in one launch: x through an RMSNorm, a LayerNorm (x with a
+    common offset, so that its statistics' E[x^2] - mean^2 cancels) or SwiGLU's silu(x) * up as the kernel
+    reads it, the residual added as it stores, against the same in fp32 torch (`int4_gemv_ref`); the
+    gated product's x and up are views into one [gate | up] buffer, as a fused gate/up product leaves them."""
+    N, K, group = 40, 192, 64
+    weight = packed(N, K, group, device)
+    g = torch.Generator().manual_seed(8)
+    dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
+    for dtype in dtypes:
+        def rand(*shape, offset=0.0):
+            return (offset + torch.randn(*shape, generator=g)).to(device=device, dtype=dtype)
+        x, kw = rand(rows, K, offset=3.0 if "layer" in prologue else 0.0), {}
+        if prologue.startswith("rms"):
+            kw["norm"] = ("rms", rand(K), None, 1e-6)
+        if prologue.startswith("layer"):
+            kw["norm"] = ("layer", rand(K), rand(K), 1e-6)
+        if prologue.startswith("gated"):
+            both = rand(rows, 2 * K)
+            x, kw["up"] = both[:, :K], both[:, K:]
+        if "residual" in prologue:
+            kw["residual"] = rand(rows, N)
+        want = int4_gemv_ref(x.float(), *weight, **{k: _fp32(v) for k, v in kw.items()})
+        assert rel_err(int4_gemv(x, *weight, **kw).float(), want) < TOL[dtype], dtype
+
+
+def _fp32(value):
+    """A tensor, or a norm's (kind, weight, bias, eps), in fp32."""
+    if isinstance(value, tuple):
+        return tuple(v.float() if torch.is_tensor(v) else v for v in value)
+    return value.float()
 
 
 @pytest.mark.parametrize("device", DEVICES)
