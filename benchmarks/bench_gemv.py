@@ -2,6 +2,7 @@
 (bf16 cuBLAS, the int4 kernel, bitsandbytes NF4), on CUDA.
 
     python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json [--variants A,B] [--shapes NxK,...]
+    python benchmarks/bench_gemv.py --prologues --json out.json     (the fused decode products, fused_products.py)
 
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
 Variants timed in the same run: "shipped" (the kernel in edgettt: 32-bit code words, a thread's chunk of
@@ -347,12 +348,71 @@ def same_bytes_copy_row(N, K, nbytes, ceiling):
     return row
 
 
+# the int4 products of a decode step around which `fused_products` fuses, at the presets' sizes: (preset,
+# product, N, K, what it fuses); gate/up is the stacked product of both
+PROLOGUE_SHAPES = [(preset, name, N, K, fused) for preset, C, inner in (("760m", 1536, 4096), ("125m", 768, 2048))
+                   for name, N, K, fused in (("o", C, C, "layer"), ("gate/up", 2 * inner, C, "rms"),
+                                             ("down", C, inner, "gated"))]
+
+
+def prologue_rows(ceiling) -> list[dict]:
+    """Each fused product of a decode step (`int4_gemv` with its prologue and residual) against the plain GEMV
+    and against the same work as separate launches, the norm / activation and the residual add each a kernel
+    torch.compile makes (as a compiled step runs them unfused): microseconds a call in a CUDA graph, weight
+    copies rotating past L2 (x, the norm's parameters and the residual stay in it, as in a step)."""
+    import torch.nn.functional as F
+
+    from edgettt.ops import rms_norm
+
+    rows = []
+    for preset, name, N, K, fused in PROLOGUE_SHAPES:
+        copy, _, nbytes, _ = weight_variants(N, K, torch.bfloat16)["int4 g64 (edgettt kernel)"]
+        copies = [copy() for _ in range(copies_for(nbytes))]
+        device = copies[0][0].device
+
+        def rand(*shape):
+            return torch.randn(*shape, device=device, dtype=torch.bfloat16)
+        x, gate_up, weight, bias = rand(1, K), rand(1, 2 * K), rand(K), rand(K)
+        residual = rand(1, N) if fused != "rms" else None
+        if fused == "gated":
+            x, up, norm = gate_up[:, :K], gate_up[:, K:], None
+            before = torch.compile(lambda x: F.silu(x) * up)
+        else:
+            up, norm = None, (fused, weight, bias if fused == "layer" else None, 1e-6)
+            before = torch.compile(lambda x: F.layer_norm(x, (K,), weight, bias, 1e-6) if fused == "layer"
+                                   else rms_norm(x, weight, 1e-6))
+        add = torch.compile(lambda r, y: r + y)
+        ways = {"plain GEMV": lambda c: int4.int4_gemv(x, *c),
+                f"fused ({fused}{' + residual' if residual is not None else ''})":
+                    lambda c: int4.int4_gemv(x, *c, norm=norm, up=up, residual=residual),
+                "separate (compiled prologue, GEMV, add)":
+                    lambda c: (lambda y: y if residual is None else add(residual, y))(int4.int4_gemv(before(x), *c))}
+        for way, fn in ways.items():
+            fn(copies[0])  # compile and autotune outside the capture
+            ms, _ = time_rotating_ms([lambda c=c: fn(c) for c in copies])
+            rows.append({"preset": preset, "product": name, "N": N, "K": K, "way": way, "us": ms * 1e3,
+                         "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling})
+            print(json.dumps(rows[-1]), flush=True)
+        del copies
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--json", default=None)
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated, of: " + ", ".join(VARIANTS))
     ap.add_argument("--shapes", default="4096x4096,11008x4096", help="comma-separated NxK weight shapes")
+    ap.add_argument("--prologues", action="store_true", help="instead: each fused decode product (`int4_gemv` with "
+                    "its norm or activation and residual, fused_products.py) at the 760m and 125m presets' shapes, "
+                    "against the plain GEMV and against the same work as separate kernels")
     args = ap.parse_args()
+    if args.prologues:
+        rows = prologue_rows(copy_bandwidth())
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
+                           "prologues": rows}, f, indent=2)
+        return
     names = [v for v in args.variants.split(",") if v]
     unknown = [v for v in names if v not in VARIANTS]
     if unknown:

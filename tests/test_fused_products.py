@@ -21,7 +21,7 @@ def op_calls(graphs, name: str) -> int:
     return sum(node.target in (op, op.default) for gm in graphs for node in gm.graph.nodes)
 
 
-@pytest.mark.parametrize("batch,fused_per_layer", [(1, 3), (3, 3), (9, 0)])
+@pytest.mark.parametrize("batch,fused_per_layer", [(3, 3), (9, 0)])
 def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eager(batch, fused_per_layer):
     """Each layer's output projection (with the mixer's LayerNorm and the residual), gate/up (with the MLP's
     RMSNorm) and down projection (with SwiGLU's activation and the residual) are one fused op each within
@@ -36,12 +36,12 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     model = int4_model().eval()
     fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
     assert use_fused_products(model) > 0
-    ids = torch.randint(0, 256, (batch, 24), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, 256, (batch, 22), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :20])
         compiled_state = _copy_state(state)
         step, graphs = compiled_recording(model.step)
-        for t in range(20, 24):
+        for t in range(20, 22):
             want, state = model.step(ids[:, t], state)
             got, compiled_state = step(ids[:, t], compiled_state)
             assert rel_err(got, want) < 1e-5

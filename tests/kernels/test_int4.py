@@ -61,8 +61,7 @@ def test_int4_gemv_error_is_within_fp32_rounding_of_its_terms(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("prologue", ["residual", "rms", "layer+residual", "gated+residual"])
-@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("prologue,rows", [("residual", 1), ("rms", 3), ("layer+residual", 1), ("gated+residual", 3)])
 def test_int4_gemv_with_its_prologue_and_residual_matches_reference(device, prologue, rows):
     """`int4_gemv`, a decode step's product in one launch: x through an RMSNorm, a LayerNorm (x with a
     common offset, so that its statistics' E[x^2] - mean^2 cancels) or SwiGLU's silu(x) * up as the kernel
