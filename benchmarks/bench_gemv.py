@@ -359,7 +359,9 @@ def prologue_rows(ceiling) -> list[dict]:
     """Each fused product of a decode step (`int4_gemv` with its prologue and residual) against the plain GEMV
     and against the same work as separate launches, the norm / activation and the residual add each a kernel
     torch.compile makes (as a compiled step runs them unfused): microseconds a call in a CUDA graph, weight
-    copies rotating past L2 (x, the norm's parameters and the residual stay in it, as in a step)."""
+    copies rotating past L2 (x, the norm's parameters and the residual stay in it, as in a step). Also the
+    alternative for SwiGLU's activation: in the gate/up product's epilogue (`glu`, rows as gate/up pairs;
+    not used by the model yet), leaving the down product with its residual only."""
     import torch.nn.functional as F
 
     from edgettt.ops import rms_norm
@@ -387,6 +389,10 @@ def prologue_rows(ceiling) -> list[dict]:
                     lambda c: int4.int4_gemv(x, *c, norm=norm, up=up, residual=residual),
                 "separate (compiled prologue, GEMV, add)":
                     lambda c: (lambda y: y if residual is None else add(residual, y))(int4.int4_gemv(before(x), *c))}
+        if fused == "rms":  # SwiGLU's activation in this product's epilogue instead (rows read as gate/up pairs)
+            ways["fused (rms, GLU epilogue)"] = lambda c: int4.int4_gemv(x, *c, norm=norm, glu=True)
+        if fused == "gated":  # the down product once the activation is made elsewhere
+            ways["residual only"] = lambda c: int4.int4_gemv(x, *c, residual=residual)
         for way, fn in ways.items():
             fn(copies[0])  # compile and autotune outside the capture
             ms, _ = time_rotating_ms([lambda c=c: fn(c) for c in copies])

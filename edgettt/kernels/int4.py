@@ -139,11 +139,11 @@ def _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PRO
 
 
 @triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
-                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL"])
+                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU"])
 @triton.jit
 def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW, stride_xm,
                       stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr, PROLOGUE: tl.constexpr,
-                      W16: tl.constexpr, RESIDUAL: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
+                      W16: tl.constexpr, RESIDUAL: tl.constexpr, GLU: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
                       NQ: tl.constexpr):
     """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]) (+ r[n]).
 
@@ -156,7 +156,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
     chunk. PROLOGUE (`PROLOGUES`) turns x into the product's input as it is read (each program walks all
     of K, so it can take a norm's statistics: an RMSNorm's on the way, a LayerNorm's in a pass before),
     RESIDUAL adds r to y: a decode step's norm, activation and residual add then need no kernels of their
-    own."""
+    own. GLU: the weight's rows are SwiGLU's gate and up rows interleaved (gate j at 2j, up j at 2j + 1), and
+    the program stores silu(gate) * up, N / 2 outputs: each activation computed once, by the program that
+    has both rows (BN is even)."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
     n = pid_n * BN + tl.arange(0, BN)
@@ -198,7 +200,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
         y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
     if RESIDUAL:
         y += tl.load(r_ptr + m * stride_rm + n, mask=n_ok, other=0.0).to(tl.float32)
-    tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    if GLU:
+        gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
+        j = pid_n * (BN // 2) + tl.arange(0, BN // 2)
+        tl.store(y_ptr + m * (N // 2) + j, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=j < N // 2)
+    else:
+        tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
@@ -347,8 +354,9 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up=None, norm_weight=None,
-                 norm_bias=None, eps: float = 0.0, residual=None) -> None:
-    """y = prologue(x2) @ W^T (+ residual) by `_int4_gemv_kernel`: x2 [M, K] (and up) rows with unit stride."""
+                 norm_bias=None, eps: float = 0.0, residual=None, glu: bool = False) -> None:
+    """y = prologue(x2) @ W^T (+ residual; or its rows' GLU pairs) by `_int4_gemv_kernel`: x2 [M, K] (and up)
+    rows with unit stride."""
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
     x16 = x2.element_size() == 2
@@ -369,24 +377,27 @@ def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up
                             0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
                             PROLOGUE=PROLOGUES[prologue],
                             W16=norm_weight is not None and norm_weight.element_size() == 2,
-                            RESIDUAL=residual is not None)
+                            RESIDUAL=residual is not None, GLU=glu)
 
 
-def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None):
+def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None,
+              glu: bool = False):
     """A decode step's product with what surrounds it, by the GEMV kernel in one launch:
     (residual +) prologue(x) @ W^T, the prologue an RMSNorm or LayerNorm of x (`norm`: ("rms" | "layer",
     weight, bias or None, eps)), SwiGLU's silu(x) * up (`up`), or none. x, up, residual: [..., K] / [..., N]
     with at most GEMV_MAX_ROWS rows in all (the kernel's range: each row re-reads the weight); computed in
-    fp32 from x's values, as `int4_gemv_ref`."""
+    fp32 from x's values, as `int4_gemv_ref`. `glu`: the weight's rows are gate and up rows interleaved and
+    the result is silu(gate) * up, [..., N / 2] (no residual)."""
     K = qweight.shape[1] * qweight.shape[2] * 2
     assert norm is None or up is None, "one prologue: a norm or the gate"
+    assert not glu or (residual is None and qweight.shape[0] % 2 == 0), "GLU pairs of rows, without a residual"
     assert x.shape[-1] == K and (up is None or up.shape == x.shape), f"x has {x.shape[-1]} features, the weight {K}"
     x2, up2, r2 = (None if t is None else _rows(t) for t in (x, up, residual))
     assert x2.shape[0] <= GEMV_MAX_ROWS, f"{x2.shape[0]} rows: the GEMV takes at most {GEMV_MAX_ROWS}"
-    y = fresh(torch.empty(x2.shape[0], qweight.shape[0], device=x.device, dtype=x.dtype))
+    y = fresh(torch.empty(x2.shape[0], qweight.shape[0] // (2 if glu else 1), device=x.device, dtype=x.dtype))
     kind, weight, bias, eps = norm if norm is not None else ("none", None, None, 0.0)
     _launch_gemv(x2, qweight.contiguous(), scales.contiguous(), zero_points.contiguous(), y,
-                 "gated" if up is not None else kind, up2, weight, bias, eps, r2)
+                 "gated" if up is not None else kind, up2, weight, bias, eps, r2, glu)
     return y.reshape(*x.shape[:-1], -1)
 
 
@@ -396,7 +407,8 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
-def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None):
+def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None,
+                  glu: bool = False):
     """What `int4_gemv` computes, in fp32 torch, the result in x's dtype."""
     x32 = x.float()
     if norm is not None:
@@ -409,6 +421,9 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
     if up is not None:
         x32 = torch.nn.functional.silu(x32) * up.float()
     y = x32 @ dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points}).float().T
+    if glu:
+        gate, up_rows = y.unflatten(-1, (-1, 2)).unbind(-1)
+        return (torch.nn.functional.silu(gate) * up_rows).to(x.dtype)
     return (y if residual is None else y + residual.float()).to(x.dtype)
 
 

@@ -61,12 +61,14 @@ def test_int4_gemv_error_is_within_fp32_rounding_of_its_terms(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("prologue,rows", [("residual", 1), ("rms", 3), ("layer+residual", 1), ("gated+residual", 3)])
+@pytest.mark.parametrize("prologue,rows", [("residual", 1), ("rms", 3), ("layer+residual", 1), ("gated+residual", 3),
+                                           ("rms+glu", 2)])
 def test_int4_gemv_with_its_prologue_and_residual_matches_reference(device, prologue, rows):
     """`int4_gemv`, a decode step's product in one launch: x through an RMSNorm, a LayerNorm (x with a
     common offset, so that its statistics' E[x^2] - mean^2 cancels) or SwiGLU's silu(x) * up as the kernel
     reads it, the residual added as it stores, against the same in fp32 torch (`int4_gemv_ref`); the
-    gated product's x and up are views into one [gate | up] buffer, as a fused gate/up product leaves them."""
+    gated product's x and up are views into one [gate | up] buffer, as a fused gate/up product leaves them;
+    "glu": the weight's rows taken as gate and up rows interleaved, silu(gate) * up stored (N / 2 outputs)."""
     N, K, group = 40, 192, 64
     weight = packed(N, K, group, device)
     g = torch.Generator().manual_seed(8)
@@ -84,6 +86,8 @@ def test_int4_gemv_with_its_prologue_and_residual_matches_reference(device, prol
             x, kw["up"] = both[:, :K], both[:, K:]
         if "residual" in prologue:
             kw["residual"] = rand(rows, N)
+        if "glu" in prologue:
+            kw["glu"] = True
         want = int4_gemv_ref(x.float(), *weight, **{k: _fp32(v) for k, v in kw.items()})
         assert rel_err(int4_gemv(x, *weight, **kw).float(), want) < TOL[dtype], dtype
 
@@ -92,7 +96,7 @@ def _fp32(value):
     """A tensor, or a norm's (kind, weight, bias, eps), in fp32."""
     if isinstance(value, tuple):
         return tuple(v.float() if torch.is_tensor(v) else v for v in value)
-    return value.float()
+    return value.float() if torch.is_tensor(value) else value
 
 
 @pytest.mark.parametrize("device", DEVICES)
