@@ -5,8 +5,9 @@ decode step run each of those as one int4 GEMV launch.
 The model always computes `residual + layer(prologue(x))` through `product`. Written out (eager, the ONNX
 export, autograd, more than GEMV_MAX_ROWS rows, any layer but an int4 one marked by `use_fused_products`)
 it is exactly the modules' composition. Inside a decode step that torch.compile traces, a marked int4
-layer's product becomes `edgettt::int4_linear_fused`: the GEMV kernel reads x, applies the norm (its
-statistics in a pass over the row: each GEMV program walks all of K) or the activation as it loads it, and
+layer's product becomes `edgettt::int4_linear_fused`: the GEMV kernel reads x, applies the norm (each GEMV
+program walks all of K: an RMSNorm's statistics on the way, a LayerNorm's in a pass over the row first) or
+the activation as it loads it, and
 adds the residual as it stores, where inductor would make a kernel of its own for the norm, the activation
 and the add around the opaque GEMV (a batch-1 760m int4 token: 10 kernels a layer, each ~1-2 us,
 `benchmarks/results/model_speed_h200.md`). The norm's output is then never rounded to bfloat16 (fp32 in
@@ -34,9 +35,9 @@ def norm_kind(norm: nn.Module) -> str | None:
 def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up: torch.Tensor | None = None,
             residual: torch.Tensor | None = None) -> torch.Tensor:
     """residual + layer(x'), x' = norm(x) with a norm, silu(x) * up with `up`, else x (residual optional)."""
-    if getattr(layer, "fuse_prologues", False) and any(t is not None for t in (norm, up, residual)) and _fuses(x, norm):
-        kind, weight, bias, eps = ("none", None, None, 0.0) if norm is None else (
-            norm_kind(norm), norm.weight, getattr(norm, "bias", None), float(norm.eps))
+    kind = "none" if norm is None else norm_kind(norm)
+    if getattr(layer, "fuse_prologues", False) and any(t is not None for t in (norm, up, residual)) and _fuses(x, kind):
+        weight, bias, eps = (None, None, 0.0) if norm is None else (norm.weight, getattr(norm, "bias", None), float(norm.eps))
         return torch.ops.edgettt.int4_linear_fused(x, layer.qweight, layer.scales, layer.zero_points, kind, weight,
                                                    bias, eps, up, residual)
     if norm is not None:
@@ -47,11 +48,12 @@ def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up
     return y if residual is None else residual + y
 
 
-def _fuses(x: torch.Tensor, norm: nn.Module | None) -> bool:
+def _fuses(x: torch.Tensor, kind: str | None) -> bool:
     """Whether a marked layer's product of x runs fused: a compiled decode step's GEMV rows, without autograd,
-    with a norm the kernel applies (off CUDA the op runs its reference: what the CPU tests trace)."""
+    with no norm or one the kernel applies (`kind` not None; off CUDA the op runs its reference: what the CPU
+    tests trace)."""
     return (fused_decode() and not x.requires_grad and x.numel() // x.shape[-1] <= GEMV_MAX_ROWS
-            and (norm is None or norm_kind(norm) is not None))
+            and kind is not None)
 
 
 def use_fused_products(model: nn.Module) -> int:

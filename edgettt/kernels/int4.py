@@ -34,6 +34,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..ops import rms_norm
 from ..quant.layouts import dequantize_int4, unpack_nibbles
 from . import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
 from .int8 import int8_a8_gemm, int8_matmul_a8_ref
@@ -414,7 +415,7 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
     if norm is not None:
         kind, weight, bias, eps = norm
         if kind == "rms":
-            x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()
+            x32 = rms_norm(x32, weight.float(), eps)
         else:
             x32 = torch.nn.functional.layer_norm(x32, x32.shape[-1:], weight.float(),
                                                  None if bias is None else bias.float(), eps)
@@ -432,9 +433,7 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     K = blocks * GH * 2
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
     assert kernel_supports(GH * 2), f"the kernels take int4 groups of 32, 64 or 128, not {GH * 2}"
-    x2 = x.reshape(-1, K)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()
+    x2 = _rows(x)
     M = x2.shape[0]
     qweight, scales, zero_points = qweight.contiguous(), scales.contiguous(), zero_points.contiguous()
     ZPW = zero_points.shape[1]
