@@ -355,19 +355,19 @@ PROLOGUE_SHAPES = [(preset, name, N, K, fused) for preset, C, inner in (("760m",
                                              ("down", C, inner, "gated"))]
 
 
-def prologue_rows(ceiling) -> list[dict]:
+def prologue_rows(ceiling, presets=("760m", "125m")) -> list[dict]:
     """Each fused product of a decode step (`int4_gemv` with its prologue and residual) against the plain GEMV
     and against the same work as separate launches, the norm / activation and the residual add each a kernel
     torch.compile makes (as a compiled step runs them unfused): microseconds a call in a CUDA graph, weight
     copies rotating past L2 (x, the norm's parameters and the residual stay in it, as in a step). Also the
-    alternative for SwiGLU's activation: in the gate/up product's epilogue (`glu`, rows as gate/up pairs;
-    not used by the model yet), leaving the down product with its residual only."""
+    way the model takes SwiGLU's activation since: in the gate/up product's epilogue (`glu`), leaving the down
+    product with its residual only."""
     import torch.nn.functional as F
 
     from edgettt.ops import rms_norm
 
     rows = []
-    for preset, name, N, K, fused in PROLOGUE_SHAPES:
+    for preset, name, N, K, fused in [shape for shape in PROLOGUE_SHAPES if shape[0] in presets]:
         copy, _, nbytes, _ = weight_variants(N, K, torch.bfloat16)["int4 g64 (edgettt kernel)"]
         copies = [copy() for _ in range(copies_for(nbytes))]
         device = copies[0][0].device
@@ -389,8 +389,9 @@ def prologue_rows(ceiling) -> list[dict]:
                     lambda c: int4.int4_gemv(x, *c, norm=norm, up=up, residual=residual),
                 "separate (compiled prologue, GEMV, add)":
                     lambda c: (lambda y: y if residual is None else add(residual, y))(int4.int4_gemv(before(x), *c))}
-        if fused == "rms":  # SwiGLU's activation in this product's epilogue instead (rows read as gate/up pairs)
+        if fused == "rms":  # SwiGLU's activation in this product's epilogue (what the model runs since)
             ways["fused (rms, GLU epilogue)"] = lambda c: int4.int4_gemv(x, *c, norm=norm, glu=True)
+            ways["separate rms, GEMV with GLU epilogue"] = lambda c: int4.int4_gemv(before(x), *c, glu=True)
         if fused == "gated":  # the down product once the activation is made elsewhere
             ways["residual only"] = lambda c: int4.int4_gemv(x, *c, residual=residual)
         for way, fn in ways.items():
@@ -411,9 +412,10 @@ def main():
     ap.add_argument("--prologues", action="store_true", help="instead: each fused decode product (`int4_gemv` with "
                     "its norm or activation and residual, fused_products.py) at the 760m and 125m presets' shapes, "
                     "against the plain GEMV and against the same work as separate kernels")
+    ap.add_argument("--presets", default="760m,125m", help="with --prologues: the presets whose shapes to time")
     args = ap.parse_args()
     if args.prologues:
-        rows = prologue_rows(copy_bandwidth())
+        rows = prologue_rows(copy_bandwidth(), args.presets.split(","))
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

@@ -33,18 +33,23 @@ def norm_kind(norm: nn.Module) -> str | None:
 
 
 def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up: torch.Tensor | None = None,
-            residual: torch.Tensor | None = None) -> torch.Tensor:
-    """residual + layer(x'), x' = norm(x) with a norm, silu(x) * up with `up`, else x (residual optional)."""
+            residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """residual + layer(x'), x' = norm(x) with a norm, silu(x) * up with `up`, else x (residual optional);
+    `glu`: layer is a stacked gate/up product, and the result silu(gate) * up of its two halves instead."""
     kind = "none" if norm is None else norm_kind(norm)
-    if getattr(layer, "fuse_prologues", False) and any(t is not None for t in (norm, up, residual)) and _fuses(x, kind):
+    if getattr(layer, "fuse_prologues", False) and (glu or any(t is not None for t in (norm, up, residual))) \
+            and _fuses(x, kind):
         weight, bias, eps = (None, None, 0.0) if norm is None else (norm.weight, getattr(norm, "bias", None), float(norm.eps))
         return torch.ops.edgettt.int4_linear_fused(x, layer.qweight, layer.scales, layer.zero_points, kind, weight,
-                                                   bias, eps, up, residual)
+                                                   bias, eps, up, residual, glu)
     if norm is not None:
         x = norm(x)
     if up is not None:
         x = F.silu(x) * up
     y = layer(x)
+    if glu:
+        gate, up = y.chunk(2, dim=-1)
+        return F.silu(gate) * up
     return y if residual is None else residual + y
 
 

@@ -53,6 +53,9 @@ class SwiGLU(FusableInputs, nn.Module):
 
     def forward(self, x, norm: nn.Module | None = None, residual: torch.Tensor | None = None):
         """(residual +) the MLP of norm(x) (of x without a norm)."""
+        stacked = getattr(getattr(self, "fused_inputs", None), "linear", None)
+        if getattr(stacked, "fuse_prologues", False):  # one int4 gate/up product: the activation as it stores
+            return product(self.down_proj, product(stacked, x, norm, glu=True), residual=residual)
         gate, up = self.project_inputs(x, norm)
         return product(self.down_proj, gate, up=up, residual=residual)
 

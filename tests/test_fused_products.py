@@ -16,16 +16,18 @@ def int4_model():
     return edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig("int4", 64))
 
 
-def op_calls(graphs, name: str) -> int:
+def op_calls(graphs, name: str, last_arg=None) -> int:
+    """Calls of op `name` in the graphs (with `last_arg`: those whose last argument is that)."""
     op = getattr(torch.ops.edgettt, name)
-    return sum(node.target in (op, op.default) for gm in graphs for node in gm.graph.nodes)
+    return sum(node.target in (op, op.default) and (last_arg is None or node.args[-1] == last_arg)
+               for gm in graphs for node in gm.graph.nodes)
 
 
 @pytest.mark.parametrize("batch,fused_per_layer", [(3, 3), (9, 0)])
 def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eager(batch, fused_per_layer):
     """Each layer's output projection (with the mixer's LayerNorm and the residual), gate/up (with the MLP's
-    RMSNorm) and down projection (with SwiGLU's activation and the residual) are one fused op each within
-    the GEMV's rows (batch <= 8), none above; q/k/v stay `int4_linear` (the mixer's normed input also feeds
+    RMSNorm, SwiGLU's activation applied to its halves as it stores) and down projection (with the residual)
+    are one fused op each within the GEMV's rows (batch <= 8), none above; q/k/v stay `int4_linear` (the mixer's normed input also feeds
     its learning rates). The compiled step (AOT autograd: the CPU's stand-in for inductor) gives the eager
     step's logits and state."""
     from edgettt.fused_products import use_fused_products
@@ -48,6 +50,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     torch._dynamo.reset()
     layers = model.config.num_hidden_layers
     assert graphs and op_calls(graphs, "int4_linear_fused") == fused_per_layer * layers * len(graphs)
+    assert op_calls(graphs, "int4_linear_fused", last_arg=True) == (fused_per_layer > 0) * layers * len(graphs)  # glu
     assert op_calls(graphs, "int4_linear") >= (4 - fused_per_layer) * layers * len(graphs)
     for a, b in zip(state.layers, compiled_state.layers):
         for name in a:

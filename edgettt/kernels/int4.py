@@ -12,8 +12,9 @@
   1.48x / 1.50x bitsandbytes' gemv_4bit at 4096x4096 / 11008x4096 on the H200; the previous kernel
   and other variants are measured in `benchmarks/bench_gemv.py` (benchmarks/results/gemm_h200.md).
   `int4_gemv` is the same kernel with a prologue (x through an RMSNorm, a LayerNorm or silu(x) * up as
-  it is read) and a residual added as it stores: a compiled decode step's product with what surrounds
-  it in one launch (`fused_products`).
+  it is read) and a residual added as it stores, or SwiGLU's activation applied to a stacked gate/up
+  product as it stores (`glu`): a compiled decode step's product with what surrounds it in one launch
+  (`fused_products`).
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers. `gemm` picks one
   of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):
@@ -118,6 +119,15 @@ def _x_stats(x_row, KW, K, eps, X16: tl.constexpr, NQ: tl.constexpr, WPT: tl.con
 
 
 @triton.jit
+def _code_words(words, n, n_ok, q, w0, KW, WPT: tl.constexpr):
+    """The [NQ, BN, WPT] tile of code words of a GEMV step: chunk q of rows n, the step's chunks from word w0."""
+    c = w0 + q * WPT  # chunk starts (whole chunks: WPT divides K / 8)
+    w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
+    ok = (c < KW)[:, None, None] & n_ok[None, :, None]
+    return tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok, other=0, eviction_policy="evict_first")
+
+
+@triton.jit
 def _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PROLOGUE: tl.constexpr,
           X16: tl.constexpr, W16: tl.constexpr):
     """Pair b of words w of x (`_x_pair`: lo, hi) as the product takes it, through the prologue: x * weight
@@ -157,20 +167,27 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
     chunk. PROLOGUE (`PROLOGUES`) turns x into the product's input as it is read (each program walks all
     of K, so it can take a norm's statistics: an RMSNorm's on the way, a LayerNorm's in a pass before),
     RESIDUAL adds r to y: a decode step's norm, activation and residual add then need no kernels of their
-    own. GLU: the weight's rows are SwiGLU's gate and up rows interleaved (gate j at 2j, up j at 2j + 1), and
-    the program stores silu(gate) * up, N / 2 outputs: each activation computed once, by the program that
-    has both rows (BN is even)."""
+    own. GLU: the weight is SwiGLU's stacked gate/up product (gate row j at j, its up row at N / 2 + j): a
+    program takes BN / 2 such pairs (held interleaved, gate then up) and stores silu(gate) * up, N / 2
+    outputs: each activation computed once, by the program that has both rows (BN is even)."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
-    n = pid_n * BN + tl.arange(0, BN)
-    n_ok = n < N
+    if GLU:  # pairs j: gate row j, up row N / 2 + j
+        pair = pid_n * (BN // 2) + tl.arange(0, BN) // 2
+        n = pair + (tl.arange(0, BN) % 2) * (N // 2)
+        n_ok = pair < N // 2
+    else:
+        n = pid_n * BN + tl.arange(0, BN)
+        n_ok = n < N
     q = tl.arange(0, NQ)
     blocks = K // GROUP
     words = qw_ptr.to(tl.pointer_type(tl.int32))
     x_row = x_ptr + m * stride_xm
     up_row = up_ptr + m * stride_xm
     mean, inv = 0.0, 1.0
-    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product)
+    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product),
+        # the first step's codes already on their way (their load does not wait for the pass over x)
+        word = _code_words(words, n, n_ok, q, 0, KW, WPT)
         mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
     acc = tl.zeros([NQ, BN], dtype=tl.float32)
     squares = tl.zeros([NQ, WPT], dtype=tl.float32)
@@ -179,8 +196,11 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
         c_ok = c < KW  # whole chunks: WPT divides K / 8
         w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
         ok = c_ok[:, None] & n_ok[None, :]  # [NQ, BN]
-        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0,
-                       eviction_policy="evict_first")  # [NQ, BN, WPT]
+        if PROLOGUE == 2:
+            if w0 > 0:
+                word = _code_words(words, n, n_ok, q, w0, KW, WPT)
+        else:
+            word = _code_words(words, n, n_ok, q, w0, KW, WPT)
         part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
         x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
         for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
@@ -369,7 +389,7 @@ def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up
     if norm_weight is not None:
         norm_weight = _words(norm_weight.contiguous())
         norm_bias = None if norm_bias is None else _words(norm_bias.to(norm_weight.dtype).contiguous())
-    grid = lambda meta: (cdiv(N, meta["BN"]), x2.shape[0])  # noqa: E731
+    grid = lambda meta: (cdiv(N // (2 if glu else 1), meta["BN"] // (2 if glu else 1)), x2.shape[0])  # noqa: E731
     # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the word loads
     # are known aligned and vectorized; unused pointers are x's (never read)
     _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
@@ -387,8 +407,8 @@ def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=Non
     (residual +) prologue(x) @ W^T, the prologue an RMSNorm or LayerNorm of x (`norm`: ("rms" | "layer",
     weight, bias or None, eps)), SwiGLU's silu(x) * up (`up`), or none. x, up, residual: [..., K] / [..., N]
     with at most GEMV_MAX_ROWS rows in all (the kernel's range: each row re-reads the weight); computed in
-    fp32 from x's values, as `int4_gemv_ref`. `glu`: the weight's rows are gate and up rows interleaved and
-    the result is silu(gate) * up, [..., N / 2] (no residual)."""
+    fp32 from x's values, as `int4_gemv_ref`. `glu`: the weight is a stacked gate/up product (gate rows, then
+    up rows) and the result is silu(gate) * up, [..., N / 2] (no residual)."""
     K = qweight.shape[1] * qweight.shape[2] * 2
     assert norm is None or up is None, "one prologue: a norm or the gate"
     assert not glu or (residual is None and qweight.shape[0] % 2 == 0), "GLU pairs of rows, without a residual"
@@ -423,7 +443,7 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
         x32 = torch.nn.functional.silu(x32) * up.float()
     y = x32 @ dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points}).float().T
     if glu:
-        gate, up_rows = y.unflatten(-1, (-1, 2)).unbind(-1)
+        gate, up_rows = y.chunk(2, dim=-1)
         return (torch.nn.functional.silu(gate) * up_rows).to(x.dtype)
     return (y if residual is None else y + residual.float()).to(x.dtype)
 

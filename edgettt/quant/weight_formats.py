@@ -326,21 +326,21 @@ def _(x, qweight, scales, zero_points, a8):
 @torch.library.custom_op("edgettt::int4_linear_fused", mutates_args=())
 def int4_linear_fused(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                       norm: str, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor], eps: float,
-                      up: Optional[torch.Tensor], residual: Optional[torch.Tensor]) -> torch.Tensor:
+                      up: Optional[torch.Tensor], residual: Optional[torch.Tensor], glu: bool) -> torch.Tensor:
     """(residual +) prologue(x) @ W^T of an int4 weight in one GEMV launch (`kernels.int4.int4_gemv`; its
     reference off CUDA): `norm` "none", "rms" or "layer" (with its weight, bias, eps), or `up` for SwiGLU's
-    silu(x) * up. A compiled decode step's product with its norm, activation and residual
-    (`fused_products.product`)."""
+    silu(x) * up; `glu`: the weight a stacked gate/up product, silu(gate) * up returned. A compiled decode
+    step's product with its norm, activation and residual (`fused_products.product`)."""
     from ..kernels.int4 import int4_gemv, int4_gemv_ref, kernel_supports
 
     spec = None if norm == "none" else (norm, norm_weight, norm_bias, eps)
     gemv = int4_gemv if x.is_cuda and kernel_supports(qweight.shape[2] * 2) else int4_gemv_ref
-    return gemv(x, qweight, scales, zero_points, spec, up, residual)
+    return gemv(x, qweight, scales, zero_points, spec, up, residual, glu)
 
 
 @int4_linear_fused.register_fake
-def _(x, qweight, scales, zero_points, norm, norm_weight, norm_bias, eps, up, residual):
-    return x.new_empty(*x.shape[:-1], qweight.shape[0])
+def _(x, qweight, scales, zero_points, norm, norm_weight, norm_bias, eps, up, residual, glu):
+    return x.new_empty(*x.shape[:-1], qweight.shape[0] // (2 if glu else 1))
 
 
 def export_nbits_matmul(x: torch.Tensor, t: dict[str, torch.Tensor], K: int, N: int, block: int, bits: int,

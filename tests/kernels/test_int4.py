@@ -68,8 +68,9 @@ def test_int4_gemv_with_its_prologue_and_residual_matches_reference(device, prol
     common offset, so that its statistics' E[x^2] - mean^2 cancels) or SwiGLU's silu(x) * up as the kernel
     reads it, the residual added as it stores, against the same in fp32 torch (`int4_gemv_ref`); the
     gated product's x and up are views into one [gate | up] buffer, as a fused gate/up product leaves them;
-    "glu": the weight's rows taken as gate and up rows interleaved, silu(gate) * up stored (N / 2 outputs)."""
-    N, K, group = 40, 192, 64
+    "glu": the weight taken as a stacked gate/up product (gate rows, then up rows), silu(gate) * up stored
+    (N / 2 outputs)."""
+    N, K, group = 42, 192, 64  # 21 gate/up pairs: a part-filled last program for any even BN
     weight = packed(N, K, group, device)
     g = torch.Generator().manual_seed(8)
     dtypes = [torch.float32, torch.float16] + ([torch.bfloat16] if device == "cuda" else [])
