@@ -1,6 +1,8 @@
-"""Registers, spills, shared memory and the tile loop's SASS instruction count of the prefill kernels
-compiled for Hopper (sm_90a), on any machine: Triton compiles for a named target without a GPU, its
-bundled ptxas reports resources and its cuobjdump disassembles.
+"""Registers, spills, shared memory and the SASS instruction counts (the tile loop's, and the whole kernel's)
+of the prefill kernels, and of the decode kernels (a converted layer's token, float and int8 state, at the
+125m / 760m presets' head sizes; the int4 GEMV with each prologue at its 760m configuration), compiled for
+Hopper (sm_90a), on any machine: Triton compiles for a named target without a GPU, its bundled ptxas reports
+resources and its cuobjdump disassembles.
 
     python benchmarks/kernel_resources.py > benchmarks/results/kernel_resources.txt
     # with the GPU machine's Triton (3.6) unpacked into /tmp/t36, as the committed file was made:
@@ -26,33 +28,59 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from edgettt.kernels import prefill
+from edgettt.kernels import decode_token, int4, prefill
 
 warnings.filterwarnings("ignore")
-BF16, F32 = "*bf16", "*fp32"
-NOT_MULTIPLE_OF_16 = {"NSEG", "LAST_SEG"}  # at B=4, H=16, T=32768 the others are
+BF16, F32, U8 = "*bf16", "*fp32", "*u8"
+NOT_MULTIPLE_OF_16 = {"NSEG", "LAST_SEG", "INNER", "LAST", "SLOTS", "one_bits"}  # at B=4, H=16, T=32768 the others are
+FLOATS = {"LOG2_THETA", "EPS", "eps"}
 KERNELS = {
     "parallel pass 1 (values, segment sums)": (
         prefill._parallel_sums_kernel,
-        dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, u_ptr=F32, vh_ptr=BF16),
+        dict(k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, s0_ptr=F32, gamma_ptr=F32, beta_ptr=F32, lg_ptr=F32, u_ptr=F32,
+             vh_ptr=BF16),
         ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh",
          "stride_lt"],
-        dict(D=64, BD=64, BT=64, PREC="tf32", EVEN=True)),
+        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", EVEN=True, DECAY=False)),
     "parallel pass 2 (outputs)": (
         prefill._parallel_out_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, u_ptr=F32, vh_ptr=BF16, s_in_ptr=F32,
-             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32),
+             o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32, s0_ptr=F32, lg_ptr=F32),
         ["T", "T_DONE", "H", "TILES_PER_SEG", "NSEG", "LAST_SEG", "stride_sb", "stride_b", "stride_h", "stride_t",
          "stride_ob", "stride_oh", "stride_ot"],
-        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", EVEN=True)),
+        dict(D=64, BD=64, BT=64, MB=16, PREC="tf32", EVEN=True, DECAY=False)),
     "exact (one program per sequence and head)": (
         prefill._exact_kernel,
         dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=F32, gamma_ptr=F32, beta_ptr=F32, eta_ptr=F32, s_in_ptr=F32,
              o_ptr=BF16, s_out_ptr=F32, a_out_ptr=F32, states_ptr=F32, s0_ptr=F32),
         ["T", "H", "stride_sb", "stride_b", "stride_h", "stride_t", "stride_lb", "stride_lh", "stride_lt", "stride_ob",
          "stride_oh", "stride_ot"],
-        dict(D=64, BD=64, MB=16, BM=16, PREC="tf32", STORE_STATES=False)),
+        dict(D=64, BD=64, MB=16, BM=16, PREC="tf32", STORE_STATES=False, TWO_LEVEL=False)),
 }
+
+
+TOKEN = dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=BF16, s0_ptr=F32, g_ptr=BF16, b_ptr=BF16, s_ptr=F32,
+             o_ptr=BF16, eta_ptr=F32, decay_ptr=F32)
+# (name, kernel, pointers, integers, constexprs, warps): a batch-1 decode token's kernels, each in the warps it runs with
+DECODE_KERNELS = [
+    *[(f"token, float state, d = {d}", decode_token._decode_token_kernel, {**TOKEN, "a_ptr": F32},
+       ["INNER", "LAST", "H", "D"], dict(COMMIT=False, AT_STATE=False, BLOCK_D=d if d == 64 else 128, DECAY=False), 8)
+      for d in (64, 96)],
+    *[(f"token, int8 state, d = {d}", decode_token._decode_token_int8_kernel, {**TOKEN, "kk_ptr": "*fp16", "vv_ptr": "*fp16"},
+       ["INNER", "LAST", "H", "D", "SLOTS"], dict(STATE_CLIP=4.0, FINE=15, COMMIT=False, AT_STATE=False,
+                                                  BLOCK_D=d if d == 64 else 128, MINI=16, DECAY=False), 8)
+      for d in (64, 96)],
+    *[(f"int4 GEMV, {label}", int4._int4_gemv_kernel,
+       dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16, up_ptr=BF16, nw_ptr=BF16, nb_ptr=BF16, r_ptr=BF16),
+       ["N", "K", "KW", "ZPW", "stride_xm", "stride_rm", "one_bits"],
+       dict(GROUP=64, X16=True, PROLOGUE=int4.PROLOGUES[prologue], W16=True, RESIDUAL=residual, GLU=glu, BN=8, WPT=4,
+            NQ=128), 4)
+      for label, prologue, residual, glu in [("plain", "none", False, False), ("residual", "none", True, False),
+                                             ("RMSNorm prologue", "rms", False, False),
+                                             ("RMSNorm prologue, GLU epilogue", "rms", False, True),
+                                             ("LayerNorm prologue, residual", "layer", True, False),
+                                             ("gated prologue, residual", "gated", True, False)]],
+]
 
 
 def ptxas() -> str:
@@ -61,10 +89,11 @@ def ptxas() -> str:
     return max(found, key=lambda p: "blackwell" in p)
 
 
-def loop_instructions(cubin: str) -> int:
-    """SASS instructions in the kernel's longest loop (the tile loop): between a backward branch and
-    its target, from the disassembly of Triton's bundled cuobjdump. Instructions, not cycles, but
-    the tile loops run issue- or latency-bound, and what a change removes shows here first."""
+def instructions(cubin: str) -> tuple[int, int]:
+    """SASS instructions in the kernel's longest loop (the tile loop: between a backward branch and its
+    target; 0 without one) and in the whole kernel, from the disassembly of Triton's bundled cuobjdump.
+    Instructions, not cycles, but the tile loops run issue- or latency-bound, and what a change removes
+    shows here first."""
     tool = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/cuobjdump")
     sass = subprocess.run([tool, "-sass", cubin], capture_output=True, text=True).stdout
     addresses, loops = [], []
@@ -77,14 +106,17 @@ def loop_instructions(cubin: str) -> int:
         target = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
         if target and int(target.group(1), 16) < at:
             loops.append((int(target.group(1), 16), at))
-    return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0)
+    return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0), len(addresses)
 
 
 def resources(kernel, pointers, ints, consts, warps, stages) -> str:
-    signature = {**pointers, **{name: "i32" for name in ints}, **{name: "constexpr" for name in consts}}
+    jit = kernel if isinstance(kernel, triton.runtime.jit.JITFunction) else kernel.fn  # (autotuned: its kernel)
+    types = {**pointers, **{name: "i32" for name in ints}, **{name: "fp32" for name in FLOATS},
+             **{name: "constexpr" for name in consts}}
+    signature = {name: types[name] for name in jit.arg_names}  # in the kernel's order: attrs index it
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
-               if signature[name] != "constexpr" and name not in NOT_MULTIPLE_OF_16}
-    compiled = triton.compile(ASTSource(fn=kernel.fn, signature=signature, constexprs=consts, attrs=aligned),
+               if signature[name] not in ("constexpr", "fp32") and name not in NOT_MULTIPLE_OF_16}
+    compiled = triton.compile(ASTSource(fn=jit, signature=signature, constexprs=consts, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     with tempfile.TemporaryDirectory() as tmp:
         ptx = os.path.join(tmp, "k.ptx")
@@ -92,7 +124,7 @@ def resources(kernel, pointers, ints, consts, warps, stages) -> str:
             f.write(compiled.asm["ptx"])
         out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True).stderr
-        loop = loop_instructions(os.path.join(tmp, "k.cubin"))
+        loop, total = instructions(os.path.join(tmp, "k.cubin"))
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores", out)
     fits = 65536 // (32 * warps * regs)
@@ -100,7 +132,7 @@ def resources(kernel, pointers, ints, consts, warps, stages) -> str:
     return (f"{regs:4d} registers, {int(spill.group(1)) if spill else 0:4d} bytes spilled, "
             f"{compiled.metadata.shared:6d} bytes shared; {fits} program(s) = {fits * warps} warps per multiprocessor; "
             f"async {ttgir.count('ttg.async_copy_global_to_local')}, converts {ttgir.count('ttg.convert_layout')}; "
-            f"loop {loop} SASS instructions")
+            f"loop {loop} SASS instructions, {total} in all")
 
 
 def main():
@@ -109,6 +141,9 @@ def main():
         for warps in (2, 4, 8):
             for stages in (1, 2, 3):
                 print(f"{name:44s} warps {warps} stages {stages}: {resources(kernel, pointers, ints, consts, warps, stages)}")
+    print("decode kernels (a token inside its mini-batch; the GEMV with 8 rows a program, 4 words a chunk, group 64)")
+    for name, kernel, pointers, ints, consts, warps in DECODE_KERNELS:
+        print(f"{name:44s} warps {warps} stages 1: {resources(kernel, pointers, ints, consts, warps, 1)}")
 
 
 if __name__ == "__main__":
