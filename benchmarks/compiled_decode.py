@@ -55,6 +55,11 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
+def weights_of(kind: str, args) -> str:
+    """A kind's weights: its own ("parallel:int4"), else --weights."""
+    return kind.partition(":")[2] or args.weights
+
+
 class Variant:
     """One model and step kind, ready to time: built, prefilled to the depth (not timed), its step compiled
     if asked and captured as CUDA graphs. Variants are all prepared first, then timed in turns."""
@@ -65,9 +70,8 @@ class Variant:
 
         self.kind, self.step, self.args, self.llama = kind, step, args, kind == "llama"
         torch.manual_seed(0)
-        kind, _, weights = kind.partition(":")  # "parallel:int4": this kind's weights, whatever --weights says
-        model = build(kind, args.preset, not args.separate_projections,
-                      "none" if self.llama else weights or args.weights)
+        model = build(kind.partition(":")[0], args.preset, not args.separate_projections,
+                      "none" if self.llama else weights_of(kind, args))
         compiled = step != "eager"
         if "-rows" in step:  # batch-1 weight products as products and sums inductor fuses
             from edgettt.row_products import use_row_products
@@ -180,7 +184,7 @@ def main(argv=None) -> int:
         for step in args.steps.split(","):
             if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
                 continue
-            if "-fused" in step and "int4" not in (kind.partition(":")[2] or args.weights):  # no int4 layers
+            if "-fused" in step and weights_of(kind, args) != "int4":  # no int4 layers
                 continue
             try:
                 variants.append(Variant(kind, step, args))

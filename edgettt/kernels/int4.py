@@ -119,15 +119,6 @@ def _x_stats(x_row, KW, K, eps, X16: tl.constexpr, NQ: tl.constexpr, WPT: tl.con
 
 
 @triton.jit
-def _code_words(words, n, n_ok, q, w0, KW, WPT: tl.constexpr):
-    """The [NQ, BN, WPT] tile of code words of a GEMV step: chunk q of rows n, the step's chunks from word w0."""
-    c = w0 + q * WPT  # chunk starts (whole chunks: WPT divides K / 8)
-    w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
-    ok = (c < KW)[:, None, None] & n_ok[None, :, None]
-    return tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok, other=0, eviction_policy="evict_first")
-
-
-@triton.jit
 def _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PROLOGUE: tl.constexpr,
           X16: tl.constexpr, W16: tl.constexpr):
     """Pair b of words w of x (`_x_pair`: lo, hi) as the product takes it, through the prologue: x * weight
@@ -185,9 +176,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
     x_row = x_ptr + m * stride_xm
     up_row = up_ptr + m * stride_xm
     mean, inv = 0.0, 1.0
-    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product),
-        # the first step's codes already on their way (their load does not wait for the pass over x)
-        word = _code_words(words, n, n_ok, q, 0, KW, WPT)
+    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product)
         mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
     acc = tl.zeros([NQ, BN], dtype=tl.float32)
     squares = tl.zeros([NQ, WPT], dtype=tl.float32)
@@ -196,11 +185,8 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
         c_ok = c < KW  # whole chunks: WPT divides K / 8
         w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
         ok = c_ok[:, None] & n_ok[None, :]  # [NQ, BN]
-        if PROLOGUE == 2:
-            if w0 > 0:
-                word = _code_words(words, n, n_ok, q, w0, KW, WPT)
-        else:
-            word = _code_words(words, n, n_ok, q, w0, KW, WPT)
+        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0,
+                       eviction_policy="evict_first")  # [NQ, BN, WPT]
         part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
         x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
         for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
@@ -389,7 +375,7 @@ def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up
     if norm_weight is not None:
         norm_weight = _words(norm_weight.contiguous())
         norm_bias = None if norm_bias is None else _words(norm_bias.to(norm_weight.dtype).contiguous())
-    grid = lambda meta: (cdiv(N // (2 if glu else 1), meta["BN"] // (2 if glu else 1)), x2.shape[0])  # noqa: E731
+    grid = lambda meta: (cdiv(N, meta["BN"]), x2.shape[0])  # noqa: E731  (with GLU: N / 2 pairs, BN / 2 a program)
     # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the word loads
     # are known aligned and vectorized; unused pointers are x's (never read)
     _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
