@@ -19,6 +19,7 @@ import contextlib
 import json
 import statistics
 import sys
+import time
 
 import torch
 
@@ -158,6 +159,8 @@ def main(argv=None) -> int:
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
                         "parallel-int8, `decode_token_int8`), compile-rows-token; -fused after any compiled step: int4 products "
                         "with their norm, activation and residual add in one GEMV launch (`fused_products`); for every kind")
+    parser.add_argument("--variants", default="", help="KIND/STEP pairs instead of every kind with every step, "
+                        "e.g. parallel/compile-token,parallel:int4/compile-token-fused")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "
                         "e.g. pattern_matcher=False,shape_padding=False (torch._inductor.config)")
     parser.add_argument("--weights", default="none", choices=["none", "int8", "int4"],
@@ -180,17 +183,20 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
             "copy_bandwidth_GBps": ceiling / 1e9}
     rows, variants = [], []
-    for kind in args.kinds.split(","):
-        for step in args.steps.split(","):
-            if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
-                continue
-            if "-fused" in step and weights_of(kind, args) != "int4":  # no int4 layers
-                continue
-            try:
-                variants.append(Variant(kind, step, args))
-            except Exception as exc:  # one variant's failure is a row, not the end of the run
-                rows.append({"model": kind, "step": step, "error": repr(exc)[:300]})
-                print(f"{kind} {step}: failed: {exc!r}"[:400], flush=True)
+    pairs = [v.split("/") for v in args.variants.split(",")] if args.variants else \
+        [(kind, step) for kind in args.kinds.split(",") for step in args.steps.split(",")]
+    for kind, step in pairs:
+        if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
+            continue
+        if "-fused" in step and weights_of(kind, args) != "int4":  # no int4 layers
+            continue
+        started = time.perf_counter()
+        try:
+            variants.append(Variant(kind, step, args))
+            print(f"{kind} {step}: prepared in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+        except Exception as exc:  # one variant's failure is a row, not the end of the run
+            rows.append({"model": kind, "step": step, "error": repr(exc)[:300]})
+            print(f"{kind} {step}: failed: {exc!r}"[:400], flush=True)
     for _ in range(args.repeats):  # the variants in turns, repeat after repeat
         for variant in variants:
             variant.time_once()
