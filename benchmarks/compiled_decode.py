@@ -171,6 +171,8 @@ def main(argv=None) -> int:
                         "replays): how many, and the time of each, in the JSON")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
+    if args.variants and any(v.count("/") != 1 for v in args.variants.split(",")):
+        parser.error(f"--variants {args.variants}: each pair is KIND/STEP, e.g. parallel:int4/compile-token-fused")
     if not torch.cuda.is_available():
         print("compiled_decode.py: needs a CUDA GPU", file=sys.stderr)
         return 2
