@@ -171,7 +171,9 @@ def main(argv=None) -> int:
                         "replays): how many, and the time of each, in the JSON")
     parser.add_argument("--json", default=None)
     args = parser.parse_args(argv)
-    if args.variants and any(v.count("/") != 1 for v in args.variants.split(",")):
+    pairs = [v.split("/") for v in args.variants.split(",")] if args.variants else \
+        [(kind, step) for kind in args.kinds.split(",") for step in args.steps.split(",")]
+    if any(len(pair) != 2 for pair in pairs):
         parser.error(f"--variants {args.variants}: each pair is KIND/STEP, e.g. parallel:int4/compile-token-fused")
     if not torch.cuda.is_available():
         print("compiled_decode.py: needs a CUDA GPU", file=sys.stderr)
@@ -185,8 +187,6 @@ def main(argv=None) -> int:
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),
             "copy_bandwidth_GBps": ceiling / 1e9}
     rows, variants = [], []
-    pairs = [v.split("/") for v in args.variants.split(",")] if args.variants else \
-        [(kind, step) for kind in args.kinds.split(",") for step in args.steps.split(",")]
     for kind, step in pairs:
         if kind == "llama" and "-token" in step:  # no converted layers: the same step as without the token
             continue

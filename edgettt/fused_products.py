@@ -48,8 +48,8 @@ def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up
         x = F.silu(x) * up
     y = layer(x)
     if glu:
-        gate, up = y.chunk(2, dim=-1)
-        return F.silu(gate) * up
+        gate, up_half = y.chunk(2, dim=-1)
+        return F.silu(gate) * up_half
     return y if residual is None else residual + y
 
 

@@ -7,9 +7,8 @@ import os
 # pytest-xdist's workers share the cores: torch's default of a thread a core in each would oversubscribe
 # them (CI: two workers on two cores); set before torch starts its thread pool. Measured on a 2-core
 # machine, tests/test_shipped_models.py and tests/test_recipe.py under -n 2: 129 s -> 84 s
-if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
-                                                    // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+if (workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))) > 1:
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // workers)))
 
 import pytest
 import torch
