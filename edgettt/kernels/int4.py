@@ -140,6 +140,44 @@ def _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PRO
     return lo, hi
 
 
+@triton.jit
+def _block_rows(nb, N, BN: tl.constexpr, GLU: tl.constexpr):
+    """The weight rows of row block nb (BN of them) and which exist. GLU: the stacked gate/up product's BN / 2
+    pairs j, held interleaved (gate row j, then its up row N / 2 + j), so that one program has both rows."""
+    if GLU:
+        pair = nb * (BN // 2) + tl.arange(0, BN) // 2
+        return pair + (tl.arange(0, BN) % 2) * (N // 2), pair < N // 2
+    n = nb * BN + tl.arange(0, BN)
+    return n, n < N
+
+
+@triton.jit
+def _block_weight(words, sc_ptr, zp_ptr, n, n_ok, c, w, c_ok, KW, ZPW, blocks, WPG: tl.constexpr):
+    """Rows n's code words at the chunks starting at words c (w: their [NQ, WPT] word indices; [NQ, BN, WPT])
+    with the chunks' scales and zero points ([NQ, BN] fp32; a chunk lies in one group)."""
+    ok = c_ok[:, None] & n_ok[None, :]
+    word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0,
+                   eviction_policy="evict_first")
+    g = (c // WPG)[:, None]
+    scale = tl.load(sc_ptr + n[None, :] * blocks + g, mask=ok, other=0.0).to(tl.float32)
+    return word, scale, _zero_points(zp_ptr, n[None, :], g, ZPW, ok)
+
+
+@triton.jit
+def _store_rows(y, y_ptr, r_ptr, m, n, n_ok, nb, N, stride_rm, RESIDUAL: tl.constexpr, GLU: tl.constexpr,
+                BN: tl.constexpr):
+    """Row block nb's outputs y ([BN] fp32) of row m: plus the residual, or as SwiGLU's silu(gate) * up of its
+    pairs (N / 2 outputs a row)."""
+    if RESIDUAL:
+        y += tl.load(r_ptr + m * stride_rm + n, mask=n_ok, other=0.0).to(tl.float32)
+    if GLU:
+        gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
+        j = nb * (BN // 2) + tl.arange(0, BN // 2)
+        tl.store(y_ptr + m * (N // 2) + j, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=j < N // 2)
+    else:
+        tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
 @triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
                  key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU"])
 @triton.jit
@@ -163,13 +201,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
     outputs: each activation computed once, by the program that has both rows (BN is even)."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
-    if GLU:  # pairs j: gate row j, up row N / 2 + j
-        pair = pid_n * (BN // 2) + tl.arange(0, BN) // 2
-        n = pair + (tl.arange(0, BN) % 2) * (N // 2)
-        n_ok = pair < N // 2
-    else:
-        n = pid_n * BN + tl.arange(0, BN)
-        n_ok = n < N
+    n, n_ok = _block_rows(pid_n, N, BN, GLU)
     q = tl.arange(0, NQ)
     blocks = K // GROUP
     words = qw_ptr.to(tl.pointer_type(tl.int32))
@@ -184,9 +216,7 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
         c = w0 + q * WPT  # [NQ] chunk starts (words)
         c_ok = c < KW  # whole chunks: WPT divides K / 8
         w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
-        ok = c_ok[:, None] & n_ok[None, :]  # [NQ, BN]
-        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0,
-                       eviction_policy="evict_first")  # [NQ, BN, WPT]
+        word, scale, zero = _block_weight(words, sc_ptr, zp_ptr, n, n_ok, c, w, c_ok, KW, ZPW, blocks, WPG)
         part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
         x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
         for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
@@ -197,22 +227,12 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
             part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
             part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
             x_sum += x_lo + x_hi
-        g = c // WPG
-        scale = tl.load(sc_ptr + n[None, :] * blocks + g[:, None], mask=ok, other=0.0).to(tl.float32)
-        zero = _zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
         x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
         acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
     y = tl.sum(acc, axis=0)
     if PROLOGUE == 1:
         y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
-    if RESIDUAL:
-        y += tl.load(r_ptr + m * stride_rm + n, mask=n_ok, other=0.0).to(tl.float32)
-    if GLU:
-        gate, up = tl.split(tl.reshape(y, (BN // 2, 2)))
-        j = pid_n * (BN // 2) + tl.arange(0, BN // 2)
-        tl.store(y_ptr + m * (N // 2) + j, (gate * tl.sigmoid(gate) * up).to(y_ptr.dtype.element_ty), mask=j < N // 2)
-    else:
-        tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
+    _store_rows(y, y_ptr, r_ptr, m, n, n_ok, pid_n, N, stride_rm, RESIDUAL, GLU, BN)
 
 
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
