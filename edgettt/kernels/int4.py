@@ -32,6 +32,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -459,17 +460,17 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     K = blocks * GH * 2
     assert x.shape[-1] == K, f"x has {x.shape[-1]} features, the weight {K}"
     assert kernel_supports(GH * 2), f"the kernels take int4 groups of 32, 64 or 128, not {GH * 2}"
-    x2 = _rows(x)
-    M = x2.shape[0]
     qweight, scales, zero_points = qweight.contiguous(), scales.contiguous(), zero_points.contiguous()
+    M = x.numel() // K
+    if M > GEMV_MAX_ROWS and gemm in (None, "dequantize"):  # the default above the GEMV range: the fewest calls
+        return F.linear(x, int4_dequantize(qweight, scales, zero_points, x.dtype))
+    x2 = _rows(x)
     ZPW = zero_points.shape[1]
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS or gemm == "gemv":
         _launch_gemv(x2, qweight, scales, zero_points, y)
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
-    elif (gemm or "dequantize") == "dequantize":
-        torch.matmul(x2, int4_dequantize(qweight, scales, zero_points, x.dtype).T, out=y)
     else:
         grid = lambda meta: (cdiv(M, meta["BM"]), cdiv(N, meta["BN"]))  # noqa: E731
         prec = "ieee" if x.dtype == torch.float32 else "tf32"
