@@ -109,13 +109,16 @@ def instructions(cubin: str) -> tuple[int, int]:
     return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0), len(addresses)
 
 
-def resources(kernel, pointers, ints, consts, warps, stages) -> str:
+def compiled_for_hopper(kernel, pointers, ints, consts, warps, stages, not_multiple_of_16=NOT_MULTIPLE_OF_16):
+    """(ptxas' report, the loop's and the whole kernel's SASS instruction counts, the compiled kernel) of
+    `kernel` for sm_90a: its arguments typed (`pointers`: name -> Triton pointer type; `ints`: i32, declared
+    multiples of 16 unless in `not_multiple_of_16`; `consts`: the constexprs' values)."""
     jit = kernel if isinstance(kernel, triton.runtime.jit.JITFunction) else kernel.fn  # (autotuned: its kernel)
     types = {**pointers, **{name: "i32" for name in ints}, **{name: "fp32" for name in FLOATS},
              **{name: "constexpr" for name in consts}}
     signature = {name: types[name] for name in jit.arg_names}  # in the kernel's order: attrs index it
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
-               if signature[name] not in ("constexpr", "fp32") and name not in NOT_MULTIPLE_OF_16}
+               if signature[name] not in ("constexpr", "fp32") and name not in not_multiple_of_16}
     compiled = triton.compile(ASTSource(fn=jit, signature=signature, constexprs=consts, attrs=aligned),
                               target=GPUTarget("cuda", 90, 32), options={"num_warps": warps, "num_stages": stages})
     with tempfile.TemporaryDirectory() as tmp:
@@ -125,6 +128,11 @@ def resources(kernel, pointers, ints, consts, warps, stages) -> str:
         out = subprocess.run([ptxas(), "-v", "--gpu-name", "sm_90a", ptx, "-o", os.path.join(tmp, "k.cubin")],
                              capture_output=True, text=True).stderr
         loop, total = instructions(os.path.join(tmp, "k.cubin"))
+    return out, loop, total, compiled
+
+
+def resources(kernel, pointers, ints, consts, warps, stages) -> str:
+    out, loop, total, compiled = compiled_for_hopper(kernel, pointers, ints, consts, warps, stages)
     regs = int(re.search(r"Used (\d+) registers", out).group(1))
     spill = re.search(r"(\d+) bytes spill stores", out)
     fits = 65536 // (32 * warps * regs)
