@@ -10,8 +10,11 @@ all its program's rows, codes as 1 + c/16; its autotuned configuration goes into
 (the kernel shipped until session 22: a [BN, BKB] byte tile, x's even and odd elements by two strided
 loads moved through shared memory into the tile's layout, ~10 instructions a code), "zero per code"
 (the one before it: (code - zero) * scale * x for every code), "words" (32-bit loads, K unrolled; with
-or without split-K: K cut into slices, one program each, added atomically) and "repacked" (the codes
-reordered once a weight so that each nibble position meets contiguous x; loads one step ahead). Each
+or without split-K: K cut into slices, one program each, added atomically), "repacked" (the codes
+reordered once a weight so that each nibble position meets contiguous x; loads one step ahead) and "dp4a
+(int8 x)" (W4A8: x rounded to int8 with one scale a group of the weight's, once an x and not timed; four
+products a dp4a: ~1.6 SASS instructions a code against the shipped ~4.5, gemv_instruction_counts.py; added
+in session 26 and not yet run on a GPU: its CPU test sums the dp4a byte by byte). Each
 shape also times a plain device copy that moves the same bytes ("copy (same bytes)"): the most a kernel
 that small can reach. Results: benchmarks/results/gemm_h200.md (last section) and bench_h200.md. Measured
 and dropped earlier: a "group-sum" kernel (commit d220746) and split-K of the strided-x kernel (12.49 us
@@ -20,6 +23,7 @@ against its 9.98 at 4096x4096, bench_h200.md).
 
 import argparse
 import json
+import os
 
 import torch
 import triton
@@ -305,10 +309,107 @@ def repacked(x, words, scales, zero_points):
     return y[None]
 
 
+@triton.jit
+def _dp4a(a, b, c, DP4A: tl.constexpr):
+    """c + the four products of a's unsigned bytes with b's signed bytes: one dp4a on the GPU; under the
+    interpreter (which cannot run inline PTX) the same sum byte by byte."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    for i in tl.static_range(4):
+        c += ((a >> (8 * i)) & 0xFF) * (((b >> (8 * i)) << 24) >> 24)  # (the second sign-extended)
+    return c
+
+
+@triton.jit
+def dp4a_kernel(xq_ptr, xw_ptr, xs_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, GROUP: tl.constexpr,
+                DP4A: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr, NQ: tl.constexpr):
+    """W4A8 GEMV, one row: x as int8 codes with one scale a group (`quantize_x_groups`: each code word's even
+    elements' bytes at xq[w], its odd ones' at xq[KW + w], the sum of its 8 codes at xw[w], group g's scale
+    at xs[g]); a thread a chunk of WPT words (in one group) of each of BN rows; a word's even codes (one
+    LOP3) and odd codes (a shift, a LOP3) as bytes, four products a dp4a; y = sum over chunks of
+    scale * x scale * (sum c q - zero * sum q)."""
+    n = tl.program_id(0) * BN + tl.arange(0, BN)
+    n_ok = n < N
+    q = tl.arange(0, NQ)
+    WPG: tl.constexpr = GROUP // 8
+    words = qw_ptr.to(tl.pointer_type(tl.int32))
+    acc = tl.zeros([NQ, BN], dtype=tl.float32)
+    for w0 in range(0, KW, NQ * WPT):
+        c = w0 + q * WPT
+        c_ok = c < KW
+        w = c[:, None] + tl.arange(0, WPT)[None, :]
+        ok = c_ok[:, None] & n_ok[None, :]
+        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0)
+        x_even = tl.load(xq_ptr + w, mask=c_ok[:, None], other=0)[:, None, :]
+        x_odd = tl.load(xq_ptr + KW + w, mask=c_ok[:, None], other=0)[:, None, :]
+        dots = _dp4a(word & 0x0F0F0F0F, x_even, tl.zeros([NQ, BN, WPT], dtype=tl.int32), DP4A)
+        dots = _dp4a((word >> 4) & 0x0F0F0F0F, x_odd, dots, DP4A)
+        g = c // WPG
+        scale = tl.load(sc_ptr + n[None, :] * (K // GROUP) + g[:, None], mask=ok, other=0.0).to(tl.float32)
+        zero = int4._zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
+        x_scale = tl.load(xs_ptr + g, mask=c_ok, other=0.0)[:, None]
+        x_codes = tl.sum(tl.load(xw_ptr + w, mask=c_ok[:, None], other=0), axis=1).to(tl.float32)[:, None]
+        acc += scale * x_scale * (tl.sum(dots, axis=2).to(tl.float32) - zero * x_codes)
+    tl.store(y_ptr + n, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=n_ok)
+
+
+dp4a_single = triton.autotune(
+    configs=autotune_configs([triton.Config({"BN": bn, "WPT": wpt, "NQ": 32 * w}, num_warps=w)
+                              for bn, wpt, w in [(8, 4, 4), (8, 8, 2), (16, 4, 4), (4, 4, 4), (8, 2, 4), (4, 8, 1),
+                                                 (8, 4, 1), (16, 8, 2), (8, 8, 1), (4, 4, 2)]],
+                             [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
+    key=["N", "K", "GROUP"],  # a chunk within one group: WPT words at most a group's (GROUP / 8)
+    prune_configs_by={"early_config_prune": lambda configs, named, **kw: [
+        c for c in configs if c.kwargs["WPT"] <= kw["GROUP"] // 8] or configs[-1:]})(dp4a_kernel)
+
+
+def quantize_x_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row x [1, K] as the dp4a kernel takes it: int8 codes with one scale a group (amax / 127), packed a
+    code word at a time (its even elements' 4 bytes, then its odd ones'), each word's sum of codes, and the
+    groups' scales."""
+    xf = x.float().reshape(-1, group)
+    scale = xf.abs().amax(1).clamp_min(1e-30) / 127
+    codes = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)
+    by_word = codes.reshape(-1, 8)
+    xq = torch.cat([by_word[:, 0::2].contiguous().view(torch.int32).reshape(-1),
+                    by_word[:, 1::2].contiguous().view(torch.int32).reshape(-1)])
+    return xq, by_word.sum(1, dtype=torch.int32), scale.contiguous()
+
+
+_QUANTIZED_X = {}  # x's quantization, made once an x (as a producer fusing it would hand it over): not timed
+
+
+def dp4a(x, qweight, scales, zero_points):
+    """One row x [1, K] through the W4A8 dp4a kernel, x rounded to int8 with one scale a group."""
+    N, blocks, GH = qweight.shape
+    K = blocks * GH * 2
+    key = (x.data_ptr(), x._version, GH * 2)
+    if key not in _QUANTIZED_X:
+        _QUANTIZED_X[key] = quantize_x_groups(x, GH * 2)
+    xq, xw, xs = _QUANTIZED_X[key]
+    y = torch.empty(1, N, device=x.device, dtype=x.dtype)
+    grid = lambda meta: (triton.cdiv(N, meta["BN"]),)  # noqa: E731
+    dp4a_single[grid](xq, xw, xs, qweight, scales, zero_points, y, N, K, K // 8, zero_points.shape[1], GROUP=GH * 2,
+                      DP4A=os.environ.get("TRITON_INTERPRET") != "1")
+    return y
+
+
+def dp4a_ref(x, qweight, scales, zero_points):
+    """What `dp4a` computes, in fp32 torch: x rounded as `quantize_x_groups` rounds it, times the weight."""
+    group = qweight.shape[2] * 2
+    xf = x.float().reshape(-1, group)
+    scale = xf.abs().amax(1).clamp_min(1e-30) / 127
+    x_hat = (torch.round(xf / scale[:, None]).clamp(-127, 127) * scale[:, None]).reshape(1, -1)
+    return int4.int4_matmul_ref(x_hat, qweight, scales, zero_points)
+
+
 VARIANTS = {"shipped": int4.int4_matmul, "strided x": strided_x, "zero per code": zero_per_code, "words": words,
             "words split-K": lambda *a: words(*a, split=True)}
 PREPARE = {"repacked": repack_words}  # variants that take the weight in their own layout: made once a weight
 VARIANTS["repacked"] = repacked
+VARIANTS["dp4a (int8 x)"] = dp4a
+REFERENCES = {"dp4a (int8 x)": dp4a_ref}  # variants that compute another product than the weight-only one
 
 
 def in_layout(name, weight):
@@ -326,7 +427,8 @@ def variant_rows(ceiling, names, shapes=SHAPES):
         x = torch.randn(1, K, device="cuda", dtype=torch.bfloat16)
         for name in names:
             check = VARIANTS[name](x, *in_layout(name, copies[0]))
-            assert torch.allclose(check, int4.int4_matmul(x, *copies[0]), rtol=2e-2, atol=1e-1), name
+            want = REFERENCES[name](x, *copies[0]).to(x.dtype) if name in REFERENCES else int4.int4_matmul(x, *copies[0])
+            assert torch.allclose(check, want, rtol=2e-2, atol=1e-1), name
         for name in names:
             laid_out = [in_layout(name, c) for c in copies]
             ms, _ = time_rotating_ms([lambda c=c, fn=VARIANTS[name]: fn(x, *c) for c in laid_out])
