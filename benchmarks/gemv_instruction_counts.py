@@ -1,8 +1,8 @@
 """SASS instructions a weight code in the loop of the int4 GEMV and of two sketches of other ways to do it,
 compiled offline for Hopper (sm_90a) with the Triton on PYTHONPATH (`kernel_resources.compiled_for_hopper`):
 where the GEMV's time goes is its instructions a code (benchmarks/results/compiled_decode_h200.md run 16), so
-this compares ways by that count before any is built out. The sketches are compiled, never run: they use
-inline PTX (the Triton interpreter cannot run it) and have no tests; they compute what their docstrings say
+this compares ways by that count before any is built out. The tensor-core sketch is compiled, never run: it
+uses inline PTX (the Triton interpreter cannot run it) and has no test; it computes what its docstring says
 only as far as reading the PTX shows.
 
     PYTHONPATH=/tmp/t36:. python benchmarks/gemv_instruction_counts.py > benchmarks/results/gemv_instruction_counts.txt
@@ -13,9 +13,9 @@ only as far as reading the PTX shows.
   128 + 16 c, exact), centred and scaled in bf16x2 (HADD2, HMUL2: the weight rounded once to bf16, as the
   prefill's dequantize path rounds it), the product y^T = W x^T by tl.dot (wgmma) with x padded to 16
   columns.
-- "dp4a (int8 activations)": x rounded to int8 with one scale a group (not part of the count: once a row),
-  each word's even and odd codes into bytes (two LOP3 and a shift), four products a dp4a; the group's scales
-  and zero point once a chunk.
+- "dp4a (int8 activations)": `bench_gemv.dp4a_kernel` (x rounded to int8 with one scale a group, not part of
+  the count: once a row; each word's even and odd codes into bytes by two LOP3 and a shift, four products a
+  dp4a; the group's scales and zero point once a chunk).
 """
 
 import re
@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_gemv  # noqa: E402
 from kernel_resources import NOT_MULTIPLE_OF_16, compiled_for_hopper  # noqa: E402
 
 from edgettt.kernels import int4  # noqa: E402
@@ -70,43 +71,6 @@ def tensor_core_gemv(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
     tl.store(y_ptr + m[None, :] * N + n[:, None], acc.to(y_ptr.dtype.element_ty), mask=(m < M)[None, :] & n_ok[:, None])
 
 
-@triton.jit
-def _dp4a(a, b, c):
-    """c + the four products of a's unsigned bytes with b's signed bytes."""
-    return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                     is_pure=True, pack=1)
-
-
-@triton.jit
-def dp4a_gemv(xq_ptr, xs_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, GROUP: tl.constexpr, BN: tl.constexpr,
-              WPT: tl.constexpr, NQ: tl.constexpr):
-    """W4A8: x as int8 words (each code word's even elements' bytes at xq[w], its odd ones' at xq[KW + w]), its
-    scale and sum of codes a group at xs[2g], xs[2g + 1]; a thread a chunk of WPT words of BN rows."""
-    n = tl.program_id(0) * BN + tl.arange(0, BN)
-    n_ok = n < N
-    q = tl.arange(0, NQ)
-    WPG: tl.constexpr = GROUP // 8
-    words = qw_ptr.to(tl.pointer_type(tl.int32))
-    acc = tl.zeros([NQ, BN], dtype=tl.float32)
-    for w0 in range(0, KW, NQ * WPT):
-        c = w0 + q * WPT
-        c_ok = c < KW
-        w = c[:, None] + tl.arange(0, WPT)[None, :]
-        ok = c_ok[:, None] & n_ok[None, :]
-        word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0)
-        x_even = tl.load(xq_ptr + w, mask=c_ok[:, None], other=0)[:, None, :]
-        x_odd = tl.load(xq_ptr + KW + w, mask=c_ok[:, None], other=0)[:, None, :]
-        dots = _dp4a(word & 0x0F0F0F0F, x_even, tl.zeros([NQ, BN, WPT], dtype=tl.int32))
-        dots = _dp4a((word >> 4) & 0x0F0F0F0F, x_odd, dots)
-        g = c // WPG
-        scale = tl.load(sc_ptr + n[None, :] * (K // GROUP) + g[:, None], mask=ok, other=0.0).to(tl.float32)
-        zero = _zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
-        x_scale = tl.load(xs_ptr + 2 * g, mask=c_ok, other=0.0)[:, None]
-        x_codes = tl.load(xs_ptr + 2 * g + 1, mask=c_ok, other=0.0)[:, None]
-        acc += scale * x_scale * (tl.sum(dots, axis=2).to(tl.float32) - zero * x_codes)
-    tl.store(y_ptr + n, tl.sum(acc, axis=0).to(y_ptr.dtype.element_ty), mask=n_ok)
-
-
 BF16, U8 = "*bf16", "*u8"
 GEMV_POINTERS = dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16, up_ptr=BF16, nw_ptr=BF16, nb_ptr=BF16,
                      r_ptr=BF16)
@@ -118,9 +82,9 @@ WAYS = [
     *[("tensor cores", tensor_core_gemv, dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16),
        ["N", "K", "ZPW", "stride_xm", "M"], dict(GROUP=64, BN=bn, BM=16), w, bn * 64 // (32 * w))
       for bn, w in ((64, 4), (128, 8), (256, 8))],
-    *[("dp4a (int8 activations)", dp4a_gemv, dict(xq_ptr="*i32", xs_ptr="*fp32", qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8,
-                                                   y_ptr=BF16),
-       ["N", "K", "KW", "ZPW"], dict(GROUP=64, BN=bn, WPT=wpt, NQ=nq), w, bn * wpt * 8 * nq // (32 * w))
+    *[("dp4a (int8 activations)", bench_gemv.dp4a_kernel, dict(xq_ptr="*i32", xw_ptr="*i32", xs_ptr="*fp32",
+                                                                qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16),
+       ["N", "K", "KW", "ZPW"], dict(GROUP=64, DP4A=True, BN=bn, WPT=wpt, NQ=nq), w, bn * wpt * 8 * nq // (32 * w))
       for bn, wpt, nq, w in ((8, 4, 128, 4), (8, 8, 64, 2))],
 ]
 
