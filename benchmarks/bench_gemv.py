@@ -377,17 +377,17 @@ def quantize_x_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.
     return xq, by_word.sum(1, dtype=torch.int32), scale.contiguous()
 
 
-_QUANTIZED_X = {}  # x's quantization, made once an x (as a producer fusing it would hand it over): not timed
+_QUANTIZED_X = []  # [(x, its version, group, its quantization)]: made once an x (as a producer fusing it would
+# hand it over), not timed; the x itself held, so that its memory is not another x's while it is the key
 
 
 def dp4a(x, qweight, scales, zero_points):
     """One row x [1, K] through the W4A8 dp4a kernel, x rounded to int8 with one scale a group."""
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
-    key = (x.data_ptr(), x._version, GH * 2)
-    if key not in _QUANTIZED_X:
-        _QUANTIZED_X[key] = quantize_x_groups(x, GH * 2)
-    xq, xw, xs = _QUANTIZED_X[key]
+    if not (_QUANTIZED_X and _QUANTIZED_X[0][0] is x and _QUANTIZED_X[0][1:3] == (x._version, GH * 2)):
+        _QUANTIZED_X[:] = [(x, x._version, GH * 2, quantize_x_groups(x, GH * 2))]
+    xq, xw, xs = _QUANTIZED_X[0][3]
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     grid = lambda meta: (triton.cdiv(N, meta["BN"]),)  # noqa: E731
     dp4a_single[grid](xq, xw, xs, qweight, scales, zero_points, y, N, K, K // 8, zero_points.shape[1], GROUP=GH * 2,
