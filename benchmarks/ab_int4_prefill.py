@@ -21,7 +21,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from prefill_gpu import make  # noqa: E402
+from prefill_gpu import make, prefill_seconds  # noqa: E402
 
 import edgettt.kernels.int4 as shipped  # noqa: E402
 
@@ -31,16 +31,6 @@ def earlier_int4_matmul():
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.int4_matmul
-
-
-def prefill_ms(model, ids) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    with torch.no_grad():
-        start.record()
-        model.prefill(ids)
-        end.record()
-        torch.cuda.synchronize()
-    return start.elapsed_time(end)
 
 
 def main():
@@ -56,7 +46,7 @@ def main():
     for round_ in range(-1, 11):  # round -1: warm-up (compiles, autotunes), not kept
         for name, kind, way in variants if round_ % 2 == 0 else variants[::-1]:
             shipped.int4_matmul = ways[way]
-            ms = prefill_ms(models[kind], ids)
+            ms = prefill_seconds(kind, models[kind], ids) * 1e3
             if round_ >= 0:
                 times[name].append(ms)
     shipped.int4_matmul = ways["new"]

@@ -364,14 +364,19 @@ dp4a_single = triton.autotune(
         c for c in configs if c.kwargs["WPT"] <= kw["GROUP"] // 8] or configs[-1:]})(dp4a_kernel)
 
 
-def quantize_x_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One row x [1, K] as the dp4a kernel takes it: int8 codes with one scale a group (amax / 127), packed a
-    code word at a time (its even elements' 4 bytes, then its odd ones'), each word's sum of codes, and the
-    groups' scales."""
+def int8_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One row x [1, K] rounded to int8 with one scale a group (amax / 127): codes [K / group, group] (as float)
+    and scales [K / group]."""
     xf = x.float().reshape(-1, group)
     scale = xf.abs().amax(1).clamp_min(1e-30) / 127
-    codes = torch.round(xf / scale[:, None]).clamp(-127, 127).to(torch.int8)
-    by_word = codes.reshape(-1, 8)
+    return torch.round(xf / scale[:, None]).clamp(-127, 127), scale
+
+
+def quantize_x_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One row x [1, K] as the dp4a kernel takes it (`int8_groups`): the int8 codes packed a code word at a time
+    (its even elements' 4 bytes, then its odd ones'), each word's sum of codes, and the groups' scales."""
+    codes, scale = int8_groups(x, group)
+    by_word = codes.to(torch.int8).reshape(-1, 8)
     xq = torch.cat([by_word[:, 0::2].contiguous().view(torch.int32).reshape(-1),
                     by_word[:, 1::2].contiguous().view(torch.int32).reshape(-1)])
     return xq, by_word.sum(1, dtype=torch.int32), scale.contiguous()
@@ -396,11 +401,9 @@ def dp4a(x, qweight, scales, zero_points):
 
 
 def dp4a_ref(x, qweight, scales, zero_points):
-    """What `dp4a` computes, in fp32 torch: x rounded as `quantize_x_groups` rounds it, times the weight."""
-    group = qweight.shape[2] * 2
-    xf = x.float().reshape(-1, group)
-    scale = xf.abs().amax(1).clamp_min(1e-30) / 127
-    x_hat = (torch.round(xf / scale[:, None]).clamp(-127, 127) * scale[:, None]).reshape(1, -1)
+    """What `dp4a` computes, in fp32 torch: x rounded as `int8_groups` rounds it, times the weight."""
+    codes, scale = int8_groups(x, qweight.shape[2] * 2)
+    x_hat = (codes * scale[:, None]).reshape(1, -1)
     return int4.int4_matmul_ref(x_hat, qweight, scales, zero_points)
 
 

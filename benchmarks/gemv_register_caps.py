@@ -11,17 +11,12 @@ Microseconds a call in a CUDA graph, weight copies rotating past L2, bf16, one r
 
 import argparse
 import json
-import sys
-from pathlib import Path
 
 import torch
 import triton
 
-TESTS = Path(__file__).resolve().parents[1] / "tests"
-sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]
-
-from edgettt.bench import copies_for, time_rotating_ms, weight_variants  # noqa: E402
-from edgettt.kernels import int4  # noqa: E402
+from edgettt.bench import copies_for, time_rotating_ms, weight_variants
+from edgettt.kernels import int4
 
 
 def main():

@@ -1,6 +1,7 @@
 """The decode token kernels (`kernels.decode_token`: float state, int8 state) at the 760m preset's heads (batch 1,
 16 heads of d = 96) launched with 8, 16 and 32 warps: each launch's output against the 8-warp one, and
-microseconds a call, 24 layers' calls (each its own state) in a CUDA graph, the median of 7 rounds of 20 replays.
+microseconds a call, 24 layers' calls (each its own state) in a CUDA graph (`bench.time_rotating_ms`: the median
+of its replays).
 
     python benchmarks/token_warps.py --json benchmarks/results/token_warps_760m_h200.json
 
@@ -13,7 +14,6 @@ benchmarks/results/compiled_decode_h200.md, run 16.
 import argparse
 import json
 import math
-import statistics
 import sys
 from pathlib import Path
 
@@ -23,6 +23,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]  # the kernel tests and their conftest
 from test_decode_token import inputs, int8_state  # noqa: E402
 
+from edgettt.bench import time_rotating_ms  # noqa: E402
 from edgettt.kernels import decode_token as dt, next_power_of_2  # noqa: E402
 from edgettt.quant.state_formats import FINE_STEPS, STATE_CLIP  # noqa: E402
 
@@ -59,24 +60,9 @@ def layers_of(kind, inner):
     return layers
 
 
-def us_per_call(launch, layers, eta, inner, warps):
-    for args in layers:
-        launch(args, eta, inner, warps)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for args in layers:
-            launch(args, eta, inner, warps)
-    times = []
-    for _ in range(7):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(20):
-            graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) * 1e3 / 20 / len(layers))
-    return statistics.median(times)
+def us_per_call(launch, layers, eta, inner, warps) -> float:
+    """Microseconds a call, the layers' calls back to back in a CUDA graph (`bench.time_rotating_ms`)."""
+    return time_rotating_ms([lambda args=args: launch(args, eta, inner, warps) for args in layers])[0] * 1e3
 
 
 def main():
