@@ -13,8 +13,10 @@ loads moved through shared memory into the tile's layout, ~10 instructions a cod
 or without split-K: K cut into slices, one program each, added atomically), "repacked" (the codes
 reordered once a weight so that each nibble position meets contiguous x; loads one step ahead) and "dp4a
 (int8 x)" (W4A8: x rounded to int8 with one scale a group of the weight's, once an x and not timed; four
-products a dp4a: ~1.6 SASS instructions a code against the shipped ~4.5, gemv_instruction_counts.py; added
-in session 26 and not yet run on a GPU: its CPU test sums the dp4a byte by byte). Each
+products a dp4a: ~1.6 SASS instructions a code against the shipped ~4.5, gemv_instruction_counts.py; first
+run on the H200 in session 27: 0.55-0.91x the shipped kernel's time) and "shipped a8 (int8 x)" (edgettt's W4A8
+GEMV, `int4_matmul(..., gemm="a8")`: the same dp4a products with x rounded in blocks of 32 inside the kernel,
+as a decode step with int8 activations runs it). Each
 shape also times a plain device copy that moves the same bytes ("copy (same bytes)"): the most a kernel
 that small can reach. Results: benchmarks/results/gemm_h200.md (last section) and bench_h200.md. Measured
 and dropped earlier: a "group-sum" kernel (commit d220746) and split-K of the strided-x kernel (12.49 us
@@ -23,7 +25,6 @@ against its 9.98 at 4096x4096, bench_h200.md).
 
 import argparse
 import json
-import os
 
 import torch
 import triton
@@ -31,7 +32,7 @@ import triton.language as tl
 
 from edgettt.bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, time_rotating_ms, weight_rows,
                            weight_variants)
-from edgettt.kernels import autotune_configs, int4
+from edgettt.kernels import INTERPRETER, autotune_configs, int4
 from edgettt.quant.layouts import unpack_nibbles
 
 SHAPES = ((4096, 4096), (11008, 4096))
@@ -310,18 +311,6 @@ def repacked(x, words, scales, zero_points):
 
 
 @triton.jit
-def _dp4a(a, b, c, DP4A: tl.constexpr):
-    """c + the four products of a's unsigned bytes with b's signed bytes: one dp4a on the GPU; under the
-    interpreter (which cannot run inline PTX) the same sum byte by byte."""
-    if DP4A:
-        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
-                                         is_pure=True, pack=1)
-    for i in tl.static_range(4):
-        c += ((a >> (8 * i)) & 0xFF) * (((b >> (8 * i)) << 24) >> 24)  # (the second sign-extended)
-    return c
-
-
-@triton.jit
 def dp4a_kernel(xq_ptr, xw_ptr, xs_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW, ZPW, GROUP: tl.constexpr,
                 DP4A: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr, NQ: tl.constexpr):
     """W4A8 GEMV, one row: x as int8 codes with one scale a group (`quantize_x_groups`: each code word's even
@@ -343,8 +332,8 @@ def dp4a_kernel(xq_ptr, xw_ptr, xs_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, KW,
         word = tl.load(words + n[None, :, None] * KW + w[:, None, :], mask=ok[:, :, None], other=0)
         x_even = tl.load(xq_ptr + w, mask=c_ok[:, None], other=0)[:, None, :]
         x_odd = tl.load(xq_ptr + KW + w, mask=c_ok[:, None], other=0)[:, None, :]
-        dots = _dp4a(word & 0x0F0F0F0F, x_even, tl.zeros([NQ, BN, WPT], dtype=tl.int32), DP4A)
-        dots = _dp4a((word >> 4) & 0x0F0F0F0F, x_odd, dots, DP4A)
+        dots = int4._dp4a(word & 0x0F0F0F0F, x_even, tl.zeros([NQ, BN, WPT], dtype=tl.int32), DP4A)
+        dots = int4._dp4a((word >> 4) & 0x0F0F0F0F, x_odd, dots, DP4A)
         g = c // WPG
         scale = tl.load(sc_ptr + n[None, :] * (K // GROUP) + g[:, None], mask=ok, other=0.0).to(tl.float32)
         zero = int4._zero_points(zp_ptr, n[None, :], g[:, None], ZPW, ok)
@@ -396,7 +385,7 @@ def dp4a(x, qweight, scales, zero_points):
     y = torch.empty(1, N, device=x.device, dtype=x.dtype)
     grid = lambda meta: (triton.cdiv(N, meta["BN"]),)  # noqa: E731
     dp4a_single[grid](xq, xw, xs, qweight, scales, zero_points, y, N, K, K // 8, zero_points.shape[1], GROUP=GH * 2,
-                      DP4A=os.environ.get("TRITON_INTERPRET") != "1")
+                      DP4A=not INTERPRETER)
     return y
 
 
@@ -412,7 +401,8 @@ VARIANTS = {"shipped": int4.int4_matmul, "strided x": strided_x, "zero per code"
 PREPARE = {"repacked": repack_words}  # variants that take the weight in their own layout: made once a weight
 VARIANTS["repacked"] = repacked
 VARIANTS["dp4a (int8 x)"] = dp4a
-REFERENCES = {"dp4a (int8 x)": dp4a_ref}  # variants that compute another product than the weight-only one
+VARIANTS["shipped a8 (int8 x)"] = lambda x, *weight: int4.int4_matmul(x, *weight, gemm="a8")  # x rounded in the kernel
+REFERENCES = {"dp4a (int8 x)": dp4a_ref, "shipped a8 (int8 x)": int4.int4_matmul_a8_ref}  # variants that compute another product than the weight-only one
 
 
 def in_layout(name, weight):
@@ -460,13 +450,14 @@ PROLOGUE_SHAPES = [(preset, name, N, K, fused) for preset, C, inner in (("760m",
                                              ("down", C, inner, "gated"))]
 
 
-def prologue_rows(ceiling, presets=("760m", "125m")) -> list[dict]:
+def prologue_rows(ceiling, presets=("760m", "125m"), a8: bool = False) -> list[dict]:
     """Each fused product of a decode step (`int4_gemv` with its prologue and residual) against the plain GEMV
     and against the same work as separate launches, the norm / activation and the residual add each a kernel
     torch.compile makes (as a compiled step runs them unfused): microseconds a call in a CUDA graph, weight
     copies rotating past L2 (x, the norm's parameters and the residual stay in it, as in a step). Also the
     way the model takes SwiGLU's activation since: in the gate/up product's epilogue (`glu`), leaving the down
-    product with its residual only."""
+    product with its residual only. `a8`: every GEMV in W4A8 (x rounded to int8 in the kernel:
+    `int4_gemv(..., a8=True)`)."""
     import torch.nn.functional as F
 
     from edgettt.ops import rms_norm
@@ -489,22 +480,23 @@ def prologue_rows(ceiling, presets=("760m", "125m")) -> list[dict]:
             before = torch.compile(lambda x: F.layer_norm(x, (K,), weight, bias, 1e-6) if fused == "layer"
                                    else rms_norm(x, weight, 1e-6))
         add = torch.compile(lambda r, y: r + y)
-        ways = {"plain GEMV": lambda c: int4.int4_gemv(x, *c),
+        ways = {"plain GEMV": lambda c: int4.int4_gemv(x, *c, a8=a8),
                 f"fused ({fused}{' + residual' if residual is not None else ''})":
-                    lambda c: int4.int4_gemv(x, *c, norm=norm, up=up, residual=residual),
+                    lambda c: int4.int4_gemv(x, *c, norm=norm, up=up, residual=residual, a8=a8),
                 "separate (compiled prologue, GEMV, add)":
-                    lambda c: (lambda y: y if residual is None else add(residual, y))(int4.int4_gemv(before(x), *c))}
+                    lambda c: (lambda y: y if residual is None else add(residual, y))(int4.int4_gemv(before(x), *c, a8=a8))}
         if fused == "rms":  # SwiGLU's activation in this product's epilogue (what the model runs since)
-            ways["fused (rms, GLU epilogue)"] = lambda c: int4.int4_gemv(x, *c, norm=norm, glu=True)
-            ways["separate rms, GEMV with GLU epilogue"] = lambda c: int4.int4_gemv(before(x), *c, glu=True)
+            ways["fused (rms, GLU epilogue)"] = lambda c: int4.int4_gemv(x, *c, norm=norm, glu=True, a8=a8)
+            ways["separate rms, GEMV with GLU epilogue"] = lambda c: int4.int4_gemv(before(x), *c, glu=True, a8=a8)
         if fused == "gated":  # the down product once the activation is made elsewhere
-            ways["residual only"] = lambda c: int4.int4_gemv(x, *c, residual=residual)
+            ways["residual only"] = lambda c: int4.int4_gemv(x, *c, residual=residual, a8=a8)
         for way, fn in ways.items():
             fn(copies[0])  # compile and autotune outside the capture
             ms, _ = time_rotating_ms([lambda c=c: fn(c) for c in copies])
-            rows.append({"preset": preset, "product": name, "N": N, "K": K, "way": way, "us": ms * 1e3,
+            kernel = int4._int4_gemv_a8_kernel if a8 else int4._int4_gemv_kernel
+            rows.append({"preset": preset, "product": name, "N": N, "K": K, "way": way, "a8": a8, "us": ms * 1e3,
                          "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling,
-                         "config": str(int4._int4_gemv_kernel.best_config)})  # the autotuner's pick for the last call
+                         "config": str(kernel.best_config)})  # the autotuner's pick for the last call
             print(json.dumps(rows[-1]), flush=True)
         del copies
     return rows
@@ -519,9 +511,10 @@ def main():
                     "its norm or activation and residual, fused_products.py) at the 760m and 125m presets' shapes, "
                     "against the plain GEMV and against the same work as separate kernels")
     ap.add_argument("--presets", default="760m,125m", help="with --prologues: the presets whose shapes to time")
+    ap.add_argument("--a8", action="store_true", help="with --prologues: the GEMVs in W4A8 (x rounded to int8 inside)")
     args = ap.parse_args()
     if args.prologues:
-        rows = prologue_rows(copy_bandwidth(), args.presets.split(","))
+        rows = prologue_rows(copy_bandwidth(), args.presets.split(","), args.a8)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,

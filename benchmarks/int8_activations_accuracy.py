@@ -38,6 +38,42 @@ def measure(name: str, weights: str, text: str, ctx: int, max_tokens: int) -> li
     return rows
 
 
+def step_logits(model, windows: torch.Tensor, prompt: int) -> torch.Tensor:
+    """Logits [N, T - 1 - prompt, V] of decode steps: each window's first `prompt` tokens prefilled, then one
+    step a token (all windows together: at most 8 rows, the GEMV range of the kernels)."""
+    with torch.no_grad():
+        logits, state = model.prefill(windows[:, :prompt])
+        out = []
+        for t in range(prompt, windows.shape[1] - 1):
+            step, state = model.step(windows[:, t], state)
+            out.append(step.float())
+    return torch.stack(out, dim=1)
+
+
+def measure_decode(name: str, weights: str, text: str, ctx: int, prompt: int, windows: int) -> list[dict]:
+    """The same for decode steps (an int4 layer's W4A8 GEMV: x rounded in blocks of 32; int8 layers stay
+    weight-only there): `windows` windows of `ctx` tokens, decoded after a prompt, against the float model's
+    steps."""
+    from edgettt.data import read_text, token_windows
+    from edgettt.evaluation import encode
+    from edgettt.metrics import drift
+
+    model = edgettt.load(name)
+    ids = token_windows(encode(model, read_text(text), name), ctx, ctx * windows)[:windows]
+    ref = step_logits(model, ids, prompt)
+    quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
+    rows = []
+    for activations in ("float", "int8"):
+        set_activations(quantized, activations)
+        d = drift(ref, step_logits(quantized, ids, prompt), ids[:, prompt + 1:])
+        rows.append({"model": name, "weights": weights, "activations": activations, "mode": "decode",
+                     "kld_mean": d["kld_mean"], "kld_p99": d["kld_p99"], "top1": d["top1"]})
+        r = rows[-1]
+        print(f"{name:26s} {weights:5s} {activations:6s} decode KLD {r['kld_mean']:.2e} p99 {r['kld_p99']:.2e} "
+              f"top-1 {r['top1']:.2%}", flush=True)
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--models", default="ttt-linear-tiny-parallel,ttt-mlp-tiny-parallel")
@@ -45,12 +81,18 @@ def main(argv=None) -> int:
     p.add_argument("--text", default="python-docs:test")
     p.add_argument("--ctx", type=int, default=512)
     p.add_argument("--max-tokens", type=int, default=16384)
+    p.add_argument("--decode-windows", type=int, default=8, help="decode: windows of --decode-ctx tokens (0: none)")
+    p.add_argument("--decode-ctx", type=int, default=512)
+    p.add_argument("--decode-prompt", type=int, default=64, help="decode: tokens prefilled before the steps")
     p.add_argument("--json")
     args = p.parse_args(argv)
     rows = []
     for name in args.models.split(","):
         for weights in args.weights.split(","):
             rows += measure(name, weights, args.text, args.ctx, args.max_tokens)
+            if args.decode_windows:
+                rows += measure_decode(name, weights, args.text, args.decode_ctx, args.decode_prompt,
+                                       args.decode_windows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),

@@ -23,20 +23,22 @@ def op_calls(graphs, name: str, last_arg=None) -> int:
                for gm in graphs for node in gm.graph.nodes)
 
 
-@pytest.mark.parametrize("batch,fused_per_layer", [(3, 3), (9, 0)])
-def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eager(batch, fused_per_layer):
+@pytest.mark.parametrize("batch,fused_per_layer,activations", [(3, 3, "float"), (9, 0, "float"), (3, 3, "int8")])
+def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eager(batch, fused_per_layer, activations):
     """Each layer's output projection (with the mixer's LayerNorm and the residual), gate/up (with the MLP's
     RMSNorm, SwiGLU's activation applied to its halves as it stores) and down projection (with the residual)
     are one fused op each within the GEMV's rows (batch <= 8), none above; q/k/v stay `int4_linear` (the mixer's normed input also feeds
     its learning rates). The compiled step (AOT autograd: the CPU's stand-in for inductor) gives the eager
-    step's logits and state."""
+    step's logits and state; with int8 activations too (the fused products' W4A8 GEMV rounding the norm's
+    output as the eager int4 layer rounds it)."""
     from edgettt.fused_products import use_fused_products
     from edgettt.mixer import fuse_input_projections
-    from edgettt.quant import stacked_projection
+    from edgettt.quant import set_activations, stacked_projection
     from edgettt.speed import _copy_state
 
     model = int4_model().eval()
     fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
+    set_activations(model, activations)
     assert use_fused_products(model) > 0
     ids = torch.randint(0, 256, (batch, 22), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -51,6 +53,8 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     layers = model.config.num_hidden_layers
     assert graphs and op_calls(graphs, "int4_linear_fused") == fused_per_layer * layers * len(graphs)
     assert op_calls(graphs, "int4_linear_fused", last_arg=True) == (fused_per_layer > 0) * layers * len(graphs)  # glu
+    a8 = sum(node.args[-2] for gm in graphs for node in gm.graph.nodes if "int4_linear_fused" in str(node.target))
+    assert a8 == (activations == "int8") * fused_per_layer * layers * len(graphs)
     assert op_calls(graphs, "int4_linear") >= (4 - fused_per_layer) * layers * len(graphs)
     for a, b in zip(state.layers, compiled_state.layers):
         for name in a:

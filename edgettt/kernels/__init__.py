@@ -21,6 +21,8 @@ GEMV_MAX_ROWS = 8  # the weight kernels' GEMV range (a decode step's rows); GEMM
 # requantization to int8, which every call repeats, the product) against two, in products launches bound
 # (benchmarks/results/gemm_h200.md, few-row sections)
 INT4_A8_MIN_ROWS = 2048
+# whether kernels run under Triton's interpreter (set before this package is imported), which cannot run inline PTX
+INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 POISON_OUTPUTS = False  # tests switch it on: every kernel output starts as NaN, so unwritten elements show
 
 
@@ -42,7 +44,7 @@ def next_power_of_2(n: int) -> int:
 def autotune_configs(configs: list, interpreter_configs: list) -> list:
     """The configurations a kernel's autotuner tries: one under the interpreter, the first (a good
     default) with EDGETTT_AUTOTUNE=0, else all of them."""
-    if os.environ.get("TRITON_INTERPRET") == "1":
+    if INTERPRETER:
         return interpreter_configs
     return configs[:1] if os.environ.get("EDGETTT_AUTOTUNE", "1") == "0" else configs
 

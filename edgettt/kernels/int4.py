@@ -38,7 +38,7 @@ import triton.language as tl
 
 from ..ops import rms_norm
 from ..quant.layouts import dequantize_int4, unpack_nibbles
-from . import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
+from . import GEMV_MAX_ROWS, INTERPRETER, autotune_configs, cdiv, fresh, next_power_of_2
 from .int8 import int8_a8_gemm, int8_matmul_a8_ref
 
 
@@ -63,8 +63,12 @@ def _x_pair(x_row, w, b: tl.constexpr, ok, X16: tl.constexpr):
     read as 32-bit words, the pair in one (the low half the earlier element), split in registers."""
     if X16:
         pair = tl.load(x_row.to(tl.pointer_type(tl.int32)) + 4 * w + b, mask=ok, other=0)
-        lo = pair.to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
-        hi = (pair >> 16).to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
+        if x_row.dtype.element_ty == tl.bfloat16:  # a bf16's bits are the top half of its fp32's: one op each
+            lo = (pair << 16).to(tl.float32, bitcast=True)
+            hi = (pair & -65536).to(tl.float32, bitcast=True)
+        else:
+            lo = pair.to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
+            hi = (pair >> 16).to(tl.int16).to(x_row.dtype.element_ty, bitcast=True).to(tl.float32)
     else:
         lo = tl.load(x_row + 8 * w + 2 * b, mask=ok, other=0.0).to(tl.float32)
         hi = tl.load(x_row + 8 * w + 2 * b + 1, mask=ok, other=0.0).to(tl.float32)
@@ -236,6 +240,121 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
     _store_rows(y, y_ptr, r_ptr, m, n, n_ok, pid_n, N, stride_rm, RESIDUAL, GLU, BN)
 
 
+# W4A8 decode: x rounded to int8 in blocks of this many values (4 code words; `a8_rounded`), the GEMV's
+# chunk: a block's scale is one thread's, from values it holds (finer than any weight group, so a chunk lies
+# in one group)
+A8_BLOCK = 32
+A8_CONFIGS = [c for c in GEMV_CONFIGS if c.kwargs["WPT"] == A8_BLOCK // 8]
+
+
+@triton.jit
+def _dp4a(a, b, c, DP4A: tl.constexpr):
+    """c + the four products of a's unsigned bytes with b's signed bytes (int32 tensors): one dp4a
+    instruction a word on the GPU; under the interpreter (which cannot run inline PTX) the same sum byte by
+    byte."""
+    if DP4A:
+        return tl.inline_asm_elementwise("dp4a.u32.s32 $0, $1, $2, $3;", "=r,r,r,r", [a, b, c], dtype=tl.int32,
+                                         is_pure=True, pack=1)
+    for i in tl.static_range(4):
+        c += ((a >> (8 * i)) & 0xFF) * (((b >> (8 * i)) << 24) >> 24)  # (the second sign-extended)
+    return c
+
+
+@triton.jit
+def _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, b: tl.constexpr, ok, mean, inv, PROLOGUE: tl.constexpr,
+               X16: tl.constexpr, W16: tl.constexpr):
+    """Pair b of words w of x through the prologue (`_x_in`), and the raw pair's squares (an RMSNorm's)."""
+    lo, hi = _x_pair(x_row, w, b, ok, X16)
+    squares = lo * lo + hi * hi
+    lo, hi = _x_in(lo, hi, up_row, nw_ptr, nb_ptr, w, b, ok, mean, inv, PROLOGUE, X16, W16)
+    return lo, hi, squares
+
+
+@triton.jit
+def _int8_code(v, to_code):
+    """v * to_code rounded to the nearest integer (half to even) in the low byte of an int32, as its two's
+    complement: 1.5 * 2^23 added in the same FFMA leaves the rounded value in the float's low mantissa bits
+    (exact for |v * to_code| < 2^22), one instruction a value."""
+    return (v * to_code + 12582912.0).to(tl.int32, bitcast=True)
+
+
+@triton.jit
+def _low_bytes(a, b, c, d, PTX: tl.constexpr):
+    """The low bytes of int32s a, b, c, d packed into one int32 (a's lowest): three PRMT on the GPU."""
+    if PTX:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b32 t0, t1; prmt.b32 t0, $1, $2, 0x0040; prmt.b32 t1, $3, $4, 0x0040; "
+            "prmt.b32 $0, t0, t1, 0x5410; }", "=r,r,r,r,r", [a, b, c, d], dtype=tl.int32, is_pure=True, pack=1)
+    return (a & 0xFF) | ((b & 0xFF) << 8) | ((c & 0xFF) << 16) | (d << 24)
+
+
+@triton.jit
+def _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, ok, mean, inv, PROLOGUE: tl.constexpr, X16: tl.constexpr,
+                W16: tl.constexpr, PTX: tl.constexpr):
+    """x's blocks at words w ([NQ, 4]: a block, 32 values, a row) through the prologue, rounded to int8 with
+    one scale a block (absmax / 127; `a8_rounded`): each word's even codes packed as bytes into an int32 (the
+    partners of the code word's low nibbles), its odd codes likewise, [NQ, 4] each; each block's sum of codes
+    and scale ([NQ]); the raw values' squares ([NQ, 4], for an RMSNorm)."""
+    lo0, hi0, sq0 = _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, 0, ok, mean, inv, PROLOGUE, X16, W16)
+    lo1, hi1, sq1 = _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, 1, ok, mean, inv, PROLOGUE, X16, W16)
+    lo2, hi2, sq2 = _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, 2, ok, mean, inv, PROLOGUE, X16, W16)
+    lo3, hi3, sq3 = _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, 3, ok, mean, inv, PROLOGUE, X16, W16)
+    big = tl.maximum(tl.maximum(tl.maximum(tl.abs(lo0), tl.abs(hi0)), tl.maximum(tl.abs(lo1), tl.abs(hi1))),
+                     tl.maximum(tl.maximum(tl.abs(lo2), tl.abs(hi2)), tl.maximum(tl.abs(lo3), tl.abs(hi3))))
+    amax = tl.max(big, axis=1)
+    to_code = tl.where(amax > 0, 127.0 / tl.maximum(amax, 1e-30), 0.0)[:, None]
+    even = _low_bytes(_int8_code(lo0, to_code), _int8_code(lo1, to_code), _int8_code(lo2, to_code),
+                      _int8_code(lo3, to_code), PTX)
+    odd = _low_bytes(_int8_code(hi0, to_code), _int8_code(hi1, to_code), _int8_code(hi2, to_code),
+                     _int8_code(hi3, to_code), PTX)
+    sums = tl.sum(_dp4a(tl.full(even.shape, 0x01010101, tl.int32), odd, _dp4a(tl.full(even.shape, 0x01010101, tl.int32),
+                                                                            even, tl.zeros_like(even), PTX), PTX), axis=1)
+    return even, odd, sums, amax / 127.0, sq0 + sq1 + sq2 + sq3
+
+
+@triton.autotune(configs=autotune_configs(A8_CONFIGS, [triton.Config({"BN": 4, "WPT": 4, "NQ": 8}, num_warps=1)]),
+                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU"])
+@triton.jit
+def _int4_gemv_a8_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW,
+                         stride_xm, stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr,
+                         PROLOGUE: tl.constexpr, W16: tl.constexpr, RESIDUAL: tl.constexpr, GLU: tl.constexpr,
+                         BN: tl.constexpr, WPT: tl.constexpr, NQ: tl.constexpr, DP4A: tl.constexpr):
+    """`_int4_gemv_kernel`'s product (its tiles, prologues, residual and GLU; `one_bits` unused) with x rounded
+    to int8 as it is read (W4A8): a thread's chunk is one block of A8_BLOCK values (WPT = 4 words), rounded
+    with the block's absmax (`_x_block_a8`); a word's even codes (one LOP3) and odd codes (a shift and a
+    LOP3) as bytes against x's packed codes, four products a dp4a:
+    y[n] = sum over blocks of scale[n, g] * x scale * (sum c q - zero[n, g] * sum q)."""
+    tl.static_assert(WPT * 8 == 32, "a chunk is one rounding block of x")
+    pid_n, m = tl.program_id(0), tl.program_id(1)
+    WPG: tl.constexpr = GROUP // 8
+    n, n_ok = _block_rows(pid_n, N, BN, GLU)
+    q = tl.arange(0, NQ)
+    blocks = K // GROUP
+    words = qw_ptr.to(tl.pointer_type(tl.int32))
+    x_row = x_ptr + m * stride_xm
+    up_row = up_ptr + m * stride_xm
+    mean, inv = 0.0, 1.0
+    if PROLOGUE == 2:
+        mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
+    acc = tl.zeros([NQ, BN], dtype=tl.float32)
+    squares = tl.zeros([NQ, WPT], dtype=tl.float32)
+    for w0 in range(0, KW, NQ * WPT):
+        c = w0 + q * WPT
+        c_ok = c < KW  # whole blocks: K is a multiple of 32
+        w = c[:, None] + tl.arange(0, WPT)[None, :]
+        word, scale, zero = _block_weight(words, sc_ptr, zp_ptr, n, n_ok, c, w, c_ok, KW, ZPW, blocks, WPG)
+        even, odd, x_codes, x_scale, sq = _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, c_ok[:, None], mean, inv,
+                                                      PROLOGUE, X16, W16, DP4A)
+        squares += sq
+        dots = _dp4a(word & 0x0F0F0F0F, even[:, None, :], tl.zeros([NQ, BN, WPT], dtype=tl.int32), DP4A)
+        dots = _dp4a((word >> 4) & 0x0F0F0F0F, odd[:, None, :], dots, DP4A)
+        acc += scale * x_scale[:, None] * (tl.sum(dots, axis=2).to(tl.float32) - zero * x_codes.to(tl.float32)[:, None])
+    y = tl.sum(acc, axis=0)
+    if PROLOGUE == 1:
+        y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
+    _store_rows(y, y_ptr, r_ptr, m, n, n_ok, pid_n, N, stride_rm, RESIDUAL, GLU, BN)
+
+
 GEMM_CONFIGS = [triton.Config({"BM": bm, "BN": bn}, num_warps=w, num_stages=s)
                 for bm, bn, w, s in [(64, 64, 4, 4), (128, 64, 4, 4), (64, 128, 4, 4), (128, 128, 8, 3),
                                      (128, 128, 4, 4), (128, 256, 8, 3), (256, 128, 8, 3), (32, 64, 4, 4)]]
@@ -327,7 +446,11 @@ def int4_to_int8_ref(qweight, scales, zero_points):
 
 
 def int4_matmul_a8_ref(x, qweight, scales, zero_points):
-    """The W4A8 product: the weight on its int8 grid (`int4_to_int8_ref`), then `int8_matmul_a8_ref`."""
+    """The W4A8 product `int4_matmul(..., gemm="a8")` computes: up to GEMV_MAX_ROWS rows the GEMV's (x rounded
+    in blocks, the int4 codes as they are: `int4_gemv_ref`); above, the weight on its int8 grid
+    (`int4_to_int8_ref`), then `int8_matmul_a8_ref` (x rounded a row)."""
+    if x.numel() // x.shape[-1] <= GEMV_MAX_ROWS:
+        return int4_gemv_ref(x, qweight, scales, zero_points, a8=True)
     return int8_matmul_a8_ref(x, *int4_to_int8_ref(qweight, scales, zero_points))
 
 
@@ -382,9 +505,9 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 
 
 def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up=None, norm_weight=None,
-                 norm_bias=None, eps: float = 0.0, residual=None, glu: bool = False) -> None:
-    """y = prologue(x2) @ W^T (+ residual; or its rows' GLU pairs) by `_int4_gemv_kernel`: x2 [M, K] (and up)
-    rows with unit stride."""
+                 norm_bias=None, eps: float = 0.0, residual=None, glu: bool = False, a8: bool = False) -> None:
+    """y = prologue(x2) @ W^T (+ residual; or its rows' GLU pairs) by `_int4_gemv_kernel` (`a8`: x rounded to
+    int8 as it is read, by `_int4_gemv_a8_kernel`): x2 [M, K] (and up) rows with unit stride."""
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
     x16 = x2.element_size() == 2
@@ -399,23 +522,24 @@ def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up
     grid = lambda meta: (cdiv(N, meta["BN"]), x2.shape[0])  # noqa: E731  (with GLU: N / 2 pairs, BN / 2 a program)
     # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the word loads
     # are known aligned and vectorized; unused pointers are x's (never read)
-    _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
-                            x2 if norm_weight is None else norm_weight, x2 if norm_bias is None else norm_bias,
-                            y if residual is None else residual, N, K, K // 8, zero_points.shape[1], x2.stride(0),
-                            0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
-                            PROLOGUE=PROLOGUES[prologue],
-                            W16=norm_weight is not None and norm_weight.element_size() == 2,
-                            RESIDUAL=residual is not None, GLU=glu)
+    kernel, extra = (_int4_gemv_a8_kernel, {"DP4A": not INTERPRETER}) if a8 else (_int4_gemv_kernel, {})
+    kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
+                 x2 if norm_weight is None else norm_weight, x2 if norm_bias is None else norm_bias,
+                 y if residual is None else residual, N, K, K // 8, zero_points.shape[1], x2.stride(0),
+                 0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
+                 PROLOGUE=PROLOGUES[prologue], W16=norm_weight is not None and norm_weight.element_size() == 2,
+                 RESIDUAL=residual is not None, GLU=glu, **extra)
 
 
 def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None,
-              glu: bool = False):
+              glu: bool = False, a8: bool = False):
     """A decode step's product with what surrounds it, by the GEMV kernel in one launch:
     (residual +) prologue(x) @ W^T, the prologue an RMSNorm or LayerNorm of x (`norm`: ("rms" | "layer",
     weight, bias or None, eps)), SwiGLU's silu(x) * up (`up`), or none. x, up, residual: [..., K] / [..., N]
     with at most GEMV_MAX_ROWS rows in all (the kernel's range: each row re-reads the weight); computed in
     fp32 from x's values, as `int4_gemv_ref`. `glu`: the weight is a stacked gate/up product (gate rows, then
-    up rows) and the result is silu(gate) * up, [..., N / 2] (no residual)."""
+    up rows) and the result is silu(gate) * up, [..., N / 2] (no residual). `a8`: W4A8, the prologue's output
+    rounded to int8 in blocks of A8_BLOCK values (`a8_rounded`) and multiplied in integers (dp4a)."""
     K = qweight.shape[1] * qweight.shape[2] * 2
     assert norm is None or up is None, "one prologue: a norm or the gate"
     assert not glu or (residual is None and qweight.shape[0] % 2 == 0), "GLU pairs of rows, without a residual"
@@ -425,7 +549,7 @@ def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=Non
     y = fresh(torch.empty(x2.shape[0], qweight.shape[0] // (2 if glu else 1), device=x.device, dtype=x.dtype))
     kind, weight, bias, eps = norm if norm is not None else ("none", None, None, 0.0)
     _launch_gemv(x2, qweight.contiguous(), scales.contiguous(), zero_points.contiguous(), y,
-                 "gated" if up is not None else kind, up2, weight, bias, eps, r2, glu)
+                 "gated" if up is not None else kind, up2, weight, bias, eps, r2, glu, a8)
     return y.reshape(*x.shape[:-1], -1)
 
 
@@ -436,7 +560,7 @@ def _rows(t: torch.Tensor) -> torch.Tensor:
 
 
 def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None,
-                  glu: bool = False):
+                  glu: bool = False, a8: bool = False):
     """What `int4_gemv` computes, in fp32 torch, the result in x's dtype."""
     x32 = x.float()
     if norm is not None:
@@ -448,11 +572,22 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
                                                  None if bias is None else bias.float(), eps)
     if up is not None:
         x32 = torch.nn.functional.silu(x32) * up.float()
+    if a8:
+        x32 = a8_rounded(x32)
     y = x32 @ dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points}).float().T
     if glu:
         gate, up_rows = y.chunk(2, dim=-1)
         return (torch.nn.functional.silu(gate) * up_rows).to(x.dtype)
     return (y if residual is None else y + residual.float()).to(x.dtype)
+
+
+def a8_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32, [..., K]) as the W4A8 GEMV takes it: rounded to int8 in blocks of A8_BLOCK values (absmax / 127
+    a block, half to even: `_int8_code`), scaled back."""
+    blocks = x.reshape(-1, A8_BLOCK)
+    amax = blocks.abs().amax(-1, keepdim=True)
+    to_code = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
+    return (torch.round(blocks * to_code) * (amax / 127.0)).reshape(x.shape)
 
 
 def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
@@ -468,7 +603,7 @@ def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
     ZPW = zero_points.shape[1]
     y = fresh(torch.empty(M, N, device=x.device, dtype=x.dtype))
     if M <= GEMV_MAX_ROWS or gemm == "gemv":
-        _launch_gemv(x2, qweight, scales, zero_points, y)
+        _launch_gemv(x2, qweight, scales, zero_points, y, a8=gemm == "a8")
     elif gemm == "a8":
         int8_a8_gemm(x2, *int4_to_int8(qweight, scales, zero_points), y)
     else:

@@ -93,9 +93,10 @@ ACTIVATIONS = ("float", "int8")
 
 
 def set_activations(model: nn.Module, activations: str) -> int:
-    """How the model's int8 and int4 layers multiply in a prefill: "float" (weight-only) or "int8"
-    (W8A8 / W4A8 on the int8 tensor cores, the activations rounded a row); other formats ignore it.
-    Returns the number of layers that take it."""
+    """How the model's int8 and int4 layers multiply: "float" (weight-only) or "int8" (a prefill's W8A8 /
+    W4A8 on the int8 tensor cores, the activations rounded a row; int4 layers' decode GEMVs W4A8 too, x
+    rounded in blocks of 32: `weight_formats.int4_a8`); other formats ignore it. Returns the number of
+    layers that take it."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.fmt in ("int8", "int4")]

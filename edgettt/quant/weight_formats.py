@@ -110,11 +110,20 @@ class WeightFormat:
 
 def int8_activations(x: torch.Tensor, layer, min_rows: int = GEMV_MAX_ROWS + 1) -> bool:
     """Whether `layer` multiplies x in integers (`QuantLinear.activations` = "int8"): in products of at
-    least `min_rows` rows (above the kernels' GEMV_MAX_ROWS by default: a decode step's GEMV stays
-    float), where the int8 tensor cores win (benchmarks/results/gemm_h200.md); not under autograd.
+    least `min_rows` rows (above the kernels' GEMV_MAX_ROWS by default: an int8 layer's decode GEMV stays
+    float; int4 has its own rule, `int4_a8`), where the int8 tensor cores win
+    (benchmarks/results/gemm_h200.md); not under autograd.
     Off CUDA the same arithmetic runs as the kernels' references (to measure what it costs)."""
     return (layer.activations == "int8" and not x.requires_grad
             and x.numel() // x.shape[-1] >= min_rows)
+
+
+def int4_a8(x: torch.Tensor, layer) -> bool:
+    """Whether an int4 `layer` asked for int8 activations takes them for x: in a decode step's GEMV rows
+    (the W4A8 GEMV: x rounded in blocks inside it, dp4a products, faster than weight-only; gemm_h200.md) and
+    from INT4_A8_MIN_ROWS rows on (W4A8 on the int8 tensor cores); between, weight-only is faster."""
+    rows = x.numel() // x.shape[-1]
+    return int8_activations(x, layer, 1) and (rows <= GEMV_MAX_ROWS or rows >= INT4_A8_MIN_ROWS)
 
 
 # ---- int8 -----------------------------------------------------------------------------------------
@@ -210,7 +219,7 @@ class Int4(WeightFormat):
 
     def matmul(self, x, layer):
         t = (layer.qweight, layer.scales, layer.zero_points)
-        a8 = int8_activations(x, layer, INT4_A8_MIN_ROWS)
+        a8 = int4_a8(x, layer)
         if compiling(x):
             return torch.ops.edgettt.int4_linear(x, *t, a8)
         kernel = kernels_enabled(x) and (a8 or not x.requires_grad)
@@ -326,20 +335,21 @@ def _(x, qweight, scales, zero_points, a8):
 @torch.library.custom_op("edgettt::int4_linear_fused", mutates_args=())
 def int4_linear_fused(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                       norm: str, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor], eps: float,
-                      up: Optional[torch.Tensor], residual: Optional[torch.Tensor], glu: bool) -> torch.Tensor:
+                      up: Optional[torch.Tensor], residual: Optional[torch.Tensor], a8: bool, glu: bool) -> torch.Tensor:
     """(residual +) prologue(x) @ W^T of an int4 weight in one GEMV launch (`kernels.int4.int4_gemv`; its
     reference off CUDA): `norm` "none", "rms" or "layer" (with its weight, bias, eps), or `up` for SwiGLU's
-    silu(x) * up; `glu`: the weight a stacked gate/up product, silu(gate) * up returned. A compiled decode
-    step's product with its norm, activation and residual (`fused_products.product`)."""
+    silu(x) * up; `a8`: the prologue's output rounded to int8 (W4A8); `glu`: the weight a stacked gate/up
+    product, silu(gate) * up returned. A compiled decode step's product with its norm, activation and
+    residual (`fused_products.product`)."""
     from ..kernels.int4 import int4_gemv, int4_gemv_ref, kernel_supports
 
     spec = None if norm == "none" else (norm, norm_weight, norm_bias, eps)
     gemv = int4_gemv if x.is_cuda and kernel_supports(qweight.shape[2] * 2) else int4_gemv_ref
-    return gemv(x, qweight, scales, zero_points, spec, up, residual, glu)
+    return gemv(x, qweight, scales, zero_points, spec, up, residual, glu, a8)
 
 
 @int4_linear_fused.register_fake
-def _(x, qweight, scales, zero_points, norm, norm_weight, norm_bias, eps, up, residual, glu):
+def _(x, qweight, scales, zero_points, norm, norm_weight, norm_bias, eps, up, residual, a8, glu):
     return x.new_empty(*x.shape[:-1], qweight.shape[0] // (2 if glu else 1))
 
 
