@@ -86,10 +86,10 @@ class Variant:
             from edgettt.fused_products import use_fused_products
 
             use_fused_products(model)
-        if "-a8" in step:  # int8 activations: int4 layers' decode GEMVs in W4A8 (dp4a; `weight_formats.int4_a8`)
+        if "-a8" in step:  # int8 activations, int4 layers' decode GEMVs in W4A8 too (dp4a; `weight_formats.int4_a8`)
             from edgettt.quant import set_activations
 
-            set_activations(model, "int8")
+            set_activations(model, "int8", decode=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
                         "parallel-int8, `decode_token_int8`), compile-rows-token; -fused after any compiled step: int4 products "
                         "with their norm, activation and residual add in one GEMV launch (`fused_products`); -a8 after any step: int8 "
-                        "activations (`quant.set_activations`: int4 decode GEMVs in W4A8); for every kind")
+                        "activations, int4 decode GEMVs in W4A8 (`quant.set_activations(..., decode=True)`); for every kind")
     parser.add_argument("--variants", default="", help="KIND/STEP pairs instead of every kind with every step, "
                         "e.g. parallel/compile-token,parallel:int4/compile-token-fused")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "

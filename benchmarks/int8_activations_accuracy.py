@@ -64,7 +64,7 @@ def measure_decode(name: str, weights: str, text: str, ctx: int, prompt: int, wi
     quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
     rows = []
     for activations in ("float", "int8"):
-        set_activations(quantized, activations)
+        set_activations(quantized, activations, decode=True)
         d = drift(ref, step_logits(quantized, ids, prompt), ids[:, prompt + 1:])
         rows.append({"model": name, "weights": weights, "activations": activations, "mode": "decode",
                      "kld_mean": d["kld_mean"], "kld_p99": d["kld_p99"], "top1": d["top1"]})

@@ -939,10 +939,9 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows
               help="With --device cuda: decode steps compiled by torch.compile before they are captured (every "
                    "model, llama: too; int8 / int4 weights multiply through their kernels inside the graph).")
 @click.option("--activations", type=click.Choice(["float", "int8"]), default="float", show_default=True,
-              help="With --device cuda: how int8 and int4 layers multiply: int8 rounds a prefill's activations "
-                   "a row and multiplies on the int8 tensor cores, and int4 layers' decode GEMVs round them in "
-                   "blocks of 32 (W4A8, dp4a) (its accuracy cost: benchmarks/results/int8_activations_accuracy.md); "
-                   "float is weight-only.")
+              help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
+                   "a row and multiplies on the int8 tensor cores (its accuracy cost: "
+                   "benchmarks/results/int8_activations_accuracy.md); float is weight-only.")
 @click.option("--row-products/--no-row-products", default=None,
               help="With --device cuda --compile: a batch-1 step's float weight products as products and sums that "
                    "inductor fuses with the operations around them (every model, llama: too), instead of cuBLAS GEMVs. "

@@ -41,7 +41,7 @@ def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up
             and _fuses(x, kind):
         weight, bias, eps = (None, None, 0.0) if norm is None else (norm.weight, getattr(norm, "bias", None), float(norm.eps))
         return torch.ops.edgettt.int4_linear_fused(x, layer.qweight, layer.scales, layer.zero_points, kind, weight,
-                                                   bias, eps, up, residual, layer.activations == "int8", glu)
+                                                   bias, eps, up, residual, layer.decode_a8, glu)
     if norm is not None:
         x = norm(x)
     if up is not None:

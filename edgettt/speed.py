@@ -33,7 +33,7 @@ operations in the graph; at batch 1 the float layers' products as products and s
 `row_products`, where the hidden size is at most 1024 (`--row-products/--no-row-products` to choose); each
 converted TTT-Linear layer's token, float or int8 state, in one kernel, `kernels.decode_token`, unless
 `--no-token-kernel`), `--activations int8` runs the
-quantized layers' prefill GEMMs on the int8 tensor cores and int4 layers' decode GEMVs in W4A8 (`CudaOptions`).
+quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
 """
 
 from __future__ import annotations
@@ -114,8 +114,7 @@ class CudaOptions:
     fuses each step's operations; edgettt's state kernels off inside, the int8 / int4 weight kernels as
     opaque operations, `weight_formats.int4_linear`) before they are
     captured; `activations`, the quantized int8 / int4 layers' prefill GEMMs with "int8" activations
-    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`), and int4 layers' decode GEMVs too
-    (W4A8 by dp4a, `weight_formats.int4_a8`), or "float" (weight-only);
+    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only);
     `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
     inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
     `benchmarks/results/compiled_decode_h200.md` run 7, 0.93x at 760m, run 10; None: where they pay,

@@ -38,7 +38,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
 
     model = int4_model().eval()
     fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
-    set_activations(model, activations)
+    set_activations(model, activations, decode=True)  # (int8: the decode GEMVs in W4A8 too)
     assert use_fused_products(model) > 0
     ids = torch.randint(0, 256, (batch, 22), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

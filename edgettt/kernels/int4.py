@@ -15,6 +15,10 @@
   it is read) and a residual added as it stores, or SwiGLU's activation applied to a stacked gate/up
   product as it stores (`glu`): a compiled decode step's product with what surrounds it in one launch
   (`fused_products`).
+  `a8` (W4A8, `_int4_gemv_a8_kernel`; `int4_matmul(..., gemm="a8")` at these rows): x, through the prologue,
+  rounded to int8 in blocks of 32 values inside the kernel (`a8_rounded`) and multiplied by the codes as
+  they are, four products a dp4a: 1.09-1.31x the weight-only GEMV alone at the 760m shapes, no faster with
+  a fused norm, opt-in (`weight_formats.int4_a8`; benchmarks/results/gemm_h200.md, last section).
 - GEMM (prefill): tiles of x times dequantized tiles of W (one group of K per step) on the tensor
   cores; the low and high nibbles are interleaved back into k order in registers. `gemm` picks one
   of three ways, measured against each other by `edgettt bench` (benchmarks/results/gemm_h200.md):

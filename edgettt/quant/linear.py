@@ -22,6 +22,7 @@ class QuantLinear(nn.Module):
             self.register_buffer(name, tensor)
         self._weight = None
         self.activations = "float"  # "int8": prefill GEMMs in integers (`weight_formats.int8_activations`)
+        self.decode_a8 = False  # int4 with "int8" activations: decode GEMVs in W4A8 too (`weight_formats.int4_a8`)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return dict(self.named_buffers(recurse=False))
@@ -60,7 +61,7 @@ class QuantLinear(nn.Module):
         first = layers[0]
         tensors = {name: torch.cat([m.tensors()[name] for m in layers]) for name in first.tensors()}
         stacked = cls(first.in_features, sum(m.out_features for m in layers), first.fmt, first.group_size, tensors)
-        stacked.activations = first.activations
+        stacked.activations, stacked.decode_a8 = first.activations, first.decode_a8
         return stacked
 
     def nbytes(self) -> int:
@@ -92,16 +93,19 @@ class TiedEmbedding(nn.Module):
 ACTIVATIONS = ("float", "int8")
 
 
-def set_activations(model: nn.Module, activations: str) -> int:
-    """How the model's int8 and int4 layers multiply: "float" (weight-only) or "int8" (a prefill's W8A8 /
-    W4A8 on the int8 tensor cores, the activations rounded a row; int4 layers' decode GEMVs W4A8 too, x
-    rounded in blocks of 32: `weight_formats.int4_a8`); other formats ignore it. Returns the number of
+def set_activations(model: nn.Module, activations: str, decode: bool = False) -> int:
+    """How the model's int8 and int4 layers multiply in a prefill: "float" (weight-only) or "int8" (W8A8 /
+    W4A8 on the int8 tensor cores, the activations rounded a row); other formats ignore it. `decode` (with
+    "int8"): int4 layers' decode GEMVs in W4A8 too (x rounded in blocks of 32 inside the kernel, dp4a:
+    `weight_formats.int4_a8`), faster alone but not in a compiled 760m step with the fused norms
+    (benchmarks/results/compiled_decode_h200.md run 17), so asked for, not implied. Returns the number of
     layers that take it."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.fmt in ("int8", "int4")]
     for m in taking:
         m.activations = activations
+        m.decode_a8 = decode and activations == "int8" and m.fmt == "int4"
     return len(taking)
 
 

@@ -119,11 +119,12 @@ def int8_activations(x: torch.Tensor, layer, min_rows: int = GEMV_MAX_ROWS + 1) 
 
 
 def int4_a8(x: torch.Tensor, layer) -> bool:
-    """Whether an int4 `layer` asked for int8 activations takes them for x: in a decode step's GEMV rows
-    (the W4A8 GEMV: x rounded in blocks inside it, dp4a products, faster than weight-only; gemm_h200.md) and
-    from INT4_A8_MIN_ROWS rows on (W4A8 on the int8 tensor cores); between, weight-only is faster."""
+    """Whether an int4 `layer` asked for int8 activations takes them for x: from INT4_A8_MIN_ROWS rows on (W4A8
+    on the int8 tensor cores; between the GEMV range and there weight-only is faster), and in a decode step's
+    GEMV rows where also asked for that (`layer.decode_a8`, `set_activations(..., decode=True)`: the W4A8 GEMV,
+    x rounded in blocks of 32 inside it, dp4a products)."""
     rows = x.numel() // x.shape[-1]
-    return int8_activations(x, layer, 1) and (rows <= GEMV_MAX_ROWS or rows >= INT4_A8_MIN_ROWS)
+    return int8_activations(x, layer, 1) and (rows >= INT4_A8_MIN_ROWS or (rows <= GEMV_MAX_ROWS and layer.decode_a8))
 
 
 # ---- int8 -----------------------------------------------------------------------------------------
