@@ -493,10 +493,9 @@ def prologue_rows(ceiling, presets=("760m", "125m"), a8: bool = False) -> list[d
         for way, fn in ways.items():
             fn(copies[0])  # compile and autotune outside the capture
             ms, _ = time_rotating_ms([lambda c=c: fn(c) for c in copies])
-            kernel = int4._int4_gemv_a8_kernel if a8 else int4._int4_gemv_kernel
             rows.append({"preset": preset, "product": name, "N": N, "K": K, "way": way, "a8": a8, "us": ms * 1e3,
                          "fraction_of_copy": nbytes / (ms * 1e-3) / ceiling,
-                         "config": str(kernel.best_config)})  # the autotuner's pick for the last call
+                         "config": str(int4._int4_gemv_kernel.best_config)})  # the autotuner's pick for the last call
             print(json.dumps(rows[-1]), flush=True)
         del copies
     return rows

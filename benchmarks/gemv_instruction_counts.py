@@ -16,7 +16,7 @@ only as far as reading the PTX shows.
 - "dp4a (int8 activations)": `bench_gemv.dp4a_kernel` (x rounded to int8 with one scale a group, not part of
   the count: once a row; each word's even and odd codes into bytes by two LOP3 and a shift, four products a
   dp4a; the group's scales and zero point once a chunk).
-- "shipped a8": `_int4_gemv_a8_kernel` (`int4_gemv(..., a8=True)`: the dp4a products with x rounded in the
+- "shipped a8": `_int4_gemv_kernel` with A8 (`int4_gemv(..., a8=True)`: the dp4a products with x rounded in the
   kernel, a block of 32 values a thread's chunk: its absmax, one FFMA a value into an integer's byte, three
   PRMT a packed word; counted with the rest of the loop).
 """
@@ -80,7 +80,8 @@ GEMV_POINTERS = dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16, 
 # (way, kernel, pointers, integers, constexprs, warps, codes a thread a loop step)
 WAYS = [
     *[("shipped", int4._int4_gemv_kernel, GEMV_POINTERS, ["N", "K", "KW", "ZPW", "stride_xm", "stride_rm", "one_bits"],
-       dict(GROUP=64, X16=True, PROLOGUE=0, W16=True, RESIDUAL=False, GLU=False, BN=bn, WPT=wpt, NQ=32 * w), w,
+       dict(GROUP=64, X16=True, PROLOGUE=0, W16=True, RESIDUAL=False, GLU=False, A8=False, DP4A=True, BN=bn, WPT=wpt,
+            NQ=32 * w), w,
        bn * wpt * 8) for bn, wpt, w in ((8, 4, 4), (8, 2, 4), (4, 2, 1))],
     *[("tensor cores", tensor_core_gemv, dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16),
        ["N", "K", "ZPW", "stride_xm", "M"], dict(GROUP=64, BN=bn, BM=16), w, bn * 64 // (32 * w))
@@ -89,9 +90,10 @@ WAYS = [
                                                                 qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16),
        ["N", "K", "KW", "ZPW"], dict(GROUP=64, DP4A=True, BN=bn, WPT=wpt, NQ=nq), w, bn * wpt * 8 * nq // (32 * w))
       for bn, wpt, nq, w in ((8, 4, 128, 4), (8, 8, 64, 2))],
-    *[("shipped a8 (x rounded inside)", int4._int4_gemv_a8_kernel, GEMV_POINTERS,
+    *[("shipped a8 (x rounded inside)", int4._int4_gemv_kernel, GEMV_POINTERS,
        ["N", "K", "KW", "ZPW", "stride_xm", "stride_rm", "one_bits"],
-       dict(GROUP=64, X16=True, PROLOGUE=0, W16=True, RESIDUAL=False, GLU=False, BN=bn, WPT=4, NQ=32 * w, DP4A=True), w,
+       dict(GROUP=64, X16=True, PROLOGUE=0, W16=True, RESIDUAL=False, GLU=False, A8=True, DP4A=True, BN=bn, WPT=4,
+            NQ=32 * w), w,
        bn * 4 * 8) for bn, w in ((8, 4), (16, 2), (4, 4))],
 ]
 

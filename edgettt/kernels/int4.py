@@ -15,7 +15,7 @@
   it is read) and a residual added as it stores, or SwiGLU's activation applied to a stacked gate/up
   product as it stores (`glu`): a compiled decode step's product with what surrounds it in one launch
   (`fused_products`).
-  `a8` (W4A8, `_int4_gemv_a8_kernel`; `int4_matmul(..., gemm="a8")` at these rows): x, through the prologue,
+  `a8` (W4A8, the same kernel's A8 path; `int4_matmul(..., gemm="a8")` at these rows): x, through the prologue,
   rounded to int8 in blocks of 32 values inside the kernel (`a8_rounded`) and multiplied by the codes as
   they are, four products a dp4a: 1.09-1.31x the weight-only GEMV alone at the 760m shapes, no faster with
   a fused norm, opt-in (`weight_formats.int4_a8`; benchmarks/results/gemm_h200.md, last section).
@@ -187,68 +187,10 @@ def _store_rows(y, y_ptr, r_ptr, m, n, n_ok, nb, N, stride_rm, RESIDUAL: tl.cons
         tl.store(y_ptr + m * N + n, y.to(y_ptr.dtype.element_ty), mask=n_ok)
 
 
-@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 2, "NQ": 8}, num_warps=1)]),
-                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU"])
-@triton.jit
-def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW, stride_xm,
-                      stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr, PROLOGUE: tl.constexpr,
-                      W16: tl.constexpr, RESIDUAL: tl.constexpr, GLU: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr,
-                      NQ: tl.constexpr):
-    """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]) (+ r[n]).
-
-    The codes are read as 32-bit words (code k = 8w + e is nibble e of word w), a step an [NQ, BN, WPT]
-    tile: NQ chunks of WPT words (one chunk a thread, within one group) of each of BN rows, the rows held
-    in registers, so that a thread reads and converts its chunk's x once for all BN rows. The chunk axis
-    first makes the loads of x (16-bit pairs as 32-bit words, [NQ, WPT] each) take the tile's own layout:
-    no shuffle through shared memory. A code c enters as v = 1 + c / 16 (`_one_plus_sixteenths`), one
-    FFMA a code, so a chunk's sum of c x is 16 (sum v x - sum x); its scale and zero point enter once a
-    chunk. PROLOGUE (`PROLOGUES`) turns x into the product's input as it is read (each program walks all
-    of K, so it can take a norm's statistics: an RMSNorm's on the way, a LayerNorm's in a pass before),
-    RESIDUAL adds r to y: a decode step's norm, activation and residual add then need no kernels of their
-    own. GLU: the weight is SwiGLU's stacked gate/up product (gate row j at j, its up row at N / 2 + j): a
-    program takes BN / 2 such pairs (held interleaved, gate then up) and stores silu(gate) * up, N / 2
-    outputs: each activation computed once, by the program that has both rows (BN is even)."""
-    pid_n, m = tl.program_id(0), tl.program_id(1)
-    WPG: tl.constexpr = GROUP // 8
-    n, n_ok = _block_rows(pid_n, N, BN, GLU)
-    q = tl.arange(0, NQ)
-    blocks = K // GROUP
-    words = qw_ptr.to(tl.pointer_type(tl.int32))
-    x_row = x_ptr + m * stride_xm
-    up_row = up_ptr + m * stride_xm
-    mean, inv = 0.0, 1.0
-    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product)
-        mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
-    acc = tl.zeros([NQ, BN], dtype=tl.float32)
-    squares = tl.zeros([NQ, WPT], dtype=tl.float32)
-    for w0 in range(0, KW, NQ * WPT):
-        c = w0 + q * WPT  # [NQ] chunk starts (words)
-        c_ok = c < KW  # whole chunks: WPT divides K / 8
-        w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
-        word, scale, zero = _block_weight(words, sc_ptr, zp_ptr, n, n_ok, c, w, c_ok, KW, ZPW, blocks, WPG)
-        part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
-        x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
-        for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
-            x_lo, x_hi = _x_pair(x_row, w, b, c_ok[:, None], X16)
-            if PROLOGUE == 1:
-                squares += x_lo * x_lo + x_hi * x_hi
-            x_lo, x_hi = _x_in(x_lo, x_hi, up_row, nw_ptr, nb_ptr, w, b, c_ok[:, None], mean, inv, PROLOGUE, X16, W16)
-            part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
-            part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
-            x_sum += x_lo + x_hi
-        x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
-        acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
-    y = tl.sum(acc, axis=0)
-    if PROLOGUE == 1:
-        y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
-    _store_rows(y, y_ptr, r_ptr, m, n, n_ok, pid_n, N, stride_rm, RESIDUAL, GLU, BN)
-
-
 # W4A8 decode: x rounded to int8 in blocks of this many values (4 code words; `a8_rounded`), the GEMV's
 # chunk: a block's scale is one thread's, from values it holds (finer than any weight group, so a chunk lies
 # in one group)
 A8_BLOCK = 32
-A8_CONFIGS = [c for c in GEMV_CONFIGS if c.kwargs["WPT"] == A8_BLOCK // 8]
 
 
 @triton.jit
@@ -316,19 +258,50 @@ def _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, ok, mean, inv, PROLOGUE: tl.co
     return even, odd, sums, amax / 127.0, sq0 + sq1 + sq2 + sq3
 
 
-@triton.autotune(configs=autotune_configs(A8_CONFIGS, [triton.Config({"BN": 4, "WPT": 4, "NQ": 8}, num_warps=1)]),
-                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU"])
 @triton.jit
-def _int4_gemv_a8_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW,
-                         stride_xm, stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr,
-                         PROLOGUE: tl.constexpr, W16: tl.constexpr, RESIDUAL: tl.constexpr, GLU: tl.constexpr,
-                         BN: tl.constexpr, WPT: tl.constexpr, NQ: tl.constexpr, DP4A: tl.constexpr):
-    """`_int4_gemv_kernel`'s product (its tiles, prologues, residual and GLU; `one_bits` unused) with x rounded
-    to int8 as it is read (W4A8): a thread's chunk is one block of A8_BLOCK values (WPT = 4 words), rounded
-    with the block's absmax (`_x_block_a8`); a word's even codes (one LOP3) and odd codes (a shift and a
-    LOP3) as bytes against x's packed codes, four products a dp4a:
-    y[n] = sum over blocks of scale[n, g] * x scale * (sum c q - zero[n, g] * sum q)."""
-    tl.static_assert(WPT * 8 == 32, "a chunk is one rounding block of x")
+def _a8_chunk(word, scale, zero, x_row, up_row, nw_ptr, nb_ptr, w, ok, mean, inv, PROLOGUE: tl.constexpr,
+              X16: tl.constexpr, W16: tl.constexpr, DP4A: tl.constexpr):
+    """One step of the W4A8 GEMV: x's blocks at words w rounded (`_x_block_a8`), each word's even codes (one
+    LOP3) and odd codes (a shift and a LOP3) as bytes against x's packed codes, four products a dp4a; the
+    chunks' scale * x scale * (sum c q - zero * sum q) ([NQ, BN]) and x's squares (an RMSNorm's)."""
+    tl.static_assert(word.shape[2] * 8 == 32, "a chunk is one rounding block of x (A8_BLOCK values)")
+    even, odd, x_codes, x_scale, squares = _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, ok, mean, inv, PROLOGUE,
+                                                       X16, W16, DP4A)
+    dots = _dp4a(word & 0x0F0F0F0F, even[:, None, :], tl.zeros(word.shape, dtype=tl.int32), DP4A)
+    dots = _dp4a((word >> 4) & 0x0F0F0F0F, odd[:, None, :], dots, DP4A)
+    dots = tl.sum(dots, axis=2).to(tl.float32)
+    return scale * x_scale[:, None] * (dots - zero * x_codes.to(tl.float32)[:, None]), squares
+
+
+def _a8_tiles(configs, named_args, **kwargs):
+    """The tiles the autotuner tries: with A8 those whose chunk is one rounding block of x (A8_BLOCK values)."""
+    return [c for c in configs if c.kwargs["WPT"] * 8 == A8_BLOCK] if kwargs["A8"] else configs
+
+
+@triton.autotune(configs=autotune_configs(GEMV_CONFIGS, [triton.Config({"BN": 4, "WPT": 4, "NQ": 8}, num_warps=1)]),
+                 key=["N", "K", "GROUP", "X16", "PROLOGUE", "RESIDUAL", "GLU", "A8"],
+                 prune_configs_by={"early_config_prune": _a8_tiles})
+@triton.jit
+def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_ptr, r_ptr, N, K, KW, ZPW, stride_xm,
+                      stride_rm, one_bits, eps, GROUP: tl.constexpr, X16: tl.constexpr, PROLOGUE: tl.constexpr,
+                      W16: tl.constexpr, RESIDUAL: tl.constexpr, GLU: tl.constexpr, A8: tl.constexpr,
+                      DP4A: tl.constexpr, BN: tl.constexpr, WPT: tl.constexpr, NQ: tl.constexpr):
+    """y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]) (+ r[n]).
+
+    The codes are read as 32-bit words (code k = 8w + e is nibble e of word w), a step an [NQ, BN, WPT]
+    tile: NQ chunks of WPT words (one chunk a thread, within one group) of each of BN rows, the rows held
+    in registers, so that a thread reads and converts its chunk's x once for all BN rows. The chunk axis
+    first makes the loads of x (16-bit pairs as 32-bit words, [NQ, WPT] each) take the tile's own layout:
+    no shuffle through shared memory. A code c enters as v = 1 + c / 16 (`_one_plus_sixteenths`), one
+    FFMA a code, so a chunk's sum of c x is 16 (sum v x - sum x); its scale and zero point enter once a
+    chunk. PROLOGUE (`PROLOGUES`) turns x into the product's input as it is read (each program walks all
+    of K, so it can take a norm's statistics: an RMSNorm's on the way, a LayerNorm's in a pass before),
+    RESIDUAL adds r to y: a decode step's norm, activation and residual add then need no kernels of their
+    own. GLU: the weight is SwiGLU's stacked gate/up product (gate row j at j, its up row at N / 2 + j): a
+    program takes BN / 2 such pairs (held interleaved, gate then up) and stores silu(gate) * up, N / 2
+    outputs: each activation computed once, by the program that has both rows (BN is even).
+    A8 (W4A8): x rounded to int8 as it is read (`_a8_chunk`), a thread's chunk one block of A8_BLOCK values;
+    DP4A: the dp4a instruction (off under the interpreter, which cannot run PTX)."""
     pid_n, m = tl.program_id(0), tl.program_id(1)
     WPG: tl.constexpr = GROUP // 8
     n, n_ok = _block_rows(pid_n, N, BN, GLU)
@@ -338,21 +311,33 @@ def _int4_gemv_a8_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, n
     x_row = x_ptr + m * stride_xm
     up_row = up_ptr + m * stride_xm
     mean, inv = 0.0, 1.0
-    if PROLOGUE == 2:
+    if PROLOGUE == 2:  # a LayerNorm's statistics first (an RMSNorm's sum of squares comes with the product)
         mean, inv = _x_stats(x_row, KW, K, eps, X16, NQ, WPT)
     acc = tl.zeros([NQ, BN], dtype=tl.float32)
     squares = tl.zeros([NQ, WPT], dtype=tl.float32)
     for w0 in range(0, KW, NQ * WPT):
-        c = w0 + q * WPT
-        c_ok = c < KW  # whole blocks: K is a multiple of 32
-        w = c[:, None] + tl.arange(0, WPT)[None, :]
+        c = w0 + q * WPT  # [NQ] chunk starts (words)
+        c_ok = c < KW  # whole chunks: WPT divides K / 8
+        w = c[:, None] + tl.arange(0, WPT)[None, :]  # [NQ, WPT]
         word, scale, zero = _block_weight(words, sc_ptr, zp_ptr, n, n_ok, c, w, c_ok, KW, ZPW, blocks, WPG)
-        even, odd, x_codes, x_scale, sq = _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, c_ok[:, None], mean, inv,
-                                                      PROLOGUE, X16, W16, DP4A)
-        squares += sq
-        dots = _dp4a(word & 0x0F0F0F0F, even[:, None, :], tl.zeros([NQ, BN, WPT], dtype=tl.int32), DP4A)
-        dots = _dp4a((word >> 4) & 0x0F0F0F0F, odd[:, None, :], dots, DP4A)
-        acc += scale * x_scale[:, None] * (tl.sum(dots, axis=2).to(tl.float32) - zero * x_codes.to(tl.float32)[:, None])
+        if A8:
+            part, sq = _a8_chunk(word, scale, zero, x_row, up_row, nw_ptr, nb_ptr, w, c_ok[:, None], mean, inv,
+                                 PROLOGUE, X16, W16, DP4A)
+            acc += part
+            squares += sq
+        else:
+            part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
+            x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
+            for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
+                x_lo, x_hi = _x_pair(x_row, w, b, c_ok[:, None], X16)
+                if PROLOGUE == 1:
+                    squares += x_lo * x_lo + x_hi * x_hi
+                x_lo, x_hi = _x_in(x_lo, x_hi, up_row, nw_ptr, nb_ptr, w, b, c_ok[:, None], mean, inv, PROLOGUE, X16, W16)
+                part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
+                part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
+                x_sum += x_lo + x_hi
+            x_chunk = tl.sum(x_sum, axis=1)  # [NQ]
+            acc += scale * (16.0 * tl.sum(part, axis=2) - (16.0 + zero) * x_chunk[:, None])
     y = tl.sum(acc, axis=0)
     if PROLOGUE == 1:
         y *= tl.rsqrt(tl.sum(tl.sum(squares, axis=1), axis=0) / K + eps)
@@ -511,7 +496,7 @@ def _words(t: torch.Tensor) -> torch.Tensor:
 def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up=None, norm_weight=None,
                  norm_bias=None, eps: float = 0.0, residual=None, glu: bool = False, a8: bool = False) -> None:
     """y = prologue(x2) @ W^T (+ residual; or its rows' GLU pairs) by `_int4_gemv_kernel` (`a8`: x rounded to
-    int8 as it is read, by `_int4_gemv_a8_kernel`): x2 [M, K] (and up) rows with unit stride."""
+    int8 as it is read): x2 [M, K] (and up) rows with unit stride."""
     N, blocks, GH = qweight.shape
     K = blocks * GH * 2
     x16 = x2.element_size() == 2
@@ -526,13 +511,13 @@ def _launch_gemv(x2, qweight, scales, zero_points, y, prologue: str = "none", up
     grid = lambda meta: (cdiv(N, meta["BN"]), x2.shape[0])  # noqa: E731  (with GLU: N / 2 pairs, BN / 2 a program)
     # K / 8 (words a row) passed on its own: Triton specializes it when a multiple of 16, so the word loads
     # are known aligned and vectorized; unused pointers are x's (never read)
-    kernel, extra = (_int4_gemv_a8_kernel, {"DP4A": not INTERPRETER}) if a8 else (_int4_gemv_kernel, {})
-    kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
-                 x2 if norm_weight is None else norm_weight, x2 if norm_bias is None else norm_bias,
-                 y if residual is None else residual, N, K, K // 8, zero_points.shape[1], x2.stride(0),
-                 0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
-                 PROLOGUE=PROLOGUES[prologue], W16=norm_weight is not None and norm_weight.element_size() == 2,
-                 RESIDUAL=residual is not None, GLU=glu, **extra)
+    _int4_gemv_kernel[grid](x2, qweight, scales, zero_points, y, x2 if up is None else up,
+                            x2 if norm_weight is None else norm_weight, x2 if norm_bias is None else norm_bias,
+                            y if residual is None else residual, N, K, K // 8, zero_points.shape[1], x2.stride(0),
+                            0 if residual is None else residual.stride(0), 0x3F800000, eps, GROUP=GH * 2, X16=x16,
+                            PROLOGUE=PROLOGUES[prologue],
+                            W16=norm_weight is not None and norm_weight.element_size() == 2,
+                            RESIDUAL=residual is not None, GLU=glu, A8=a8, DP4A=not INTERPRETER)
 
 
 def int4_gemv(x, qweight, scales, zero_points, norm: tuple | None = None, up=None, residual=None,
