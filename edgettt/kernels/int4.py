@@ -572,11 +572,13 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
 
 def a8_rounded(x: torch.Tensor) -> torch.Tensor:
     """x (fp32, [..., K]) as the W4A8 GEMV takes it: rounded to int8 in blocks of A8_BLOCK values (absmax / 127
-    a block, half to even: `_int8_code`), scaled back."""
-    blocks = x.reshape(-1, A8_BLOCK)
+    a block, half to even: `_int8_code`; a last block of fewer values, as zero-padded), scaled back."""
+    K = x.shape[-1]
+    blocks = F.pad(x.reshape(-1, K), (0, -K % A8_BLOCK)).reshape(-1, A8_BLOCK)
     amax = blocks.abs().amax(-1, keepdim=True)
     to_code = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
-    return (torch.round(blocks * to_code) * (amax / 127.0)).reshape(x.shape)
+    rounded = (torch.round(blocks * to_code) * (amax / 127.0)).reshape(-1, K + -K % A8_BLOCK)
+    return rounded[:, :K].reshape(x.shape)
 
 
 def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):

@@ -5,7 +5,7 @@ import torch
 
 from conftest import rel_err
 from test_int8 import assert_codes_match
-from edgettt.kernels.int4 import GEMV_MAX_ROWS, int4_gemv, int4_gemv_ref, int4_matmul, int4_matmul_ref, int4_matmul_a8_ref, int4_to_int8, int4_to_int8_ref
+from edgettt.kernels.int4 import GEMV_MAX_ROWS, a8_rounded, int4_gemv, int4_gemv_ref, int4_matmul, int4_matmul_ref, int4_matmul_a8_ref, int4_to_int8, int4_to_int8_ref
 from edgettt.quant.layouts import dequantize_int4
 from edgettt.quant.weight_formats import weight_format
 
@@ -155,6 +155,20 @@ def test_int4_gemm_with_int8_activations_matches_its_reference(device, group):
         # (5e-3: the GPU rounds a few ties of the requantization the other way, a grid step each)
         assert rel_err(y.float(), int4_matmul_a8_ref(x.to(device=device, dtype=dtype), *weight).float()) < 5e-3
         assert 1e-3 < rel_err(y.float(), int4_matmul_ref(x.to(device), *weight)) < 2e-2
+
+
+def test_a8_rounding_puts_each_block_of_32_on_its_own_int8_grid():
+    """The W4A8 GEMV's x (`a8_rounded`, its reference): each block of 32 values (a shorter last one too) on the
+    grid of its absmax / 127, within half a step of x, its largest value exact; an all-zero block stays zero."""
+    x = torch.randn(3, 80, generator=torch.Generator().manual_seed(9))  # blocks of 32, 32, 16
+    x[1, 32:64] = 0
+    y = a8_rounded(x)
+    for lo, hi in [(0, 32), (32, 64), (64, 80)]:
+        step = x[:, lo:hi].abs().amax(-1, keepdim=True) / 127
+        codes = torch.where(step > 0, y[:, lo:hi] / step.clamp_min(1e-30), torch.zeros_like(step))
+        assert torch.allclose(codes, codes.round(), atol=1e-4) and codes.abs().max() <= 127 + 1e-4
+        assert ((y[:, lo:hi] - x[:, lo:hi]).abs() <= step / 2 * (1 + 1e-5)).all()
+    assert torch.equal(y[1, 32:64], torch.zeros(32))
 
 
 @pytest.mark.parametrize("device", DEVICES)
