@@ -80,7 +80,8 @@ def poison_kernel_outputs(monkeypatch):
 # The slowest files first: with `pytest -n 2 --dist loadfile` (.ci/run) the workers take whole files in
 # collection order, so the long ones (ONNX exports, the README run) start at once and the short ones
 # fill in around them, instead of two long files ending the run one after the other.
-SLOW_FIRST = ("test_export.py", "test_readme.py", "test_bad_inputs.py", "test_training.py")
+SLOW_FIRST = ("test_export.py", "test_readme.py", "test_lact.py", "test_decode_token.py", "test_bad_inputs.py",
+              "test_training.py")  # (test_lact.py ~4 min, test_decode_token.py ~2.5 min on CI's 2 cores, 2026-12-04)
 
 
 def pytest_collection_modifyitems(session, config, items):
