@@ -353,22 +353,15 @@ dp4a_single = triton.autotune(
         c for c in configs if c.kwargs["WPT"] <= kw["GROUP"] // 8] or configs[-1:]})(dp4a_kernel)
 
 
-def int8_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """One row x [1, K] rounded to int8 with one scale a group (amax / 127): codes [K / group, group] (as float)
-    and scales [K / group]."""
-    xf = x.float().reshape(-1, group)
-    scale = xf.abs().amax(1).clamp_min(1e-30) / 127
-    return torch.round(xf / scale[:, None]).clamp(-127, 127), scale
-
-
 def quantize_x_groups(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One row x [1, K] as the dp4a kernel takes it (`int8_groups`): the int8 codes packed a code word at a time
-    (its even elements' 4 bytes, then its odd ones'), each word's sum of codes, and the groups' scales."""
-    codes, scale = int8_groups(x, group)
+    """One row x [1, K] as the dp4a kernel takes it (rounded a group at a time as the W4A8 GEMV rounds its blocks:
+    `int4.a8_codes`): the int8 codes packed a code word at a time (its even elements' 4 bytes, then its odd
+    ones'), each word's sum of codes, and the groups' scales."""
+    codes, scale = int4.a8_codes(x, group)
     by_word = codes.to(torch.int8).reshape(-1, 8)
     xq = torch.cat([by_word[:, 0::2].contiguous().view(torch.int32).reshape(-1),
                     by_word[:, 1::2].contiguous().view(torch.int32).reshape(-1)])
-    return xq, by_word.sum(1, dtype=torch.int32), scale.contiguous()
+    return xq, by_word.sum(1, dtype=torch.int32), scale.reshape(-1).contiguous()
 
 
 _QUANTIZED_X = []  # [(x, its version, group, its quantization)]: made once an x (as a producer fusing it would
@@ -390,9 +383,9 @@ def dp4a(x, qweight, scales, zero_points):
 
 
 def dp4a_ref(x, qweight, scales, zero_points):
-    """What `dp4a` computes, in fp32 torch: x rounded as `int8_groups` rounds it, times the weight."""
-    codes, scale = int8_groups(x, qweight.shape[2] * 2)
-    x_hat = (codes * scale[:, None]).reshape(1, -1)
+    """What `dp4a` computes, in fp32 torch: x rounded a group at a time (`int4.a8_codes`), times the weight."""
+    codes, scale = int4.a8_codes(x, qweight.shape[2] * 2)
+    x_hat = (codes * scale).reshape(1, -1)
     return int4.int4_matmul_ref(x_hat, qweight, scales, zero_points)
 
 

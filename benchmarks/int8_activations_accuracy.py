@@ -21,10 +21,10 @@ import edgettt
 from edgettt.quant import QuantConfig, set_activations
 
 
-def measure(name: str, weights: str, text: str, ctx: int, max_tokens: int) -> list[dict]:
-    model = edgettt.load(name)
+def measure(model, quantized, name: str, weights: str, text: str, ctx: int, max_tokens: int) -> list[dict]:
+    """The prefill's drift of `quantized` (`model` quantized to `weights`) against `model`, weight-only and with
+    int8 activations."""
     rows = []
-    quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
     for activations in ("float", "int8"):
         layers = set_activations(quantized, activations)
         e = edgettt.evaluate(quantized, text, ctx=ctx, max_tokens=max_tokens, ref=model)
@@ -42,7 +42,7 @@ def step_logits(model, windows: torch.Tensor, prompt: int) -> torch.Tensor:
     """Logits [N, T - 1 - prompt, V] of decode steps: each window's first `prompt` tokens prefilled, then one
     step a token (all windows together: at most 8 rows, the GEMV range of the kernels)."""
     with torch.no_grad():
-        logits, state = model.prefill(windows[:, :prompt])
+        _, state = model.prefill(windows[:, :prompt])
         out = []
         for t in range(prompt, windows.shape[1] - 1):
             step, state = model.step(windows[:, t], state)
@@ -50,18 +50,19 @@ def step_logits(model, windows: torch.Tensor, prompt: int) -> torch.Tensor:
     return torch.stack(out, dim=1)
 
 
-def measure_decode(name: str, weights: str, text: str, ctx: int, prompt: int, windows: int) -> list[dict]:
-    """The same for decode steps (an int4 layer's W4A8 GEMV: x rounded in blocks of 32; int8 layers stay
-    weight-only there): `windows` windows of `ctx` tokens, decoded after a prompt, against the float model's
-    steps."""
+def decode_windows(model, name: str, text: str, ctx: int, windows: int) -> torch.Tensor:
+    """The first `windows` windows of `ctx` tokens of `text`."""
     from edgettt.data import read_text, token_windows
     from edgettt.evaluation import encode
+
+    return token_windows(encode(model, read_text(text), name), ctx, ctx * windows)[:windows]
+
+
+def measure_decode(quantized, ids: torch.Tensor, ref: torch.Tensor, prompt: int, name: str, weights: str) -> list[dict]:
+    """The same for decode steps (an int4 layer's W4A8 GEMV: x rounded in blocks of 32; int8 layers stay
+    weight-only there): windows `ids` decoded after a prompt, against the float model's steps `ref`."""
     from edgettt.metrics import drift
 
-    model = edgettt.load(name)
-    ids = token_windows(encode(model, read_text(text), name), ctx, ctx * windows)[:windows]
-    ref = step_logits(model, ids, prompt)
-    quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
     rows = []
     for activations in ("float", "int8"):
         set_activations(quantized, activations, decode=True)
@@ -88,11 +89,15 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     rows = []
     for name in args.models.split(","):
+        model = edgettt.load(name)
+        if args.decode_windows:  # the float model's steps, once for every weight format
+            ids = decode_windows(model, name, args.text, args.decode_ctx, args.decode_windows)
+            ref = step_logits(model, ids, args.decode_prompt)
         for weights in args.weights.split(","):
-            rows += measure(name, weights, args.text, args.ctx, args.max_tokens)
+            quantized = edgettt.quantize(model, QuantConfig(weights=weights, group_size=64))
+            rows += measure(model, quantized, name, weights, args.text, args.ctx, args.max_tokens)
             if args.decode_windows:
-                rows += measure_decode(name, weights, args.text, args.decode_ctx, args.decode_prompt,
-                                       args.decode_windows)
+                rows += measure_decode(quantized, ids, ref, args.decode_prompt, name, weights)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "torch": torch.__version__, "python": platform.python_version(),

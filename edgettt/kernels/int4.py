@@ -253,8 +253,8 @@ def _x_block_a8(x_row, up_row, nw_ptr, nb_ptr, w, ok, mean, inv, PROLOGUE: tl.co
                       _int8_code(lo3, to_code), PTX)
     odd = _low_bytes(_int8_code(hi0, to_code), _int8_code(hi1, to_code), _int8_code(hi2, to_code),
                      _int8_code(hi3, to_code), PTX)
-    sums = tl.sum(_dp4a(tl.full(even.shape, 0x01010101, tl.int32), odd, _dp4a(tl.full(even.shape, 0x01010101, tl.int32),
-                                                                            even, tl.zeros_like(even), PTX), PTX), axis=1)
+    ones = tl.full(even.shape, 0x01010101, tl.int32)  # a dp4a against these sums a word's four codes
+    sums = tl.sum(_dp4a(ones, odd, _dp4a(ones, even, tl.zeros_like(even), PTX), PTX), axis=1)
     return even, odd, sums, amax / 127.0, sq0 + sq1 + sq2 + sq3
 
 
@@ -570,15 +570,22 @@ def int4_gemv_ref(x, qweight, scales, zero_points, norm: tuple | None = None, up
     return (y if residual is None else y + residual.float()).to(x.dtype)
 
 
-def a8_rounded(x: torch.Tensor) -> torch.Tensor:
-    """x (fp32, [..., K]) as the W4A8 GEMV takes it: rounded to int8 in blocks of A8_BLOCK values (absmax / 127
-    a block, half to even: `_int8_code`; a last block of fewer values, as zero-padded), scaled back."""
+def a8_codes(x: torch.Tensor, block: int = A8_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [..., K] rounded to int8 in blocks of `block` values, as the W4A8 GEMV rounds it (absmax / 127 a block,
+    half to even: `_int8_code`; a last block of fewer values, as zero-padded): codes [blocks, block] (as
+    float) and scales [blocks, 1], the blocks of each row in turn."""
     K = x.shape[-1]
-    blocks = F.pad(x.reshape(-1, K), (0, -K % A8_BLOCK)).reshape(-1, A8_BLOCK)
+    blocks = F.pad(x.float().reshape(-1, K), (0, -K % block)).reshape(-1, block)
     amax = blocks.abs().amax(-1, keepdim=True)
     to_code = torch.where(amax > 0, 127.0 / amax.clamp_min(1e-30), torch.zeros_like(amax))
-    rounded = (torch.round(blocks * to_code) * (amax / 127.0)).reshape(-1, K + -K % A8_BLOCK)
-    return rounded[:, :K].reshape(x.shape)
+    return torch.round(blocks * to_code), amax / 127.0
+
+
+def a8_rounded(x: torch.Tensor) -> torch.Tensor:
+    """x (fp32, [..., K]) as the W4A8 GEMV takes it: `a8_codes` in blocks of A8_BLOCK values, scaled back."""
+    K = x.shape[-1]
+    codes, scales = a8_codes(x)
+    return (codes * scales).reshape(-1, K + -K % A8_BLOCK)[:, :K].reshape(x.shape)
 
 
 def int4_matmul(x, qweight, scales, zero_points, gemm: str | None = None):
