@@ -56,6 +56,19 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
+@contextlib.contextmanager
+def token_warps_fixed(warps: int):
+    """Within (the `-warps8` step suffix): every token kernel launched with `warps` (as before session 28's
+    `decode_token.token_warps`), for the graphs captured here."""
+    from edgettt.kernels import decode_token
+
+    decode_token.WARPS_OVERRIDE = warps
+    try:
+        yield
+    finally:
+        decode_token.WARPS_OVERRIDE = None
+
+
 def weights_of(kind: str, args) -> str:
     """A kind's weights: its own ("parallel:int4"), else --weights."""
     return kind.partition(":")[2] or args.weights
@@ -91,7 +104,8 @@ class Variant:
 
             set_activations(model, "int8", decode=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-        with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()):
+        warps = token_warps_fixed(8) if "-warps8" in step else contextlib.nullcontext()
+        with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()), warps:
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
             _, state = model.prefill(self.ids[:, :args.depth], state)
             if compiled:
@@ -163,7 +177,8 @@ def main(argv=None) -> int:
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
                         "parallel-int8, `decode_token_int8`), compile-rows-token; -fused after any compiled step: int4 products "
                         "with their norm, activation and residual add in one GEMV launch (`fused_products`); -a8 after any step: int8 "
-                        "activations, int4 decode GEMVs in W4A8 (`quant.set_activations(..., decode=True)`); for every kind")
+                        "activations, int4 decode GEMVs in W4A8 (`quant.set_activations(..., decode=True)`); -warps8 after a -token "
+                        "step: the token kernels with 8 warps each (not `decode_token.token_warps`); for every kind")
     parser.add_argument("--variants", default="", help="KIND/STEP pairs instead of every kind with every step, "
                         "e.g. parallel/compile-token,parallel:int4/compile-token-fused")
     parser.add_argument("--inductor", default="", help="inductor settings for the compiled steps, "

@@ -64,17 +64,19 @@ TOKEN = dict(q_ptr=BF16, k_ptr=BF16, v_ptr=BF16, lr_ptr=BF16, s0_ptr=F32, g_ptr=
 # (name, kernel, pointers, integers, constexprs, warps): a batch-1 decode token's kernels, each in the warps it runs with
 DECODE_KERNELS = [
     *[(f"token, float state, d = {d}", decode_token._decode_token_kernel, {**TOKEN, "a_ptr": F32},
-       ["INNER", "LAST", "H", "D"], dict(COMMIT=False, AT_STATE=False, BLOCK_D=d if d == 64 else 128, DECAY=False), 8)
+       ["INNER", "LAST", "H", "D"], dict(COMMIT=False, AT_STATE=False, BLOCK_D=d if d == 64 else 128, DECAY=False),
+       decode_token.token_warps(d if d == 64 else 128, commit=False, int8=False))
       for d in (64, 96)],
     *[(f"token, int8 state, d = {d}", decode_token._decode_token_int8_kernel, {**TOKEN, "kk_ptr": "*fp16", "vv_ptr": "*fp16"},
        ["INNER", "LAST", "H", "D", "SLOTS"], dict(STATE_CLIP=4.0, FINE=15, COMMIT=False, AT_STATE=False,
-                                                  BLOCK_D=d if d == 64 else 128, MINI=16, DECAY=False), 8)
+                                                  BLOCK_D=d if d == 64 else 128, MINI=16, DECAY=False),
+       decode_token.token_warps(d if d == 64 else 128, commit=False, int8=True))
       for d in (64, 96)],
     *[(f"int4 GEMV, {label}", int4._int4_gemv_kernel,
        dict(x_ptr=BF16, qw_ptr=U8, sc_ptr=BF16, zp_ptr=U8, y_ptr=BF16, up_ptr=BF16, nw_ptr=BF16, nb_ptr=BF16, r_ptr=BF16),
        ["N", "K", "KW", "ZPW", "stride_xm", "stride_rm", "one_bits"],
-       dict(GROUP=64, X16=True, PROLOGUE=int4.PROLOGUES[prologue], W16=True, RESIDUAL=residual, GLU=glu, BN=8, WPT=4,
-            NQ=128), 4)
+       dict(GROUP=64, X16=True, PROLOGUE=int4.PROLOGUES[prologue], W16=True, RESIDUAL=residual, GLU=glu, A8=False,
+            DP4A=True, BN=8, WPT=4, NQ=128), 4)
       for label, prologue, residual, glu in [("plain", "none", False, False), ("residual", "none", True, False),
                                              ("RMSNorm prologue", "rms", False, False),
                                              ("RMSNorm prologue, GLU epilogue", "rms", False, True),

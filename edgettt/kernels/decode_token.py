@@ -138,6 +138,26 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
     tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
 
 
+# Warps a token kernel's program runs with, by measurement (benchmarks/token_warps.py, 24 layers' calls in a CUDA
+# graph; compiled_decode_h200.md, run 18): at the 125m heads (d = 64) 2 (float state 3.55 us against 4.27 with 8;
+# int8 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the float state's 8 (7.56 against 8.50
+# with 4; 2 spill: 47) and the int8 state's 4 (5.85 against 10.64 with 8); the int8 state's commit 8 at both
+# (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96). WARPS_OVERRIDE: one count for every launch
+# (benchmarks time the choice against a fixed one in turns), else None.
+WARPS_OVERRIDE = None
+
+
+def token_warps(block_d: int, commit: bool, int8: bool) -> int:
+    """Warps for a token kernel launch: its tile size (`BLOCK_D`), whether it commits, its state format."""
+    if WARPS_OVERRIDE is not None:
+        return WARPS_OVERRIDE
+    if int8 and commit:
+        return 8
+    if block_d <= 64:
+        return 2
+    return 4 if int8 else 8
+
+
 def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta: float, at_state: bool = False,
                  decay=None):
     assert decay is None or not at_state, "a decayed form is a parallel one (values at S0)"
@@ -146,11 +166,11 @@ def decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner: int, theta:
     for t in (S0, gamma, beta, S, A):
         assert t.is_contiguous(), "decode_token needs contiguous parameters and state"
     out = fresh(torch.empty_like(q))
-    last = eta_tok.shape[0] - 1
+    last, block = eta_tok.shape[0] - 1, next_power_of_2(D)
     _decode_token_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, A, out, eta_tok, eta_tok if decay is None else decay,
                                    inner, last, H, D, math.log2(theta), LN_EPS, COMMIT=inner == last,
-                                   AT_STATE=at_state, BLOCK_D=next_power_of_2(D), DECAY=decay is not None,
-                                   num_warps=8)  # three [d, d] fp32 tiles (S0, S, A)
+                                   AT_STATE=at_state, BLOCK_D=block, DECAY=decay is not None,
+                                   num_warps=token_warps(block, inner == last, int8=False))
     return out
 
 
@@ -285,7 +305,8 @@ def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int
                                         eta_tok if decay is None else decay, inner, slots - 1, H, D, slots,
                                         math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
                                         COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
-                                        MINI=next_power_of_2(slots), DECAY=decay is not None, num_warps=8)
+                                        MINI=next_power_of_2(slots), DECAY=decay is not None,
+                                        num_warps=token_warps(next_power_of_2(D), inner == slots - 1, int8=True))
     return out
 
 
