@@ -138,12 +138,12 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
     tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
 
 
-# Warps a token kernel's program runs with, by measurement (benchmarks/token_warps.py, 24 layers' calls in a CUDA
-# graph; compiled_decode_h200.md, run 18): at the 125m heads (d = 64) 2 (float state 3.55 us against 4.27 with 8;
-# int8 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the float state's 8 (7.56 against 8.50
-# with 4; 2 spill: 47) and the int8 state's 4 (5.85 against 10.64 with 8); the int8 state's commit 8 at both
-# (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96). WARPS_OVERRIDE: one count for every launch
-# (benchmarks time the choice against a fixed one in turns), else None.
+# Warps a token kernel's program runs with, by measurement at batch 1 (benchmarks/token_warps.py, 24 layers' calls
+# in a CUDA graph; compiled_decode_h200.md, run 18; batch 16 not measured): at the 125m heads (d = 64) 2 (float
+# state 3.55 us against 4.27 with 8; int8 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the
+# float state's 8 (7.56 against 8.50 with 4; 2 spill: 47) and the int8 state's 4 (5.85 against 10.64 with 8);
+# the int8 state's commit 8 at both (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96).
+# WARPS_OVERRIDE: one count for every launch (benchmarks time the choice against a fixed one in turns), else None.
 WARPS_OVERRIDE = None
 
 
