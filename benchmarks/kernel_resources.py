@@ -18,6 +18,7 @@ conversions, each a round trip through shared memory).
 """
 
 import glob
+import inspect
 import os
 import re
 import subprocess
@@ -111,14 +112,28 @@ def instructions(cubin: str) -> tuple[int, int]:
     return max((sum(start <= a <= end for a in addresses) for start, end in loops), default=0), len(addresses)
 
 
+def typed_signature(kernel, pointers, ints, consts) -> dict:
+    """`kernel`'s signature as `compiled_for_hopper` types it: each argument's Triton type, in the kernel's order
+    (which the attributes index); a ValueError naming any argument left untyped (a kernel that gained an argument
+    since its entry was written). Read from the Python function, so it also runs under Triton's interpreter."""
+    fn = kernel
+    while hasattr(fn, "fn"):  # an autotuner's JIT function's (or the interpreter's) Python function
+        fn = fn.fn
+    names = list(inspect.signature(fn).parameters)
+    types = {**pointers, **{name: "i32" for name in ints}, **{name: "fp32" for name in FLOATS},
+             **{name: "constexpr" for name in consts}}
+    untyped = [name for name in names if name not in types]
+    if untyped:
+        raise ValueError(f"{fn.__name__}: no type or value for {', '.join(untyped)}")
+    return {name: types[name] for name in names}
+
+
 def compiled_for_hopper(kernel, pointers, ints, consts, warps, stages, not_multiple_of_16=NOT_MULTIPLE_OF_16):
     """(ptxas' report, the loop's and the whole kernel's SASS instruction counts, the compiled kernel) of
     `kernel` for sm_90a: its arguments typed (`pointers`: name -> Triton pointer type; `ints`: i32, declared
     multiples of 16 unless in `not_multiple_of_16`; `consts`: the constexprs' values)."""
     jit = kernel if isinstance(kernel, triton.runtime.jit.JITFunction) else kernel.fn  # (autotuned: its kernel)
-    types = {**pointers, **{name: "i32" for name in ints}, **{name: "fp32" for name in FLOATS},
-             **{name: "constexpr" for name in consts}}
-    signature = {name: types[name] for name in jit.arg_names}  # in the kernel's order: attrs index it
+    signature = typed_signature(kernel, pointers, ints, consts)
     aligned = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(signature)
                if signature[name] not in ("constexpr", "fp32") and name not in not_multiple_of_16}
     compiled = triton.compile(ASTSource(fn=jit, signature=signature, constexprs=consts, attrs=aligned),
