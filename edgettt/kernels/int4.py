@@ -329,10 +329,9 @@ def _int4_gemv_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, up_ptr, nw_ptr, nb_p
             part = tl.zeros([NQ, BN, WPT], dtype=tl.float32)
             x_sum = tl.zeros([NQ, WPT], dtype=tl.float32)
             for b in tl.static_range(4):  # pair b of each word's x: codes 2b (bits 8b..) and 2b + 1 (8b + 4..)
-                x_lo, x_hi = _x_pair(x_row, w, b, c_ok[:, None], X16)
-                if PROLOGUE == 1:
-                    squares += x_lo * x_lo + x_hi * x_hi
-                x_lo, x_hi = _x_in(x_lo, x_hi, up_row, nw_ptr, nb_ptr, w, b, c_ok[:, None], mean, inv, PROLOGUE, X16, W16)
+                x_lo, x_hi, sq = _x_in_pair(x_row, up_row, nw_ptr, nb_ptr, w, b, c_ok[:, None], mean, inv, PROLOGUE,
+                                            X16, W16)
+                squares += sq  # (an RMSNorm's; dead code, and dropped, for the other prologues)
                 part += _one_plus_sixteenths(word, 8 * b, one_bits) * x_lo[:, None, :]
                 part += _one_plus_sixteenths(word, 8 * b + 4, one_bits) * x_hi[:, None, :]
                 x_sum += x_lo + x_hi
