@@ -56,19 +56,6 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     return model.to("cuda", torch.bfloat16).eval()
 
 
-@contextlib.contextmanager
-def token_warps_fixed(warps: int):
-    """Within (the `-warps8` step suffix): every token kernel launched with `warps` (as before session 28's
-    `decode_token.token_warps`), for the graphs captured here."""
-    from edgettt.kernels import decode_token
-
-    decode_token.WARPS_OVERRIDE = warps
-    try:
-        yield
-    finally:
-        decode_token.WARPS_OVERRIDE = None
-
-
 def weights_of(kind: str, args) -> str:
     """A kind's weights: its own ("parallel:int4"), else --weights."""
     return kind.partition(":")[2] or args.weights
@@ -104,7 +91,9 @@ class Variant:
 
             set_activations(model, "int8", decode=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-        warps = token_warps_fixed(8) if "-warps8" in step else contextlib.nullcontext()
+        from edgettt.kernels.decode_token import fixed_token_warps
+
+        warps = fixed_token_warps(8) if "-warps8" in step else contextlib.nullcontext()  # as before session 28
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()), warps:
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
             _, state = model.prefill(self.ids[:, :args.depth], state)

@@ -8,8 +8,8 @@ median of --rounds; `decode_token.token_warps` picks from these.
 
 Why warps: compiled offline for sm_90a (`kernel_resources.py`), the float kernel at d = 96 takes 255 registers and
 spills 384 bytes with 8 warps, 128 and 264 with 16, 64 and 192 with 32: more warps, fewer registers a thread.
-Inputs are the kernel tests' (`tests/kernels/
-test_decode_token.py`: `inputs`, `int8_state`). Results: benchmarks/results/compiled_decode_h200.md, runs 16 and 18.
+Inputs are the kernel tests' (`tests/kernels/test_decode_token.py`: `inputs`, `int8_state`). Results:
+benchmarks/results/compiled_decode_h200.md, runs 16 and 18.
 """
 
 import argparse
@@ -31,13 +31,13 @@ LAYERS, SLOTS = 24, 16
 
 
 def launch_float(args, eta, inner, warps):
-    dt.WARPS_OVERRIDE = warps
-    return dt.decode_token(*args, eta[:SLOTS], inner, 10000.0)
+    with dt.fixed_token_warps(warps):
+        return dt.decode_token(*args, eta, inner, 10000.0)
 
 
 def launch_int8(args, eta, inner, warps):
-    dt.WARPS_OVERRIDE = warps
-    return dt.decode_token_int8(*args, eta[:SLOTS], inner, 10000.0)
+    with dt.fixed_token_warps(warps):
+        return dt.decode_token_int8(*args, eta, inner, 10000.0)
 
 
 def layers_of(kind, inner, shape):
@@ -84,7 +84,6 @@ def main():
                 for w in args.warps:
                     rows[f"{kind} inner {inner} warps {w}"]["us_per_call"].append(
                         us_per_call(launch, layers[w], eta, inner, w))
-            dt.WARPS_OVERRIDE = None
             chosen = dt.token_warps(next_power_of_2(shape[2]), inner == SLOTS - 1, kind == "int8")
             for w in args.warps:
                 row = rows[f"{kind} inner {inner} warps {w}"]

@@ -6,7 +6,7 @@ import torch
 
 from conftest import compiled_recording, rel_err
 from edgettt.kernels.decode_token import (decode_token, decode_token_int8, decode_token_int8_ref, decode_token_ref,
-                                          use_token_kernel)
+                                          fixed_token_warps, use_token_kernel)
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
@@ -148,30 +148,33 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("warps", [2, 4, 8])
-def test_token_kernels_match_their_references_at_every_warp_count(device, warps, monkeypatch):
-    """`decode_token.token_warps` picks 2, 4 or 8 warps by head size and state format: each count gives the
-    reference's token (a d = 64 head: a 125m layer's), inside a mini-batch and at its commit."""
-    from edgettt.kernels import decode_token as dt
-
-    monkeypatch.setattr(dt, "WARPS_OVERRIDE", warps)
+def test_token_kernels_match_their_references_at_every_warp_count(device, warps):
+    """`decode_token.token_warps` picks 2, 4 or 8 warps by head size and state format: each count
+    (`fixed_token_warps`) gives the reference's token (a d = 64 head: a 125m layer's), inside a mini-batch and at
+    its commit."""
     eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
     for inner in (1, 3):
         q, k, v, lr, S0, gamma, beta, S, A = inputs(1, 2, 64, torch.float32, device)
         S_ref, A_ref = S.clone(), A.clone()
         want = decode_token_ref(q, k, v, lr, S0, gamma, beta, S_ref, A_ref, eta, inner, 10000.0)
-        got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0)
+        with fixed_token_warps(warps):
+            got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0)
         assert rel_err(got, want) < 1e-5 and rel_err(S, S_ref) < 1e-5
         S8, K, V = int8_state(1, 2, 64, 4, inner, S0, device)
         S8_ref, K_ref, V_ref = S8.clone(), K.clone(), V.clone()
         want = decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0)
-        got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
+        with fixed_token_warps(warps):
+            got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
         assert rel_err(got, want) < 3e-4
 
 
 def test_token_warps_follow_the_head_size_and_state():
     """The measured choice (compiled_decode_h200.md, run 18): 2 warps at d <= 64, 8 (float) / 4 (int8) at the
-    128-wide tiles of d = 96, 8 at an int8 commit; WARPS_OVERRIDE wins."""
+    128-wide tiles of d = 96, 8 at an int8 commit; `fixed_token_warps` overrides it within, and only within."""
     from edgettt.kernels import decode_token as dt
 
     assert [dt.token_warps(64, False, False), dt.token_warps(64, False, True), dt.token_warps(64, True, True)] == [2, 2, 8]
     assert [dt.token_warps(128, True, False), dt.token_warps(128, False, True), dt.token_warps(128, True, True)] == [8, 4, 8]
+    with fixed_token_warps(16):
+        assert dt.token_warps(64, False, False) == dt.token_warps(128, True, True) == 16
+    assert dt.token_warps(64, False, False) == 2
