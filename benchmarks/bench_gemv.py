@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from edgettt.bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, time_rotating_ms, weight_rows,
+from kernel_bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, time_rotating_ms, weight_rows,
                            weight_variants)
 from edgettt.kernels import INTERPRETER, autotune_configs, int4
 from edgettt.quant.layouts import unpack_nibbles

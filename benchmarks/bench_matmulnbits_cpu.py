@@ -44,7 +44,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from edgettt.config import PRESET_VOCAB, PRESETS  # noqa: E402
-from edgettt.speed import cpu_name  # noqa: E402
+from edgettt.benchmark import cpu_name  # noqa: E402
 
 SHAPES = [(768, 768), (768, 2048), (2048, 768), (768, 32000), (768, 2304), (768, 4096)]  # + stacked q/k/v, gate/up
 VARIANTS = {"fp32": (None, 0), "nbits4-float": (4, 0), "nbits4-int8": (4, 4), "nbits8-float": (8, 0),

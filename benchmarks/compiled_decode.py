@@ -29,7 +29,7 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     from edgettt.conversion import convert
     from edgettt.llama import Llama
     from edgettt.random_init import random_model
-    from edgettt.speed import LLAMA_PREFIX, llama_config
+    from edgettt.benchmark import LLAMA_PREFIX, llama_config
 
     if kind == "llama":
         with torch.device("cuda"):
@@ -67,7 +67,8 @@ class Variant:
 
     def __init__(self, kind: str, step: str, args):
         from edgettt.kernels import kernels_off
-        from edgettt.speed import capture_steps, compile_step
+        from edgettt.benchmark import capture_steps
+        from edgettt.fast_paths import compile_step
 
         self.kind, self.step, self.args, self.llama = kind, step, args, kind == "llama"
         torch.manual_seed(0)
@@ -120,7 +121,7 @@ class Variant:
         self.times.append(start.elapsed_time(end) / 1e3)
 
     def facts(self) -> dict:
-        from edgettt.speed import state_bytes, weight_bytes
+        from edgettt.benchmark import state_bytes, weight_bytes
 
         facts = {"weights_bytes": weight_bytes(self.model), "state_bytes": state_bytes(self.state), "graphs": len(self.graphs)}
         if self.args.profile:
@@ -190,7 +191,7 @@ def main(argv=None) -> int:
     for setting in filter(None, args.inductor.split(",")):
         key, value = setting.split("=")
         setattr(torch._inductor.config, key, {"True": True, "False": False}.get(value, value))
-    from edgettt.bench import copy_bandwidth
+    from kernel_bench import copy_bandwidth
 
     ceiling = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),

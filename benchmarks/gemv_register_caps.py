@@ -15,7 +15,7 @@ import json
 import torch
 import triton
 
-from edgettt.bench import copies_for, time_rotating_ms, weight_variants
+from kernel_bench import copies_for, time_rotating_ms, weight_variants
 from edgettt.kernels import int4
 
 

@@ -24,7 +24,7 @@ def main(argv=None) -> int:
         return 2
     from triton.testing import do_bench
 
-    from edgettt import bench
+    import kernel_bench as bench
     from edgettt.kernels import lact as K
     from edgettt.lact import linear_attention
 

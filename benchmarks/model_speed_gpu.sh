@@ -1,19 +1,19 @@
 #!/usr/bin/env bash
-# Issue 21's model-level GPU table: random-weight TTT-Linear models of a preset against the same-size
-# Llama, in one `edgettt speed --device cuda` run (kept workers: each model loads and compiles its decode
+# The model-level GPU table: random-weight TTT-Linear models of a preset against the same-size
+# Llama, in one `edgettt bench --device cuda` run (kept workers: each model loads and compiles its decode
 # step once; medians of -r repetitions, the paths in turns):
 #   original   the mini-batch form (float; quantization takes a converted model)
 #   exact      float weights, with the float and with the int8 state
 #   parallel   float, int8 and int4 (groups of 64) weights, each with the float and with the int8 state
 # (the exact form's quantized weights run the same GEMMs as the parallel form's: left out, for time)
-# Decode steps compiled (--compile, the Llama's too) and replayed as CUDA graphs; the quantized layers'
-# prefill GEMMs with int8 activations (--activations int8). Then the original as ttt-lm-pytorch runs it:
-# plain torch (EDGETTT_KERNELS=0), eager steps.
+# Every model as `edgettt.prepare` makes it: decode steps compiled (the Llama's too) and replayed as CUDA
+# graphs, prefills timed as graph replays, the quantized layers weight-only. Then the original as
+# ttt-lm-pytorch runs it: plain torch (EDGETTT_KERNELS=0), eager steps (through the API's CudaOptions).
 #
 #   PRESET=125m BATCH=1 OUT=results bash benchmarks/model_speed_gpu.sh       (on a CUDA machine)
 #
 # Writes $OUT/$PRESET-b$BATCH.json / .md and $OUT/$PRESET-b$BATCH-plain.json / .md. For a dry run on
-# the CPU: SPEED_OPTIONS= BASELINE= CREATE="--hidden-size 64 --layers 2 --heads 2 --intermediate-size 128"
+# the CPU: SPEED_OPTIONS= BASELINE= CREATE="--set num_attention_heads=2 --set intermediate_size=128" PLAIN=0
 # TESTS="--pp 32 --tg 4 --depth 0,16" REPS=1. For a shorter run: COMBOS, the parallel form's weights:state
 # pairs (default all six, e.g. COMBOS="none:fp32 none:int8 int4:fp32"), PLAIN=0 to leave out the plain run.
 set -euo pipefail
@@ -23,7 +23,7 @@ WORK=${WORK:-$(mktemp -d)}
 TESTS=${TESTS:---pp 512,8192 --tg 128 --depth 0,8192}
 REPS=${REPS:-3}
 BATCH=${BATCH:-1}
-SPEED_OPTIONS=${SPEED_OPTIONS---device cuda --compile --activations int8}
+SPEED_OPTIONS=${SPEED_OPTIONS---device cuda}
 BASELINE=${BASELINE-llama:$PRESET}
 CREATE=${CREATE:---preset $PRESET}
 mkdir -p "$OUT"
@@ -42,12 +42,20 @@ for form in exact parallel; do
         paths+=("$name")
     done
 done
-speed() {  # name, then the paths and options
-    local name=$1; shift
-    edgettt speed "$@" --batch "$BATCH" $TESTS -r "$REPS" --force \
-        --json "$OUT/$PRESET-b$BATCH$name.json" --markdown "$OUT/$PRESET-b$BATCH$name.md"
-}
-speed "" "${paths[@]}" $SPEED_OPTIONS
-if [ "${PLAIN:-1}" = 1 ]; then
-    EDGETTT_KERNELS=0 speed -plain "$M-original" ${SPEED_OPTIONS/--compile/}
+edgettt bench "${paths[@]}" $SPEED_OPTIONS --batch "$BATCH" $TESTS -r "$REPS" --force \
+    --json "$OUT/$PRESET-b$BATCH.json" --markdown "$OUT/$PRESET-b$BATCH.md"
+if [ "${PLAIN:-1}" = 1 ]; then  # eager steps, eager prefill: a lab switch, so through the API
+    EDGETTT_KERNELS=0 python - "$M-original" "$OUT/$PRESET-b$BATCH-plain" "$BATCH" $TESTS -r "$REPS" <<'EOF'
+import sys
+from edgettt.benchmark import CudaOptions, run, table, tests, write
+from edgettt.cli import int_list
+from edgettt.outputs import plan_outputs
+path, out, batch, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), dict(zip(sys.argv[4::2], sys.argv[5::2]))
+lists = [int_list(None, None, args[k], low=0 if k == "--depth" else 1) for k in ("--pp", "--tg", "--depth")]
+outs = plan_outputs((out + ".json", "json", True, "--json"), (out + ".md", "markdown", True, "--markdown"))
+result = run([path], tests(*lists), int(args["-r"]), device="cuda", batch=batch,
+             cuda=CudaOptions(compile=False, graph_prefill=False))
+write(result, *outs)
+print(table(result))
+EOF
 fi

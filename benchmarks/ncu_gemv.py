@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gemv  # noqa: E402
 
-from edgettt.bench import weight_variants  # noqa: E402
+from kernel_bench import weight_variants  # noqa: E402
 from edgettt.kernels import int4  # noqa: E402
 
 

@@ -43,7 +43,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from compiled_decode import build, profile_kernels  # noqa: E402
 
-from edgettt.speed import dense_bf16_flops, linear_parameters  # noqa: E402
+from edgettt.benchmark import dense_bf16_flops, linear_parameters  # noqa: E402
 
 KINDS = ("llama", "parallel", "decayed", "parallel:int8", "parallel:int4", "parallel:int8:a8", "parallel:int4:a8", "ttt", "ttt-plain", "parallel-int8",
          "parallel-int8-plain", "exact", "exact-int8", "exact-int8-plain")
@@ -80,7 +80,7 @@ def capture(kind: str, model, ids):
     autotune first), so that a replay launches every kernel from the graph, without the host's Python; None,
     with a line on stderr, where the prefill cannot be captured (it then runs eagerly)."""
     from edgettt.kernels import kernels_off
-    from edgettt.speed import capture_prefill
+    from edgettt.benchmark import capture_prefill
 
     try:
         with kernels_off() if kind.endswith("-plain") else contextlib.nullcontext():

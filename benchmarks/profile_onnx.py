@@ -5,7 +5,7 @@ node, by operator.
     python benchmarks/profile_onnx.py EXPORT [EXPORT ...] --prefill 512 --steps 4
 
 For each export (from `edgettt export`): the decode graph's nodes (Scan / If bodies and local
-functions counted, `edgettt.speed.count_nodes`) and nodes per layer; then `--steps` decode steps
+functions counted, `edgettt.benchmark.count_nodes`) and nodes per layer; then `--steps` decode steps
 after a one-token prompt, batch 1, with onnxruntime's profiler on, aggregated by operator type:
 calls, total and mean microseconds per call, and the share of the step. With `--prefill N`, the
 prefill graph instead: `--steps` prefills of N tokens after one untimed (the next token's logits, as
@@ -30,7 +30,7 @@ import onnx
 import onnxruntime as ort
 
 from edgettt.runner import Runner, load_manifest
-from edgettt.speed import count_nodes, cpu_name
+from edgettt.benchmark import count_nodes, cpu_name
 
 WEIGHT_OPS = {"MatMul", "MatMulNBits", "MatMulBnb4", "Gemm", "MatMulInteger", "DynamicQuantizeMatMul"}
 

@@ -10,6 +10,8 @@
     print(edgettt.evaluate(q, "python-docs", ref=fast).drift["kld_mean"])
     edgettt.export(q, "onnx/")                          # ONNX Runtime graphs, verified
     edgettt.save(q, "q4/")
+    gpu = edgettt.prepare(edgettt.load("ttt-linear-tiny-parallel"))   # bf16 on CUDA, kernels, compiled decode
+    print(edgettt.bench(["ttt-linear-tiny-parallel"], pp=[512], tg=[128])["rows"])
 """
 
 import importlib
@@ -20,11 +22,17 @@ from .errors import EdgetttError
 _LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("config", "ModelConfig"),
          "convert": ("conversion", "convert"), "CausalLM": ("model", "CausalLM"), "State": ("model", "State"),
          "random_model": ("random_init", "random_model"), "QuantConfig": ("quant.config", "QuantConfig"),
-         **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save")}}
+         "prepare": ("fast_paths", "prepare"), "FastPaths": ("fast_paths", "FastPaths"),
+         **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save", "bench")}}
 
 __version__ = "0.1.0"
 __all__ = ["load", "convert", "ModelConfig", "CausalLM", "State", "EdgetttError", "random_model", "QuantConfig",
-           "calibrate", "quantize", "evaluate", "export", "report", "save"]
+           "calibrate", "quantize", "evaluate", "export", "report", "save", "bench", "prepare", "FastPaths"]
+
+
+def __dir__() -> list[str]:
+    """`dir(edgettt)` shows the API, though its names load on first use."""
+    return sorted([*__all__, "__version__"])
 
 
 def __getattr__(name: str):

@@ -165,3 +165,14 @@ def save(model: CausalLM, out, force: bool = False, store: torch.dtype | None = 
     from .checkpoint import save_model
 
     save_model(model, out, force=force, store=store)
+
+
+def bench(paths, pp=(512,), tg=(128,), depth=(0,), repetitions: int = 5, device: str = "cpu", batch: int = 1,
+          threads: int | None = None, seed: int = 0) -> dict:
+    """Tokens a second of exports or models (`paths`: directories, shipped names, on CUDA `llama:<preset>`),
+    as `edgettt bench` measures them: ppN prefill and tgN@dD decode rows, median, min, max and ratio to the
+    first path over `repetitions` in turns. Returns the JSON the command writes."""
+    from .benchmark import run, tests
+
+    return run([str(p) for p in paths], tests(list(pp), list(tg), list(depth)), repetitions, threads, seed, device,
+               batch)

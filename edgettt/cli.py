@@ -22,7 +22,16 @@ import click
 from .errors import EdgetttError
 
 
+RENAMED_COMMANDS = {"speed": "bench"}  # old name -> new: the old one still runs, with a note
+
+
 class Group(click.Group):
+    def get_command(self, ctx, name):
+        if name in RENAMED_COMMANDS:
+            click.echo(f"note: `edgettt {name}` is now `edgettt {RENAMED_COMMANDS[name]}`", err=True)
+            name = RENAMED_COMMANDS[name]
+        return super().get_command(ctx, name)
+
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
@@ -117,6 +126,31 @@ def torch_threads(command):
     return run_with_threads
 
 
+# `create --set`: the config.json keys it takes, with its defaults (a small byte-level model)
+CREATE_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": None,
+                   "vocab_size": 256, "mini_batch_size": 16, "share_qk": False, "pre_conv": False, "use_gate": False,
+                   "tie_word_embeddings": True}
+
+
+def config_settings(pairs: tuple[str, ...]) -> dict:
+    """`--set KEY=VALUE` pairs as config values: positive integers, or true/false for the switches."""
+    out = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in CREATE_DEFAULTS:
+            raise click.BadParameter(f"{pair!r}: unknown key {key!r}; use one of {', '.join(CREATE_DEFAULTS)}",
+                                     param_hint="--set")
+        if isinstance(CREATE_DEFAULTS[key], bool):
+            if value.lower() not in ("true", "false"):
+                raise click.BadParameter(f"{pair!r}: {key} is true or false", param_hint="--set")
+            out[key] = value.lower() == "true"
+        elif not value.isdigit() or int(value) < 1:
+            raise click.BadParameter(f"{pair!r}: {key} is a positive integer", param_hint="--set")
+        else:
+            out[key] = int(value)
+    return out
+
+
 def model_input(spec):
     """The directory a MODEL argument names (a path, or a shipped model's folder): an input to protect."""
     from .checkpoint import resolve_model_path
@@ -148,8 +182,7 @@ def cli(no_progress):
     edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
     edgettt run OUT --prompt P    generate with onnxruntime and numpy only (no torch)
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
-    edgettt bench                 kernel speed against the references on a CUDA GPU
-    edgettt speed PATH...         model tokens/s (prefill, decode at depth): exports or models
+    edgettt bench PATH...         tokens/s (prefill, decode at depth) of exports or models, llama-bench style
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
     ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
@@ -169,41 +202,32 @@ def cli(no_progress):
               help="A published ttt-lm-pytorch size (hidden, layers, heads, intermediate; vocabulary 32000, the "
                    "Llama tokenizer's size): 125m 768/12/12/2048, 350m 1024/24/16/2736, 760m 1536/24/16/4096, "
                    "1b 2048/24/32/5504. Random weights: for speed and size, not for text.")
-@click.option("--hidden-size", default=64, show_default=True, type=POSITIVE)
-@click.option("--layers", default=2, show_default=True, type=POSITIVE)
-@click.option("--heads", default=4, show_default=True, type=POSITIVE)
-@click.option("--intermediate-size", default=None, type=POSITIVE, help="SwiGLU width [default: 2.75 x hidden].")
-@click.option("--vocab-size", default=256, show_default=True, type=POSITIVE, help="256 = byte-level.")
-@click.option("--mini-batch-size", default=16, show_default=True, type=POSITIVE)
-@click.option("--share-qk", is_flag=True, help="Mamba-style backbone: shared q/k projection with convs.")
-@click.option("--pre-conv", is_flag=True, help="Mamba-style backbone: conv before the TTT layer.")
-@click.option("--use-gate", is_flag=True, help="Mamba-style backbone: gelu gate on the output.")
-@click.option("--untied", is_flag=True, help="Separate lm_head instead of tied embeddings.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=lambda c, p, v: config_settings(v),
+              help="A config.json key (repeatable), shown at its default: " + ", ".join(
+                  f"{k}={str(v).lower() if v is not None else '2.75 x hidden_size'}" for k, v in CREATE_DEFAULTS.items())
+                   + " (vocab_size 256: byte-level).")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def create(out, family, preset, hidden_size, layers, heads, intermediate_size, vocab_size, mini_batch_size,
-           share_qk, pre_conv, use_gate, untied, seed, weights_format, force):
-    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT."""
+def create(out, family, preset, settings, seed, weights_format, force):
+    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT: a small one
+    (--set to size it), or a published size (--preset)."""
     from .checkpoint import save_model
     from .config import PRESET_VOCAB, PRESETS, ModelConfig
     from .outputs import Output
     from .random_init import random_model
 
-    sizes = {"hidden_size": hidden_size, "intermediate_size": intermediate_size or int(2.75 * hidden_size),
-             "num_hidden_layers": layers, "num_attention_heads": heads, "vocab_size": vocab_size}
+    sizes = {**CREATE_DEFAULTS, **settings}
     if preset:
-        ctx = click.get_current_context()
-        given = [f"--{name.replace('_', '-')}" for name in ("hidden_size", "layers", "heads", "intermediate_size",
-                                                              "vocab_size")
-                 if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        given = sorted(set(settings) & {*PRESETS[preset], "vocab_size"})
         if given:
-            raise EdgetttError(f"--preset {preset} sets {', '.join(given)}; leave them out, or drop --preset")
-        sizes = {**PRESETS[preset], "vocab_size": PRESET_VOCAB}
+            raise EdgetttError(f"--preset {preset} sets {', '.join(given)}; leave them out of --set, or drop --preset")
+        sizes.update(PRESETS[preset], vocab_size=PRESET_VOCAB)
+    if sizes["intermediate_size"] is None:
+        sizes["intermediate_size"] = int(2.75 * sizes["hidden_size"])
     out = Output.plan(out, "model", force)
-    config = ModelConfig(**sizes, ttt_layer_type=family, mini_batch_size=mini_batch_size, share_qk=share_qk,
-                         pre_conv=pre_conv, use_gate=use_gate, tie_word_embeddings=not untied)
+    config = ModelConfig(**sizes, ttt_layer_type=family)
     config.validate("--options")
     config.check_memory("--options")
     model = random_model(config, seed)
@@ -767,7 +791,7 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
 
 
 @cli.command("run")
-@click.argument("export_dir", metavar="OUT_DIR", type=click.Path())
+@click.argument("export_dir", metavar="EXPORT", type=click.Path())
 @click.option("--prompt", required=True, help="Text to continue.")
 @click.option("--max-new-tokens", default=64, show_default=True, type=COUNT)
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0), help="0: greedy.")
@@ -775,19 +799,17 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
 @click.option("--top-p", default=1.0, show_default=True, type=FiniteFloat(0, 1, min_open=True),
               help="Sample from the likeliest tokens whose probabilities reach p.")
 @click.option("--repetition-penalty", default=1.1, show_default=True, type=FiniteFloat(min=1),
-              help="Divide the logits of tokens seen in the last --repeat-last-n by this (1: off); greedy "
-                   "decoding of the tiny models repeats spaces without it.")
-@click.option("--repeat-last-n", default=64, show_default=True, type=COUNT)
-@click.option("--max-run", default=16, show_default=True, type=COUNT,
-              help="At most this many of one token in a row (0: no cap); stops runs of spaces.")
+              help="Divide the positive logits of tokens among the last 64 by this, multiply the negative (1: off; "
+                   "llama.cpp's default); runs of one token stop at 16 in a row: greedy decoding of the tiny "
+                   "models repeats spaces without them.")
 @click.option("--stop", multiple=True, metavar="TEXT", help="End when the generated text ends with TEXT (repeatable).")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--threads", default=None, type=click.IntRange(1, 1024),
               help="onnxruntime intra-op threads [default: its own].")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write the timings here.")
 @click.option("--force", is_flag=True, help="Overwrite the --json file.")
-def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, repeat_last_n,
-            max_run, stop, seed, threads, json_path, force):
+def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, threads,
+            json_path, force):
     """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
     then decode token by token, streaming the text; prints tokens/s and peak memory at the end."""
     from .outputs import Output
@@ -799,7 +821,7 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repet
                              len(runner.tokenizer.encode(prompt)) + max_new_tokens)
     stats: dict = {}
     click.echo(prompt, nl=False)
-    sampling = Sampling(temperature, top_k, top_p, repetition_penalty, repeat_last_n, max_run)
+    sampling = Sampling(temperature, top_k, top_p, repetition_penalty)
     for piece in runner.generate(prompt, max_new_tokens, seed=seed, stats=stats, sampling=sampling, stop=stop):
         click.echo(piece, nl=False)
     stats["peak_memory_mb"] = peak_memory_mb()
@@ -827,101 +849,6 @@ def count_list(ctx, param, value):
     return int_list(ctx, param, value, low=0)
 
 
-def shape_list(ctx, param, value):
-    """Comma-separated shapes AxB... with as many dimensions as the option's default has."""
-    dims = len(param.default.split(",")[0].split("x"))
-    example = param.default
-    try:
-        shapes = [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
-    except ValueError:
-        shapes = None
-    if shapes is None or any(len(s) != dims or min(s) < 1 for s in shapes):
-        names = "NxK" if dims == 2 else "x".join("BHTd"[:dims])
-        raise click.BadParameter(f"{value!r}: expected {names} shapes, e.g. {example}")
-    return shapes
-
-
-@cli.command()
-@click.option("--seq-lens", default="8192,32768", show_default=True, callback=int_list,
-              help="Prefill lengths T (comma-separated).")
-@click.option("--batch", default=4, show_default=True, type=POSITIVE, help="Prefill batch B.")
-@click.option("--heads", default=16, show_default=True, type=POSITIVE)
-@click.option("--head-dim", default=64, show_default=True, type=POSITIVE)
-@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
-@click.option("--decode-batch", default="64,256", show_default=True, callback=int_list,
-              help="Sequences per decode step (comma-separated).")
-@click.option("--gemv", default="4096x4096,11008x4096", show_default=True, callback=shape_list,
-              help="Weight shapes NxK for the GEMV (M=1) and GEMM rows.")
-@click.option("--gemm-rows", default="2048", show_default=True, callback=int_list,
-              help="Rows M of the GEMM rows (comma-separated; e.g. 16,2048: a batch-16 decode step's products "
-                   "and a prefill block's). Up to 64 rows the GEMV kernel a row is timed too.")
-@click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
-              help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
-@click.option("--lact-seq-lens", default="32768", show_default=True, callback=int_list,
-              help="LaCT rows (the public 760M layer shape): prefill lengths ('' skips LaCT).")
-@click.option("--lact-batch", default=1, show_default=True, type=POSITIVE, help="Batch of the LaCT prefill rows.")
-@click.option("--lact-code", default=None, type=click.Path(exists=True, dir_okay=True),
-              help="The public LaCT code's ttt_operation.py (or its folder): adds its compiled torch layer as rows, "
-                   "one for each matmul precision its caller may set (float32 weights as handed over, TF32, "
-                   "bf16 autocast), and takes ratios against the fastest.")
-@click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
-@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
-@click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
-@click.option("--force", is_flag=True, help="Overwrite the output files.")
-def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows, train_shapes, lact_seq_lens,
-          lact_batch, lact_code, no_references, json_path, md_path, force):
-    """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
-
-    \b
-    prefill  one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
-             scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
-             flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
-    decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
-             S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
-             token, a commit, and the mean over a mini-batch of 16
-    weights  one token through a weight matrix (GEMV) and blocks of --gemm-rows tokens (GEMM): float
-             against edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
-             cuBLAS, int8 activations; up to 64 rows the GEMV kernel a row too), bitsandbytes NF4 and
-             LLM.int8 when installed
-    train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
-             kernel with its backward against autograd through the mini-batch scan
-    lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
-             2048, momentum): the W1-only parallel form as kernels and in torch, the exact form in
-             torch, the public code's compiled layer (--lact-code; its fastest matmul mode is the
-             reference), fla at the same head dims; and its decode state step at each --decode-batch
-
-    Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
-    bandwidth measured in the same run, and ratios against the references (x > 1: faster).
-    """
-    import torch
-
-    from .outputs import plan_outputs
-
-    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
-    if not torch.cuda.is_available():
-        raise EdgetttError("edgettt bench needs a CUDA GPU (torch.cuda.is_available() is False); run it on a machine with one")
-    from .progress import bar
-
-    from . import bench as benchmark
-
-    result = benchmark.run(seq_lens, batch, heads, head_dim, benchmark.DTYPES[dtype], decode_batch, gemv,
-                           references=not no_references, progress=lambda jobs: bar(jobs, desc="bench", unit="case"),
-                           train_shapes=train_shapes, lact_seq_lens=lact_seq_lens, lact_batch=lact_batch,
-                           lact_code=lact_code, gemm_rows=gemm_rows)
-    meta = result["meta"]
-    header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
-              f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "
-              f"bitsandbytes {meta['bitsandbytes']}")
-    tables = benchmark.table(result)
-    click.echo(header + "\n" + tables)
-    if json_out:
-        with json_out.write() as tmp:
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
-    if md_out:
-        with md_out.write() as tmp:
-            tmp.write_text(header + "\n" + tables + "\n")
-
-
 @cli.command()
 @click.argument("paths", nargs=-1, metavar="PATH...")
 @click.option("--pp", default="512", show_default=True, callback=int_list, help="Prefill lengths (comma-separated).")
@@ -933,65 +860,38 @@ def bench(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows
               help="onnxruntime / torch threads of each worker [default: their own].")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random token ids.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: models through torch on the GPU in bfloat16, decode as CUDA graph replays.")
+              help="cuda: models through torch on the GPU as `edgettt.prepare` makes them (bfloat16, Triton "
+                   "kernels, decode compiled and replayed as CUDA graphs, prefill timed as a graph replay).")
 @click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences prefilled and decoded together.")
-@click.option("--compile", "compile_steps", is_flag=True,
-              help="With --device cuda: decode steps compiled by torch.compile before they are captured (every "
-                   "model, llama: too; int8 / int4 weights multiply through their kernels inside the graph).")
-@click.option("--activations", type=click.Choice(["float", "int8"]), default="float", show_default=True,
-              help="With --device cuda: how int8 and int4 layers multiply in a prefill: int8 rounds the activations "
-                   "a row and multiplies on the int8 tensor cores (its accuracy cost: "
-                   "benchmarks/results/int8_activations_accuracy.md); float is weight-only.")
-@click.option("--row-products/--no-row-products", default=None,
-              help="With --device cuda --compile: a batch-1 step's float weight products as products and sums that "
-                   "inductor fuses with the operations around them (every model, llama: too), instead of cuBLAS GEMVs. "
-                   "[default: where the hidden size is at most 1024: 1.27x at 125m, 0.93x at 760m on the H200]")
-@click.option("--token-kernel/--no-token-kernel", default=True, show_default=True,
-              help="With --device cuda --compile: each converted TTT-Linear layer's decode token (float or int8 state) in one "
-                   "Triton kernel (rotary, value map, state step, output norm: kernels/decode_token.py), instead of "
-                   "the ~8 kernels inductor makes of them.")
-@click.option("--fused-products/--no-fused-products", default=True, show_default=True,
-              help="With --device cuda --compile: at batch <= 8 each int4 layer's decode product in one GEMV launch with "
-                   "the norm before it, SwiGLU's activation and the residual add (fused_products.py), instead of "
-                   "inductor's kernels around the GEMV.")
-@click.option("--graph-prefill", is_flag=True,
-              help="With --device cuda: each ppN prefill captured as a CUDA graph before it is timed (untimed) and "
-                   "timed as its replay, the host's kernel launches out of the time as in decode (an eager batch-1 prefill of a "
-                   "large model is the host's: benchmarks/results/prefill_gpu_h200.md run 4).")
-@click.option("--workers", type=click.Choice(["fresh", "kept"]), default=None,
-              help="fresh: a new process for each measurement (its peak memory its own); kept: one a path for the "
-                   "whole run (models load and steps compile once, all warming up side by side first) "
-                   "[default: kept with --device cuda, fresh on the CPU].")
-@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here (rewritten after each repetition: a run cut short keeps what it measured).")
+@click.option("--json", "json_path", default=None, type=click.Path(),
+              help="Write every row here (rewritten after each repetition: a run cut short keeps what it measured).")
 @click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
-def speed(paths, pp, tg, depth, repetitions, threads, seed, device, batch, compile_steps, activations, row_products,
-          token_kernel, fused_products, graph_prefill, workers, json_path, md_path, force):
+def bench(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_path, md_path, force):
     """Tokens a second a model prefills and decodes, in the manner of llama-bench.
 
     \b
     PATH     an export directory (ONNX Runtime on the CPU: the edge path), a model (torch), or an
              onnxruntime-genai model folder (a transformer with its KV cache: the anchor; needs
-             onnxruntime-genai; benchmarks/anchor_llama.py makes one); with --device cuda, models
-             and llama:<preset> (a Llama of that preset's size with a static KV cache, SDPA)
+             onnxruntime-genai); with --device cuda, models and llama:<preset> (a Llama of that
+             preset's size with a static KV cache, SDPA: the baseline)
     ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
 
     One measurement at a time, after an untimed warm-up run; the paths take turns, repetition after
     repetition. On the CPU every measurement runs in a fresh worker process (its peak resident memory
-    its own); with --device cuda each path keeps one worker for the run (--workers), and the peak is
-    the GPU memory allocated during the test. Printed and written: the median tokens/s, min and max, the median ratio to the first
-    PATH, peak memory and size on disk (and the decode graph's nodes for an export). Token ids are
+    its own); with --device cuda each path keeps one worker for the run (a model loads and compiles
+    once), and the peak is the GPU memory allocated during the test. Printed and written: the median
+    tokens/s, min and max, the median ratio to the first PATH, peak memory and size on disk (and the
+    decode graph's nodes for an export); on CUDA each row against its hardware limit. Token ids are
     random: speed does not depend on them.
     """
+    from .benchmark import run, table, tests, write
     from .outputs import plan_outputs
-    from .speed import CudaOptions, run, table, tests, write
 
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 CudaOptions(compile_steps, activations, row_products, token_kernel, graph_prefill, fused_products),
-                 None if workers is None else workers == "kept",
                  partial=lambda so_far: write(so_far, json_out, md_out))  # rewritten after every repetition
     click.echo(table(result))
     write(result, json_out, md_out)

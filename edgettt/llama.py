@@ -1,5 +1,5 @@
 """A Llama-architecture transformer in plain torch with a static KV cache: the same-size baseline that
-`edgettt speed --device cuda` times the TTT models against (random weights: for speed, not text).
+`edgettt bench --device cuda` times the TTT models against (random weights: for speed, not text).
 
     block: h += Attention(RMSNorm(h)) (RoPE, torch SDPA: flash attention in prefill, the cache in
            decode); h += SwiGLU(RMSNorm(h));   model: embed -> blocks -> RMSNorm -> lm_head (tied)

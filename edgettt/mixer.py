@@ -25,7 +25,7 @@ class FusableInputs:
     mixer's q/k/v, the MLP's gate/up). `fuse_input_projections` may replace them with one product of
     their concatenated weights (it sets `fused_inputs`, a module returning the same tuple): fewer,
     larger matmuls. The ONNX export does it (int8 activations then quantized once, and per tensor in a
-    prefill: the normalized input's narrow range allows it), and `speed --device cuda` (serving stacks
+    prefill: the normalized input's narrow range allows it), and `edgettt.prepare` (serving stacks
     fuse q/k/v and gate/up; the Llama baseline's are fused too)."""
 
     def input_projection_names(self) -> tuple[str, ...]:

@@ -9,8 +9,8 @@
 set -u
 LIMIT=${LIMIT:-300}
 if [ $# -gt 0 ]; then files=("$@"); else
-    files=(tests/kernels/test_*.py tests/test_conversion.py tests/test_distill.py tests/test_row_products.py tests/test_speed_cuda.py
-           tests/test_speed_workers.py)
+    files=(tests/kernels/test_*.py tests/test_conversion.py tests/test_distill.py tests/test_row_products.py tests/test_bench_cuda.py
+           tests/test_bench_workers.py tests/test_fused_products.py)
 fi
 status=0
 for f in "${files[@]}"; do

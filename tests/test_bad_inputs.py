@@ -48,8 +48,8 @@ def ok(*args):
 def world(tmp_path_factory) -> Path:
     """The generated inputs every case starts from (made once; each case works on a copy)."""
     w = tmp_path_factory.mktemp("world")
-    ok("create", w / "ttt", "--hidden-size", HIDDEN, "--layers", LAYERS, "--heads", HEADS, "--intermediate-size", 64,
-       "--mini-batch-size", MINI_BATCH)
+    ok("create", w / "ttt", "--set", f"hidden_size={HIDDEN}", "--set", f"num_hidden_layers={LAYERS}", "--set", f"num_attention_heads={HEADS}", "--set", "intermediate_size=64",
+       "--set", f"mini_batch_size={MINI_BATCH}")
     ok("convert", w / "ttt", w / "par", "--form", "parallel", "--no-report")
     (w / "text.txt").write_text("def f(x):\n    return x + 1\n" * 40)
     ok("calibrate", w / "par", "--data", w / "text.txt", "--seq-len", 32, "--samples", 2, "-o", w / "calib.st")
@@ -440,19 +440,20 @@ CASES = [
     c("export-exact-form", lambda w: ["export", w / "ex", w / "e"], ONE, "--form parallel",
       lambda w: ok("convert", w / "ttt", w / "ex", "--no-report")),
     c("calibrate-original", lambda w: ["calibrate", w / "ttt", "-o", w / "c.st"], ONE, "convert"),
-    c("create-too-big", lambda w: ["create", w / "big", "--hidden-size", 65536, "--layers", 1024], ONE, "GiB"),
-    c("create-preset-with-sizes", lambda w: ["create", w / "m", "--preset", "125m", "--layers", 3], ONE,
-      "--preset 125m sets --layers"),
+    c("create-too-big", lambda w: ["create", w / "big", "--set", "hidden_size=65536", "--set", "num_hidden_layers=1024"], ONE, "GiB"),
+    c("create-preset-with-sizes", lambda w: ["create", w / "m", "--preset", "125m", "--set", "num_hidden_layers=3"], ONE,
+      "--preset 125m sets num_hidden_layers"),
     c("create-preset-unknown", lambda w: ["create", w / "m", "--preset", "7b"], USAGE, "--preset"),
-    c("create-heads-not-dividing", lambda w: ["create", w / "m", "--hidden-size", 30, "--heads", 4], ONE,
+    c("create-heads-not-dividing", lambda w: ["create", w / "m", "--set", "hidden_size=30", "--set", "num_attention_heads=4"], ONE,
       "num_attention_heads"),
-    c("speed-not-a-model", lambda w: ["speed", w / "notes.txt"], ONE, "neither an export"),
-    c("speed-json-inside-the-model", lambda w: ["speed", w / "ttt", "--json", w / "ttt" / "config.json", "--force"],
+    c("bench-not-a-model", lambda w: ["bench", w / "notes.txt"], ONE, "neither an export"),
+    c("bench-json-inside-the-model", lambda w: ["bench", w / "ttt", "--json", w / "ttt" / "config.json", "--force"],
       ONE, "inside the input"),
-    c("speed-nothing", lambda w: ["speed"], ONE, "no PATH given"),
-    c("speed-negative-depth", lambda w: ["speed", w / "ttt", "--depth", -1], USAGE, "--depth"),
-    c("speed-zero-prefill", lambda w: ["speed", w / "ttt", "--pp", 0], USAGE, "--pp"),
-    c("bench-without-gpu", lambda w: ["bench", "--json", w / "b.json"], ONE, "CUDA"),
+    c("bench-nothing", lambda w: ["bench"], ONE, "no PATH given"),
+    c("bench-negative-depth", lambda w: ["bench", w / "ttt", "--depth", -1], USAGE, "--depth"),
+    c("bench-zero-prefill", lambda w: ["bench", w / "ttt", "--pp", 0], USAGE, "--pp"),
+    c("bench-cuda-without-gpu", lambda w: ["bench", w / "ttt", "--device", "cuda", "--json", w / "b.json"], ONE,
+      "no CUDA GPU"),
     # ---- malformed command lines: numeric options out of range, unknown options (exit 2)
     c("convert-ctx-zero", lambda w: ["convert", w / "ttt", w / "o", "--ctx", 0], USAGE, "--ctx"),
     c("convert-ctx-negative", lambda w: ["convert", w / "ttt", w / "o", "--ctx", -1], USAGE, "--ctx"),
@@ -498,8 +499,8 @@ CASES = [
     c("run-threads-negative", lambda w: ["run", w / "export", "--prompt", "x", "--threads", -2], USAGE, "--threads"),
     c("run-seed-negative", lambda w: ["run", w / "export", "--prompt", "x", "--seed", -3], USAGE, "--seed"),
     c("run-no-prompt", lambda w: ["run", w / "export"], USAGE, "--prompt"),
-    c("create-hidden-zero", lambda w: ["create", w / "m", "--hidden-size", 0], USAGE, "--hidden-size"),
-    c("create-layers-negative", lambda w: ["create", w / "m", "--layers", -1], USAGE, "--layers"),
+    c("create-hidden-zero", lambda w: ["create", w / "m", "--set", "hidden_size=0"], USAGE, "hidden_size"),
+    c("create-layers-negative", lambda w: ["create", w / "m", "--set", "num_hidden_layers=-1"], USAGE, "num_hidden_layers"),
     c("create-family", lambda w: ["create", w / "m", "--family", "rnn"], USAGE, "--family"),
     c("bench-seq-lens-zero", lambda w: ["bench", "--seq-lens", "0"], USAGE, "--seq-lens"),
     c("bench-seq-lens-text", lambda w: ["bench", "--seq-lens", "a,b"], USAGE, "--seq-lens"),

@@ -20,8 +20,8 @@ def run(*args, input=None):
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
     path = tmp_path_factory.mktemp("c") / "ttt"
-    result = run("create", path, "--family", "mlp", "--hidden-size", "32", "--share-qk", "--pre-conv",
-                 "--use-gate", "--mini-batch-size", "8")
+    result = run("create", path, "--family", "mlp", "--set", "hidden_size=32", "--set", "share_qk=true", "--set", "pre_conv=true",
+                 "--set", "use_gate=true", "--set", "mini_batch_size=8")
     assert result.exit_code == 0, result.output
     return path
 
@@ -151,7 +151,7 @@ def test_empty_text_is_an_error(ckpt, tmp_path):
 
 
 def test_small_vocabulary_without_tokenizer_needs_no_report(tmp_path):
-    assert run("create", tmp_path / "m", "--vocab-size", "100").exit_code == 0
+    assert run("create", tmp_path / "m", "--set", "vocab_size=100").exit_code == 0
     result = run("convert", tmp_path / "m", tmp_path / "out")
     assert result.exit_code == 1 and "--no-report" in result.output
     assert run("convert", tmp_path / "m", tmp_path / "out", "--no-report").exit_code == 0
@@ -302,7 +302,7 @@ def test_create_preset_builds_the_published_size_with_any_backbone(tmp_path):
     other presets' sizes are checked without building them."""
     from edgettt.config import PRESETS, ModelConfig
 
-    result = run("create", tmp_path / "m", "--preset", "125m", "--family", "mlp", "--share-qk", "--pre-conv")
+    result = run("create", tmp_path / "m", "--preset", "125m", "--family", "mlp", "--set", "share_qk=true", "--set", "pre_conv=true")
     assert result.exit_code == 0, result.output
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     assert (config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"],

@@ -15,7 +15,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("m")
-    assert run("create", root / "ttt", "--hidden-size", "32", "--mini-batch-size", "8").exit_code == 0
+    assert run("create", root / "ttt", "--set", "hidden_size=32", "--set", "mini_batch_size=8").exit_code == 0
     assert run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report").exit_code == 0
     return root
 

@@ -27,9 +27,9 @@ def root(tmp_path_factory):
     layers go through ONNX in tests/test_readme.py (the shipped 4-layer model, float and int4) and
     tests/test_bad_inputs.py (2 layers)."""
     root = tmp_path_factory.mktemp("export")
-    common = ("--hidden-size", "32", "--intermediate-size", "64", "--layers", "1", "--mini-batch-size", "8")
+    common = ("--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1", "--set", "mini_batch_size=8")
     assert run("create", root / "ttt-linear", *common).exit_code == 0
-    assert run("create", root / "ttt-mlp", "--family", "mlp", "--share-qk", "--pre-conv", "--use-gate",
+    assert run("create", root / "ttt-mlp", "--family", "mlp", "--set", "share_qk=true", "--set", "pre_conv=true", "--set", "use_gate=true",
                *common).exit_code == 0
     for family in ("linear", "mlp"):
         assert run("convert", root / f"ttt-{family}", root / family, "--form", "parallel", "--no-report").exit_code == 0
@@ -194,8 +194,8 @@ def test_the_runner_needs_neither_torch_nor_anything_beside_the_manifest(exporte
 def test_an_exporter_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
     """torch's exporter failing on a model (a bug, not bad input) ends in one line naming the graph, exit 1,
     and no output directory."""
-    assert run("create", tmp_path / "t", "--hidden-size", "16", "--intermediate-size", "32", "--layers", "1",
-               "--heads", "2").exit_code == 0
+    assert run("create", tmp_path / "t", "--set", "hidden_size=16", "--set", "intermediate_size=32", "--set", "num_hidden_layers=1",
+               "--set", "num_attention_heads=2").exit_code == 0
     assert run("convert", tmp_path / "t", tmp_path / "p", "--form", "parallel", "--no-report").exit_code == 0
 
     def fails(*args, **kwargs):
@@ -292,10 +292,10 @@ def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_p
     """`edgettt speed` on two exports (ONNX Runtime): every test of every export each repetition, the
     exports in turns; sizes, decode nodes and peak memory per export; the first export's ratio to
     itself is 1; the fp4 export's decode graph is smaller than the float one's."""
-    from edgettt.speed import count_nodes
+    from edgettt.benchmark import count_nodes
 
     float_dir, int4_dir = exported["linear-fp32"][1], exported["linear-fp4-int8-tensor-state"][1]
-    result = run("speed", float_dir, int4_dir, "--pp", "8", "--tg", "4", "--depth", "0,9", "-r", "2",
+    result = run("bench", float_dir, int4_dir, "--pp", "8", "--tg", "4", "--depth", "0,9", "-r", "2",
                  "--threads", "1", "--json", tmp_path / "s.json", "--markdown", tmp_path / "s.md")
     assert result.exit_code == 0, result.output
     data = json.loads((tmp_path / "s.json").read_text())
@@ -319,7 +319,7 @@ def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_p
 def test_speed_runs_every_sequence_of_a_batch_on_the_cpu_engines(exported, engine_kind):
     """`speed --batch 2` on the CPU: the prefill and each decode step take both sequences (the logits of
     the timed decode have two rows, and they differ: the sequences' random tokens differ)."""
-    from edgettt.speed import OnnxEngine, Test, TorchEngine, time_test
+    from edgettt.benchmark import OnnxEngine, Test, TorchEngine, time_test
 
     directory = exported["linear-fp32"][1]
     engine = OnnxEngine(str(directory), 1) if engine_kind == "onnxruntime" else TorchEngine(str(exported["linear-fp32"][0]), 1)

@@ -19,8 +19,8 @@ def run(*args):
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     root = tmp_path_factory.mktemp("q")
-    assert run("create", root / "ttt", "--hidden-size", "64", "--intermediate-size", "160",
-               "--mini-batch-size", "8", "--share-qk").exit_code == 0
+    assert run("create", root / "ttt", "--set", "hidden_size=64", "--set", "intermediate_size=160",
+               "--set", "mini_batch_size=8", "--set", "share_qk=true").exit_code == 0
     assert run("convert", root / "ttt", root / "la", "--form", "exact", "--no-report").exit_code == 0
     result = run("calibrate", root / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3",
                  "-o", root / "cal.st")
@@ -61,7 +61,7 @@ def test_quantize_bad_inputs(setup, tmp_path):
     result = run("quantize", la, tmp_path / "o", "--state", "int8-calibrated")
     assert result.exit_code == 1 and "needs a calibration" in result.output
     # a calibration made for another model
-    assert run("create", tmp_path / "t2", "--hidden-size", "64", "--seed", "9").exit_code == 0
+    assert run("create", tmp_path / "t2", "--set", "hidden_size=64", "--seed", "9").exit_code == 0
     assert run("convert", tmp_path / "t2", tmp_path / "la2", "--no-report").exit_code == 0
     result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8-calibrated", "--calib", setup / "cal.st")
     assert result.exit_code == 1 and "made for another model" in result.output

@@ -23,7 +23,7 @@ def run(*args):
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    run("create", root / "ttt", "--hidden-size", 32, "--intermediate-size", 64, "--mini-batch-size", 8)
+    run("create", root / "ttt", "--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "mini_batch_size=8")
     run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report")
     run("report", root / "par", "--weights", "int8,int4-rtn", "--state", "fp16", "--group-size", 32, "--ctx", 64,
         "--max-tokens", 400, "--data", "python-docs-sample", "--calib-data", "python-docs-sample", "-o", root / "r")

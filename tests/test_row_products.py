@@ -36,7 +36,7 @@ def build(kind: str, weights: str):
 
 def compiled_steps(model, batch: int, steps: int = 3):
     """(eager logits and state, compiled logits and state, dynamo's graphs) after a prefill of 10 tokens."""
-    from edgettt.speed import _copy_state
+    from edgettt.benchmark import _copy_state
 
     llama = not hasattr(model, "form")
     ids = torch.randint(0, 100, (batch, 10 + steps), generator=torch.Generator().manual_seed(0))
@@ -103,7 +103,7 @@ def test_row_products_are_the_default_only_where_they_were_measured_to_pay():
 
     from edgettt.config import PRESETS
     from edgettt.row_products import row_products_pay
-    from edgettt.speed import CudaOptions
+    from edgettt.benchmark import CudaOptions
 
     assert CudaOptions().row_products is None
     pays = {name: row_products_pay(SimpleNamespace(config=SimpleNamespace(**PRESETS[name]))) for name in ("125m", "760m")}

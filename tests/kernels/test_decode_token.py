@@ -119,7 +119,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     (S rounded at the commit: the same grid, up to a rounding flipped by float noise, hence 1e-4)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format
-    from edgettt.speed import _copy_state
+    from edgettt.benchmark import _copy_state
 
     model = tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1)
     model = (convert(model, "parallel", decay=0.7) if form == "decayed" else convert(model, form)).eval()

@@ -204,24 +204,3 @@ def test_int4_to_int8_matches_the_reference_and_its_bound(device, N, K, group):
     moved = (w8.cpu().float() * step.cpu()[:, None] - w4).abs()
     assert (moved <= step.cpu()[:, None] / 2 * (1 + 1e-5)).all()
     assert (step.cpu() <= scales.cpu().float().amax(-1) * 15 / 127 * (1 + 1e-6)).all()
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("N,K,group", [(40, 256, 64), (33, 192, 32), (24, 512, 128)])  # N not a tile; slices
-def test_the_gemv_benchmarks_variants_match_the_reference(device, N, K, group):
-    """benchmarks/bench_gemv.py's GEMV variants (timed against the shipped kernel there) compute the same
-    product (the dp4a variant: with x rounded to int8 a group, as its reference rounds it; under the
-    interpreter its dp4a is summed byte by byte, on a GPU it is the instruction): a wrong nibble order, group
-    or zero-point term fails them."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    import bench_gemv
-
-    weight = packed(N, K, group, device, seed=2)
-    x = torch.randn(1, K, generator=torch.Generator().manual_seed(3)).to(device)
-    for name, variant in bench_gemv.VARIANTS.items():
-        y = variant(x, *bench_gemv.in_layout(name, weight))
-        want = bench_gemv.REFERENCES.get(name, int4_matmul_ref)(x, *weight)  # (dp4a: x rounded to int8 first)
-        assert y.shape == (1, N) and rel_err(y.float(), want.float()) < 1e-5, name

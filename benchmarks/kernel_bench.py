@@ -1,4 +1,5 @@
-"""`edgettt bench`: the speed of the kernels against the references, measured in one run on CUDA.
+"""The kernel benchmark (`python benchmarks/kernel_bench.py --help`): the speed of the Triton kernels against
+the references, measured in one run on CUDA.
 
 Three groups of rows, each figure as time, tokens/s, bytes moved per second against the copy
 bandwidth measured in the same run, and a ratio against named references of the same run:
@@ -19,15 +20,19 @@ bandwidth measured in the same run, and a ratio against named references of the 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import platform
 import statistics
 import sys
 import time
 
+import click
 import torch
 
-from .kernels import decode, int4, int8, kernels_off, prefill
+from edgettt.cli import POSITIVE, int_list
+from edgettt.gpu_timing import copy_bandwidth, time_ms
+from edgettt.kernels import decode, int4, int8, kernels_off, prefill
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -37,33 +42,6 @@ def dtype_name(dtype: torch.dtype) -> str:
 
 
 # ---- timing ---------------------------------------------------------------------------------------
-
-def _event_ms(fn) -> float:
-    """One run of `fn` between CUDA events, in ms."""
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end)
-
-
-def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
-    """Median time of `fn` in ms. With `graph`, the replays of a captured CUDA graph (no launch
-    gaps: for microsecond kernels; the caller rotates inputs past L2). Otherwise fast functions go
-    through triton's do_bench (L2 flushed between runs) and slow ones (the torch references) are
-    timed with CUDA events, at least 3 runs."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
-    fn()
-    torch.cuda.synchronize()
-    if graph:
-        return do_bench_cudagraph(fn, rep=budget_ms, return_mode="median")
-    once = _event_ms(fn)
-    if once < budget_ms / 20:
-        return do_bench(fn, warmup=max(10.0, 5 * once), rep=budget_ms, return_mode="median")
-    return statistics.median(_event_ms(fn) for _ in range(max(3, min(10, int(budget_ms / once)))))
-
 
 def with_tf32(fn):
     """fn() with torch's float32 matmuls in TF32 (the switch restored after)."""
@@ -100,14 +78,6 @@ def warm_up(seconds: float = 2.0) -> None:
         for _ in range(20):
             a @ a
         torch.cuda.synchronize()
-
-
-def copy_bandwidth(n_bytes: int = 2 << 30) -> float:
-    """Device-to-device copy, bytes read + written per second: the ceiling every row is set against."""
-    src = torch.empty(n_bytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = time_ms(lambda: dst.copy_(src))
-    return 2 * n_bytes / (ms * 1e-3)
 
 
 def same_bytes_copy_ms(moved: int) -> float:
@@ -149,8 +119,8 @@ def prefill_inputs(B, H, T, d, b, dtype, device="cuda"):
 
 @functools.lru_cache(maxsize=None)
 def _scan_layer(H: int, d: int, b: int, device: str):
-    from .config import ModelConfig
-    from .ttt import TTTLayer
+    from edgettt.config import ModelConfig
+    from edgettt.ttt import TTTLayer
 
     return TTTLayer(ModelConfig(hidden_size=H * d, num_attention_heads=H, mini_batch_size=b)).to(device)
 
@@ -159,7 +129,7 @@ def ttt_scan(q, k, v, lr, S0, gamma, beta, eta, b):
     """The original layer's mini-batch scan (`TTTLayer._linear_step`) on the operator's inputs, fp32;
     returns the output and the state. (Its LN parameters are the layer's own: ones and zeros, as
     `prefill_inputs` makes gamma and beta.)"""
-    from .ops import segments
+    from edgettt.ops import segments
 
     B, H, T, d = q.shape
     layer = _scan_layer(H, d, b, str(q.device))
@@ -212,7 +182,7 @@ def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict
 
 def train_runs(B, H, T, d, b=16, device="cuda") -> dict:
     """name -> a function running one forward and backward (see train_rows)."""
-    from .kernels.train import exact_train
+    from edgettt.kernels.train import exact_train
 
     inputs = prefill_inputs(B, H, T, d, b, torch.float32, device)
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
@@ -332,7 +302,7 @@ LACT_760M = dict(hidden_size=1536, num_attn_heads=24, num_lact_heads=4, inter_mu
 
 
 def lact_config(**changes):
-    from .lact.config import LaCTConfig
+    from edgettt.lact.config import LaCTConfig
 
     return LaCTConfig(**{**LACT_760M, "lact_update_w0_w2": False, "lact_weight_norm": False, "form": "parallel",
                          **changes})
@@ -356,7 +326,7 @@ def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
 
 def initial_w0_w2(config, device):
     """A random initial W0 or W2 as the model draws it: dense, or low-rank factors (`LowRank`)."""
-    from .lact.model import LowRankFastWeight
+    from edgettt.lact.model import LowRankFastWeight
 
     H, d, dh, r = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim, config.w0_w2_low_rank
     if r <= 0:
@@ -387,8 +357,8 @@ def load_public_lact(path):
 def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cuda", **shape) -> dict:
     """name -> a function computing the fast-weight operator of one 760M-shaped LaCT layer (or one
     of another `shape`: LaCTConfig keys, for tests)."""
-    from .kernels import lact as lact_kernels
-    from .lact import fast_weights, linear_attention
+    from edgettt.kernels import lact as lact_kernels
+    from edgettt.lact import fast_weights, linear_attention
 
     config = lact_config(**shape)
     q, k, v, lr, gates, weights = lact_inputs(config, B, T, dtype, device)
@@ -503,7 +473,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
     """One decode token of a 760M-shaped LaCT layer's fast-weight state for B sequences: the feature
     map of q and k, then the state step (W1 read, the chunk's running sums read and written; at the
     chunk's last token also the momentum buffer and W1 written). States rotate past L2."""
-    from .kernels import lact as lact_kernels
+    from edgettt.kernels import lact as lact_kernels
 
     config = lact_config()
     H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim
@@ -543,7 +513,7 @@ GEMV_WAY_MAX_ROWS = 64  # up to here a GEMM row also times the GEMV kernel a row
 def weight_variants(N, K, dtype, group=64, gemm_variants=False, gemv_way=False) -> dict:
     """name -> (make a copy of the stored weight, matmul(x, copy), bytes of one copy, capturable in a
     CUDA graph)."""
-    from .quant.weight_formats import weight_format
+    from edgettt.quant.weight_formats import weight_format
 
     w = torch.randn(N, K, device="cuda") * 0.02
     dt_name = dtype_name(dtype)
@@ -674,3 +644,100 @@ def table(result: dict) -> str:
             cells += [f"{r[c]:.2f}x" if c in r else "" for c in ratio_cols]
             lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def shape_list(ctx, param, value):
+    """Comma-separated shapes AxB... with as many dimensions as the option's default has."""
+    dims = len(param.default.split(",")[0].split("x"))
+    example = param.default
+    try:
+        shapes = [tuple(int(n) for n in v.split("x")) for v in value.split(",") if v]
+    except ValueError:
+        shapes = None
+    if shapes is None or any(len(s) != dims or min(s) < 1 for s in shapes):
+        names = "NxK" if dims == 2 else "x".join("BHTd"[:dims])
+        raise click.BadParameter(f"{value!r}: expected {names} shapes, e.g. {example}")
+    return shapes
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--seq-lens", default="8192,32768", show_default=True, callback=int_list,
+              help="Prefill lengths T (comma-separated).")
+@click.option("--batch", default=4, show_default=True, type=POSITIVE, help="Prefill batch B.")
+@click.option("--heads", default=16, show_default=True, type=POSITIVE)
+@click.option("--head-dim", default=64, show_default=True, type=POSITIVE)
+@click.option("--dtype", type=click.Choice(["bf16", "fp16", "fp32"]), default="bf16", show_default=True)
+@click.option("--decode-batch", default="64,256", show_default=True, callback=int_list,
+              help="Sequences per decode step (comma-separated).")
+@click.option("--gemv", default="4096x4096,11008x4096", show_default=True, callback=shape_list,
+              help="Weight shapes NxK for the GEMV (M=1) and GEMM rows.")
+@click.option("--gemm-rows", default="2048", show_default=True, callback=int_list,
+              help="Rows M of the GEMM rows (comma-separated; e.g. 16,2048: a batch-16 decode step's products "
+                   "and a prefill block's). Up to 64 rows the GEMV kernel a row is timed too.")
+@click.option("--train", "train_shapes", default="256x4x512x48", show_default=True, callback=shape_list,
+              help="BxHxTxd shapes for the training rows (the tiny models' training step by default; '' skips).")
+@click.option("--lact-seq-lens", default="32768", show_default=True, callback=int_list,
+              help="LaCT rows (the public 760M layer shape): prefill lengths ('' skips LaCT).")
+@click.option("--lact-batch", default=1, show_default=True, type=POSITIVE, help="Batch of the LaCT prefill rows.")
+@click.option("--lact-code", default=None, type=click.Path(exists=True, dir_okay=True),
+              help="The public LaCT code's ttt_operation.py (or its folder): adds its compiled torch layer as rows, "
+                   "one for each matmul precision its caller may set (float32 weights as handed over, TF32, "
+                   "bf16 autocast), and takes ratios against the fastest.")
+@click.option("--no-references", is_flag=True, help="Skip the slow torch references (the kernels and fla only).")
+@click.option("--json", "json_path", default=None, type=click.Path(), help="Write every row here.")
+@click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the tables here.")
+@click.option("--force", is_flag=True, help="Overwrite the output files.")
+def main(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows, train_shapes, lact_seq_lens,
+          lact_batch, lact_code, no_references, json_path, md_path, force):
+    """Speed of the Triton kernels on a CUDA GPU against the references measured in the same run.
+
+    \b
+    prefill  one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
+             scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
+             flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
+    decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
+             S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
+             token, a commit, and the mean over a mini-batch of 16
+    weights  one token through a weight matrix (GEMV) and blocks of --gemm-rows tokens (GEMM): float
+             against edgettt's int8 and int4 kernels (each way of the GEMM: fused, W x^T, dequantize +
+             cuBLAS, int8 activations; up to 64 rows the GEMV kernel a row too), bitsandbytes NF4 and
+             LLM.int8 when installed
+    train    one TTT-Linear layer operator, forward and backward (fp32, tf32 dots): the exact-form
+             kernel with its backward against autograd through the mini-batch scan
+    lact     LaCT's fast-weight operator at the public 760M layer shape (4 heads of 384, chunks of
+             2048, momentum): the W1-only parallel form as kernels and in torch, the exact form in
+             torch, the public code's compiled layer (--lact-code; its fastest matmul mode is the
+             reference), fla at the same head dims; and its decode state step at each --decode-batch
+
+    Every row: time, tokens/s, bytes moved per second and its fraction of the device-to-device copy
+    bandwidth measured in the same run, and ratios against the references (x > 1: faster).
+    """
+    import torch
+
+    from edgettt.outputs import plan_outputs
+
+    json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"))
+    if not torch.cuda.is_available():
+        raise click.ClickException("benchmarks/kernel_bench.py needs a CUDA GPU (torch.cuda.is_available() is False); run it on a machine with one")
+    from edgettt.progress import bar
+
+    result = run(seq_lens, batch, heads, head_dim, DTYPES[dtype], decode_batch, gemv,
+                           references=not no_references, progress=lambda jobs: bar(jobs, desc="bench", unit="case"),
+                           train_shapes=train_shapes, lact_seq_lens=lact_seq_lens, lact_batch=lact_batch,
+                           lact_code=lact_code, gemm_rows=gemm_rows)
+    meta = result["meta"]
+    header = (f"{meta['device']}, torch {meta['torch']}, triton {meta['triton']}, copy ceiling "
+              f"{meta['copy_bandwidth_GBps']:.0f} GB/s; fla {meta['flash-linear-attention']}, "
+              f"bitsandbytes {meta['bitsandbytes']}")
+    tables = table(result)
+    click.echo(header + "\n" + tables)
+    if json_out:
+        with json_out.write() as tmp:
+            tmp.write_text(json.dumps(result, indent=2) + "\n")
+    if md_out:
+        with md_out.write() as tmp:
+            tmp.write_text(header + "\n" + tables + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,4 +1,4 @@
-"""`edgettt speed`'s worker processes: fresh (one a measurement, the CPU's default) or kept (one a path
+"""`edgettt bench`'s worker processes: fresh (one a measurement, the CPU's default) or kept (one a path
 for the run, CUDA's default: a model loads and its steps compile once). Checked on the CPU through the
 torch engine with a shipped model: the order records which process timed each measurement."""
 
@@ -8,21 +8,26 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from edgettt.benchmark import run, write
+from edgettt.benchmark import tests as bench_tests
 from edgettt.cli import cli
+from edgettt.errors import EdgetttError
+from edgettt.outputs import plan_outputs
 
 MODELS = ["ttt-linear-tiny", "ttt-linear-tiny-parallel"]
 
 
-def speed(tmp_path, *options):
-    out = tmp_path / f"speed{len(list(tmp_path.iterdir()))}.json"
-    result = CliRunner().invoke(cli, ["speed", *MODELS, "--pp", "8", "--tg", "3", "--depth", "0,5", "-r", "2",
+def bench(tmp_path, *options):
+    out = tmp_path / f"bench{len(list(tmp_path.iterdir()))}.json"
+    result = CliRunner().invoke(cli, ["bench", *MODELS, "--pp", "8", "--tg", "3", "--depth", "0,5", "-r", "2",
                                       "--threads", "1", "--json", str(out), *options])
     assert result.exit_code == 0, result.output
     return json.loads(out.read_text())
 
 
-def test_kept_workers_time_every_measurement_of_a_path_in_one_process(tmp_path):
-    data = speed(tmp_path, "--workers", "kept")
+def test_kept_workers_time_every_measurement_of_a_path_in_one_process():
+    """Kept workers (CUDA's way; on the CPU through the API, as the lab's studies ask for them)."""
+    data = run(MODELS, bench_tests([8], [3], [0, 5]), 2, threads=1, keep_workers=True)
     pids = {}
     for _, path, _, pid in data["order"]:
         pids.setdefault(path, set()).add(pid)
@@ -33,7 +38,7 @@ def test_kept_workers_time_every_measurement_of_a_path_in_one_process(tmp_path):
 
 
 def test_fresh_workers_are_the_cpu_default_one_process_a_measurement(tmp_path):
-    data = speed(tmp_path, "--depth", "0", "-r", "1")  # (fewer measurements: each starts a process)
+    data = bench(tmp_path, "--depth", "0", "-r", "1")  # (fewer measurements: each starts a process)
     assert len({o[3] for o in data["order"]}) == len(data["order"]) == 4
     assert data["meta"]["workers"] == "one a measurement"
 
@@ -46,17 +51,15 @@ def test_a_kept_worker_that_fails_ends_the_run_in_one_line(tmp_path):
     assert result.exit_code == 0, result.output
     weights = next(f for f in bad.iterdir() if f.suffix == ".safetensors")
     weights.write_bytes(weights.read_bytes()[:100])
-    result = CliRunner().invoke(cli, ["speed", MODELS[0], str(bad), "--pp", "8", "--tg", "2", "-r", "1",
-                                      "--workers", "kept"])
-    assert result.exit_code == 1 and "Traceback" not in result.output
-    assert str(bad) in result.output and len(result.output.strip().splitlines()) == 1
+    with pytest.raises(EdgetttError) as failed:
+        run([MODELS[0], str(bad)], bench_tests([8], [2], [0]), 1, keep_workers=True)
+    assert str(bad) in str(failed.value) and len(str(failed.value).splitlines()) == 1
 
 
 def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch):
     """The JSON and the table are rewritten after every repetition: a run whose worker fails in its second
     repetition ends in one line and leaves the first's results (the same files a whole run replaces)."""
-    from edgettt import speed as speed_module
-    from edgettt.errors import EdgetttError
+    from edgettt import benchmark as speed_module
 
     timed = speed_module.Workers.time
     calls = []
@@ -69,9 +72,10 @@ def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch
 
     monkeypatch.setattr(speed_module.Workers, "time", failing_in_the_second_repetition)
     out, md = tmp_path / "s.json", tmp_path / "s.md"
-    result = CliRunner().invoke(cli, ["speed", *MODELS, "--pp", "8", "--tg", "2", "-r", "3", "--workers", "kept",
-                                      "--threads", "1", "--json", str(out), "--markdown", str(md)])
-    assert result.exit_code == 1 and "simulated" in result.output and "Traceback" not in result.output
+    json_out, md_out = plan_outputs((out, "json", False, "--json"), (md, "markdown", False, "--markdown"))
+    with pytest.raises(EdgetttError, match="simulated"):
+        run(MODELS, bench_tests([8], [2], [0]), 3, threads=1, keep_workers=True,
+            partial=lambda so_far: write(so_far, json_out, md_out))
     data = json.loads(out.read_text())
     assert data["meta"]["repetitions"] == 1 and data["meta"]["repetitions_asked"] == 3
     assert len(data["order"]) == 4 and len(data["rows"]) == 4 and "ttt-linear-tiny" in md.read_text()
@@ -81,13 +85,13 @@ def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_kept_workers_on_cuda_time_compiled_steps_and_reset_the_peak_per_test(tmp_path):
-    """`speed --device cuda --compile` (kept workers, the default there): every measurement of a path in
+    """`bench --device cuda` (kept workers, the default there): every measurement of a path in
     one process; the transformer's peak at depth 4096 (its KV cache, 151 MB more) stays above its peak at
     depth 0, timed after it in the second repetition: the peak is each test's own, not the worker's
     high-water mark."""
     out = tmp_path / "s.json"
-    result = CliRunner().invoke(cli, ["speed", "llama:125m", "ttt-linear-tiny-parallel", "--device", "cuda",
-                                      "--compile", "--pp", "64", "--tg", "8", "--depth", "0,4096", "-r", "2",
+    result = CliRunner().invoke(cli, ["bench", "llama:125m", "ttt-linear-tiny-parallel", "--device", "cuda",
+                                      "--pp", "64", "--tg", "8", "--depth", "0,4096", "-r", "2",
                                       "--json", str(out)])
     assert result.exit_code == 0, result.output
     data = json.loads(out.read_text())

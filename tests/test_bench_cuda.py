@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from conftest import compiled_recording, rel_err
+from edgettt.errors import EdgetttError
 
 
 def test_the_transformer_baseline_decodes_as_it_prefills():
@@ -28,14 +29,15 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
 
     from edgettt.cli import cli
 
-    result = CliRunner().invoke(cli, ["speed", "llama:125m"])
+    result = CliRunner().invoke(cli, ["bench", "llama:125m"])
     assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
-    result = CliRunner().invoke(cli, ["speed", "llama:9m", "--device", "cuda"])
+    result = CliRunner().invoke(cli, ["bench", "llama:9m", "--device", "cuda"])
     assert result.exit_code == 1 and len(result.output.strip().splitlines()) == 1
-    for option in (["--compile"], ["--activations", "int8"], ["--row-products"], ["--no-row-products"], ["--no-token-kernel"], ["--no-fused-products"],
-                   ["--graph-prefill"]):  # no cuda
-        result = CliRunner().invoke(cli, ["speed", "ttt-linear-tiny-parallel", *option])
-        assert result.exit_code == 1 and "--device cuda" in result.output and "Traceback" not in result.output
+    from edgettt.benchmark import CudaOptions, run, tests
+
+    for options in (CudaOptions(compile=False), CudaOptions(activations="int8"), CudaOptions(graph_prefill=False)):
+        with pytest.raises(EdgetttError, match="--device cuda"):  # no cuda
+            run(["ttt-linear-tiny-parallel"], tests([8], [2], [0]), 1, cuda=options)
 
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
@@ -45,7 +47,7 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
     fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
     from edgettt.quant import QuantConfig, QuantLinear
-    from edgettt.speed import _copy_state
+    from edgettt.benchmark import _copy_state
 
     model = edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig(weights, 64))
     op = getattr(torch.ops.edgettt, f"{weights}_linear").default
@@ -79,7 +81,8 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 
     from edgettt import convert
     from edgettt.quant import apply_state_format
-    from edgettt.speed import _copy_state, compile_step
+    from edgettt.benchmark import _copy_state
+    from edgettt.fast_paths import compile_step
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     model = tiny_model(arch, seed=2, mini_batch_size=8)
@@ -125,7 +128,8 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
     from edgettt.kernels import kernels_off
     from edgettt.llama import Llama, LlamaConfig
     from edgettt.row_products import use_row_products
-    from edgettt.speed import _copy_state, capture_steps, compile_step
+    from edgettt.benchmark import _copy_state, capture_steps
+    from edgettt.fast_paths import compile_step
 
     form, *extras = form.split("+")
     rows = "rows" in extras
@@ -183,7 +187,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
 
 
 def test_the_cuda_table_says_how_the_models_ran():
-    from edgettt.speed import footer
+    from edgettt.benchmark import footer
 
     meta = {"device": "cuda", "gpu": "H200", "torch": "2", "triton": "3", "dtype": "bfloat16", "decode": "graphs",
             "peak": "allocated", "repetitions": 3, "batch": 1}
@@ -203,7 +207,7 @@ def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form
     the state an eager prefill of those ids leaves (the transformer: its cache, made outside the graph)."""
     from edgettt import convert
     from edgettt.llama import Llama, LlamaConfig
-    from edgettt.speed import capture_prefill
+    from edgettt.benchmark import capture_prefill
 
     if form == "llama":
         with torch.device("cuda"):
@@ -244,7 +248,7 @@ def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_s
     table's last column: a decode row against the copy bandwidth, a prefill row against the dense bf16 rate."""
     import edgettt
     from edgettt.quant import QuantConfig
-    from edgettt.speed import dense_bf16_flops, linear_parameters, table
+    from edgettt.benchmark import dense_bf16_flops, linear_parameters, table
 
     model = edgettt.load("ttt-linear-tiny-parallel")
     c = model.config
@@ -271,7 +275,7 @@ def test_a_steps_state_bytes_are_its_tensors_as_held(tiny_model, state_format):
     S is held on its grid in the model's float type, where the stored format keeps 1.5 bytes a value)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format
-    from edgettt.speed import state_bytes
+    from edgettt.benchmark import state_bytes
 
     model = convert(tiny_model("linear", seed=2, mini_batch_size=8), "parallel").eval()
     if state_format != "fp32":

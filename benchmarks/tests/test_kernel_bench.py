@@ -1,17 +1,23 @@
-"""`edgettt bench`: its refusals without a GPU and its tables (the timing itself runs on the GPU machine)."""
+"""benchmarks/kernel_bench.py: its refusals without a GPU and its tables (the timing itself runs on the GPU machine)."""
 
-import pytest
-import torch
-from click.testing import CliRunner
+import sys
+from pathlib import Path
 
-from conftest import rel_err
-from edgettt import bench
-from edgettt.cli import cli
+LAB = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
+
+from conftest import rel_err  # noqa: E402  (first: it sets up torch and Triton for the tests)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+import kernel_bench as bench  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_bench_without_cuda_is_a_one_line_error(tmp_path):
-    result = CliRunner().invoke(cli, ["bench", "--json", str(tmp_path / "b.json")])
+    result = CliRunner().invoke(bench.main, ["--json", str(tmp_path / "b.json")])
     assert result.exit_code == 1
     assert "needs a CUDA GPU" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "b.json").exists()
@@ -22,7 +28,7 @@ def test_bench_without_cuda_is_a_one_line_error(tmp_path):
                                           (["--gemv", "4096x4096x2"], "NxK shapes"),
                                           (["--train", "256x4x512"], "BxHxTxd shapes")])
 def test_bench_rejects_malformed_lists(args, message):
-    result = CliRunner().invoke(cli, ["bench", *args])
+    result = CliRunner().invoke(bench.main, [*args])
     assert result.exit_code == 2 and message in result.output
 
 
@@ -78,9 +84,7 @@ def test_the_public_layer_row_gets_the_operator_inputs_in_its_layout(tmp_path):
     """The row of the public code's layer (`--lact-code`) feeds it the same q, k, v, rates, gates and
     weights in its [B * heads, T, d] layout: a stand-in file whose `block_causal_lact_swiglu` is the
     tests' transcription of the public code, told to update W1 alone, computes the W1-only row's output."""
-    from pathlib import Path
-
-    tests = Path(__file__).resolve().parent
+    tests = LAB.parent / "tests"
     code = tmp_path / "ttt_operation.py"
     code.write_text(f"import sys\nsys.path.insert(0, {str(tests)!r})\nfrom lact_reference import block_causal\n\n\n"
                     "def block_causal_lact_swiglu(w0, w1, w2, q, k, v, lr0, lr1, lr2, chunk_size, use_muon, momentum):\n"

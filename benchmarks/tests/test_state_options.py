@@ -4,9 +4,13 @@ benchmarks/results/state_options.md)."""
 import sys
 from pathlib import Path
 
-import torch
+LAB = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the tests)
+
+import torch  # noqa: E402
+
 import state_options  # noqa: E402
 
 from edgettt.quant.state_formats import requantize_int8_state  # noqa: E402

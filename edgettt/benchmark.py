@@ -1,7 +1,7 @@
-"""`edgettt speed`: how many tokens a second a model prefills and decodes, in the manner of llama.cpp's
+"""`edgettt bench`: how many tokens a second a model prefills and decodes, in the manner of llama.cpp's
 llama-bench (batch 1 unless --batch).
 
-    edgettt speed exports/float exports/int4 --pp 512,4096 --tg 128 --depth 0,4096 -r 5
+    edgettt bench exports/float exports/int4 --pp 512,4096 --tg 128 --depth 0,4096 -r 5
 
 Each path is an export directory (timed through ONNX Runtime: the edge path), a model (a directory
 or a shipped name: timed through torch), or an onnxruntime-genai model folder (a transformer with its
@@ -15,25 +15,19 @@ On the CPU every measurement runs in a fresh worker process, one at a time: it l
 up on a short run of the same kind (the first runs of a session allocate and plan), and times the
 test, so that its peak resident memory is its own and a machine holds one model's peak at a time
 (workers kept alive side by side held every variant's memory arena at once: five 125m exports ran out
-of 24 GiB). On CUDA each path keeps one worker for the whole run (`Workers`, `--workers kept`): a
-model loads, and its steps compile, once (a fresh worker a measurement compiled again every time),
-every worker runs every test once untimed, side by side, before the timing, and the GPU's peak is
-reset before each test. The variants take turns: repetition r runs every test of every variant before repetition
-r + 1, so a drift of a shared machine falls on all of them alike. Reported per variant and test: the
-median tokens/s over the repetitions, the minimum and maximum, the ratio to the first path (taken
-per repetition, then the median), the peak resident memory, and the size on disk (and the decode
-graph's nodes, for an export). Token ids are random: speed does not depend on them.
+of 24 GiB). On CUDA each path keeps one worker for the whole run (`Workers`): a model loads, and its
+steps compile, once, every worker runs every test once untimed, side by side, before the timing, and
+the GPU's peak is reset before each test. The variants take turns: repetition r runs every test of every
+variant before repetition r + 1, so a drift of a shared machine falls on all of them alike. Reported per
+variant and test: the median tokens/s over the repetitions, the minimum and maximum, the ratio to the
+first path (taken per repetition, then the median), the peak resident memory, and the size on disk (and
+the decode graph's nodes, for an export). Token ids are random: speed does not depend on them.
 
-With `--device cuda` (`CudaEngine`) models run through torch on the GPU in bfloat16, decode replays
-CUDA graphs (`capture_steps`), the peak is the GPU memory allocated, and `llama:<preset>` is the
-same-size transformer of `edgettt.llama`; a model's projections of one input run as one GEMM (q/k/v,
-gate/up: `mixer.fuse_input_projections`), as the transformer's do. `--compile` compiles every model's decode step with
-torch.compile before it is captured (`compile_step`; int8 / int4 weights through their kernels as single
-operations in the graph; at batch 1 the float layers' products as products and sums inductor fuses,
-`row_products`, where the hidden size is at most 1024 (`--row-products/--no-row-products` to choose); each
-converted TTT-Linear layer's token, float or int8 state, in one kernel, `kernels.decode_token`, unless
-`--no-token-kernel`), `--activations int8` runs the
-quantized layers' prefill GEMMs on the int8 tensor cores (`CudaOptions`).
+With `--device cuda` (`CudaEngine`) models run through torch on the GPU as `edgettt.prepare` makes them
+(bfloat16, the fast paths of `fast_paths.py`, the decode step compiled), decode replays CUDA graphs
+(`capture_steps`) and a prefill is captured as one before it is timed; the peak is the GPU memory
+allocated, and `llama:<preset>` is the same-size transformer of `edgettt.llama`, prepared alike.
+`CudaOptions` turns the fast paths off one by one, for the lab's studies.
 """
 
 from __future__ import annotations
@@ -110,29 +104,26 @@ class TorchEngine:
 
 @dataclasses.dataclass(frozen=True)
 class CudaOptions:
-    """How `--device cuda` runs a model: `compile`, decode steps compiled by torch.compile (inductor
-    fuses each step's operations; edgettt's state kernels off inside, the int8 / int4 weight kernels as
-    opaque operations, `weight_formats.int4_linear`) before they are
-    captured; `activations`, the quantized int8 / int4 layers' prefill GEMMs with "int8" activations
-    (W8A8 / W4A8 on the int8 tensor cores, `quant.set_activations`) or "float" (weight-only);
-    `row_products`, with `compile`: a batch-1 step's float weight products as products and sums that
-    inductor fuses (`row_products.use_row_products`; every model, the transformer too: 1.27x both at 125m,
-    `benchmarks/results/compiled_decode_h200.md` run 7, 0.93x at 760m, run 10; None: where they pay,
-    `row_products.row_products_pay`, hidden size <= 1024); `token_kernel`, with `compile`: each converted
-    TTT-Linear layer's token (float or int8 state) in one kernel (`kernels.decode_token.use_token_kernel`;
-    1.38x at 125m, batch 1, `compiled_decode_h200.md` run 8; the int8 state 1.50x, run 9); `graph_prefill`:
-    a ppN test's prefill captured as a CUDA graph before each timing (untimed, after an eager prefill) and
-    timed as its replay, the host's launches out of the time as in decode (an eager batch-1 760m prefill
-    launches ~2,200 kernels and took 77 ms for 51 ms of kernels: `benchmarks/results/prefill_gpu_h200.md`
-    run 4); `fused_products`, with `compile`: a step's int4 products (at most GEMV_MAX_ROWS rows) each one GEMV
-    launch with the norm before it, SwiGLU's activation and the residual add (`fused_products.use_fused_products`)."""
+    """How `--device cuda` runs a model: the fast paths `edgettt.prepare` applies (`fast_paths.FastPaths`:
+    all on by default, the fastest way measured) and `graph_prefill`, a ppN test's prefill captured as a CUDA
+    graph before each timing (untimed, after an eager prefill) and timed as its replay, the host's launches
+    out of the time as in decode. The switches are for the lab's studies (benchmarks/); `edgettt bench`
+    runs the defaults."""
 
-    compile: bool = False
+    compile: bool = True
     activations: str = "float"
     row_products: bool | None = None
     token_kernel: bool = True
-    graph_prefill: bool = False
+    graph_prefill: bool = True
     fused_products: bool = True
+
+    def fast_paths(self):
+        """These options as `fast_paths.FastPaths` (imported here: a CPU worker timing an export runs without
+        torch, its peak memory its own)."""
+        from .fast_paths import FastPaths
+
+        return FastPaths(activations=self.activations, compile=self.compile, row_products=self.row_products,
+                         token_kernel=self.token_kernel, fused_products=self.fused_products)
 
 
 class CudaEngine:
@@ -155,30 +146,14 @@ class CudaEngine:
                 model = Llama(llama_config(path))
         else:
             from . import load
-            from .mixer import fuse_input_projections
-            from .quant import set_activations, stacked_projection
 
             model = load(path)
-            set_activations(model, self.options.activations)
-            fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
-        self.model = model.to("cuda", torch.bfloat16).eval()
-        if self.options.compile:
-            from .row_products import row_products_pay, use_row_products
+        from .fast_paths import prepare
 
-            if self.options.row_products or (self.options.row_products is None and row_products_pay(self.model)):
-                use_row_products(self.model)
-            if self.options.token_kernel:  # (the transformer has no layer that takes it)
-                from .kernels.decode_token import use_token_kernel
-
-                use_token_kernel(self.model)
-            if self.options.fused_products:
-                from .fused_products import use_fused_products
-
-                use_fused_products(self.model)
-            compile_step(self.model)
+        self.model = prepare(model, self.options.fast_paths())
         self.vocab = self.model.config.vocab_size
         self.graphs = None
-        self.prefill_graph = None  # (its input tensor, `CapturedPrefill`): --graph-prefill, `ready_prefill`
+        self.prefill_graph = None  # (its input tensor, `CapturedPrefill`): `ready_prefill`
         # a prefill's matmul FLOPs a token (the head multiplies the last token's only: left out)
         self.prefill_flops_per_token = 2 * linear_parameters(self.model, head=False)
 
@@ -198,7 +173,7 @@ class CudaEngine:
         return state
 
     def ready_prefill(self, ids) -> bool:
-        """With --graph-prefill: capture the prefill of ids' shape as a CUDA graph (not timed; after one
+        """With `graph_prefill`: capture the prefill of ids' shape as a CUDA graph (not timed; after one
         eager prefill, in which kernels autotune), so that `prefill` replays it. Returns whether it did."""
         if not self.options.graph_prefill:
             return False
@@ -258,36 +233,6 @@ def capture_prefill(model, ids, logits_from: int | None = None) -> CapturedPrefi
     return CapturedPrefill(graph, state)
 
 
-def compile_step(model) -> None:
-    """`model.step_in_place` (`step_in_place` on the model) compiled by torch.compile; trace (and capture)
-    it inside `kernels.kernels_off()`, so that the whole step is inductor's but for quantized weights'
-    matmuls, which run their kernels as single operations (`weight_formats.int8_linear`, `int4_linear`),
-    and the state's new values are written by the kernels that make them, not copied afterwards. A TTT
-    model's step compiles once for its first position, then once more for any position with and without
-    a commit (positions become symbolic)."""
-    import functools
-
-    import torch
-
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
-    model.step_in_place = torch.compile(functools.partial(step_in_place, model))
-
-
-def step_in_place(model, token, state, position: int | None):
-    """One decode step at `position` whose results land in `state`'s own tensors, as a CUDA graph must
-    leave them (the transformer's step writes its cache in place: `position` None). Returns the logits."""
-    from .model import State
-
-    if position is None:
-        return model.step(token, state)[0]
-    logits, new = model.step(token, State(position, [dict(layer) for layer in state.layers]))
-    for kept, layer in zip(state.layers, new.layers):  # results back into the state's tensors
-        for name, t in layer.items():
-            if t is not kept[name]:
-                kept[name].copy_(t)
-    return logits
-
-
 def capture_steps(model, state, start: int, batch: int):
     """(the graphs' token input [batch], the CUDA graphs of one decode step on `state`'s tensors): one
     graph for the transformer, one for each place in the mini-batch for a TTT model (graph i steps a
@@ -301,6 +246,8 @@ def capture_steps(model, state, start: int, batch: int):
     period = model.config.mini_batch_size if not is_llama_model(model) else None
     # the first position at each place in the mini-batch (the transformer: one graph, no position)
     positions = [None] if period is None else [start + (place - start) % period for place in range(period)]
+    from .fast_paths import step_in_place
+
     advance = getattr(model, "step_in_place", None) or functools.partial(step_in_place, model)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -496,7 +443,7 @@ def _worker(conn, path: str, threads: int | None, seed: int, device: str = "cpu"
     while (request := _next_request(conn)) is not None:
         kind, test = request
         if kind == "copy":  # the ceiling the decode rows are set against, measured while the GPU is idle
-            from .bench import copy_bandwidth
+            from .gpu_timing import copy_bandwidth
 
             conn.send((copy_bandwidth(),))
             continue
@@ -600,16 +547,15 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
 
     cuda = cuda or CudaOptions()
     if not paths:
-        raise EdgetttError("speed: no PATH given; give export directories (`edgettt export`) or models")
+        raise EdgetttError("bench: no PATH given; give export directories (`edgettt export`) or models")
     if cuda != CudaOptions() and device != "cuda":
-        raise EdgetttError("speed: --compile, --activations, --row-products/--no-row-products, --no-token-kernel and "
-                           "--graph-prefill choose how --device cuda runs models; add "
-                           "--device cuda (an export's int8 activations are chosen by `edgettt export --activations`)")
+        raise EdgetttError(f"bench: {cuda} chooses how --device cuda runs models; add --device cuda (an export's "
+                           "int8 activations are chosen by `edgettt export --activations`)")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise EdgetttError("speed --device cuda: no CUDA GPU (torch.cuda.is_available() is False); run it on "
+            raise EdgetttError("bench --device cuda: no CUDA GPU (torch.cuda.is_available() is False); run it on "
                                "a machine with one, or time on the CPU")
     for path in paths:
         if is_llama(path):
@@ -674,7 +620,7 @@ def run(paths: list[str], test_list: list[Test], repetitions: int = 5, threads: 
             workers.warm_up(test_list)
         if device == "cuda":
             ceiling = workers.copy_bandwidth(paths[0])
-        with bar(total=repetitions * len(paths) * len(test_list), desc="speed", unit="test") as progress:
+        with bar(total=repetitions * len(paths) * len(test_list), desc="bench", unit="test") as progress:
             for r in range(1, repetitions + 1):
                 for test in test_list:
                     for path in paths:

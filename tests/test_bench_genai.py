@@ -52,7 +52,7 @@ def tiny_genai_model(folder: Path, vocab: int = 64, hidden: int = 8, head: int =
 
 def test_speed_times_an_onnxruntime_genai_folder_beside_an_edgettt_model(tmp_path):
     tiny_genai_model(tmp_path / "anchor")
-    result = CliRunner().invoke(cli, ["speed", str(tmp_path / "anchor"), "ttt-linear-tiny-parallel", "--pp", "8",
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path / "anchor"), "ttt-linear-tiny-parallel", "--pp", "8",
                                       "--tg", "4", "--depth", "0,9", "-r", "1", "--threads", "1",
                                       "--json", str(tmp_path / "s.json")])
     assert result.exit_code == 0, result.output
@@ -68,6 +68,6 @@ def test_a_genai_folder_without_onnxruntime_genai_is_a_one_line_error(tmp_path, 
 
     tiny_genai_model(tmp_path / "anchor")
     monkeypatch.setitem(sys.modules, "onnxruntime_genai", None)  # as if not installed
-    result = CliRunner().invoke(cli, ["speed", str(tmp_path / "anchor"), "--pp", "8", "--tg", "4"])
+    result = CliRunner().invoke(cli, ["bench", str(tmp_path / "anchor"), "--pp", "8", "--tg", "4"])
     assert result.exit_code != 0 and "pip install onnxruntime-genai" in result.output
     assert "Traceback" not in result.output

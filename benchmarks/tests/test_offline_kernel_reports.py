@@ -6,10 +6,12 @@ Compiling needs no GPU, but takes minutes: the scripts themselves are run by han
 import sys
 from pathlib import Path
 
-import pytest
+LAB = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
+import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the tests)
+
+import pytest  # noqa: E402
 
 import gemv_instruction_counts  # noqa: E402
 import kernel_resources  # noqa: E402
