@@ -242,12 +242,12 @@ def capture_steps(model, state, start: int, batch: int):
 
     import torch
 
+    from .fast_paths import step_in_place
+
     token = torch.zeros(batch, dtype=torch.long, device="cuda")
     period = model.config.mini_batch_size if not is_llama_model(model) else None
     # the first position at each place in the mini-batch (the transformer: one graph, no position)
     positions = [None] if period is None else [start + (place - start) % period for place in range(period)]
-    from .fast_paths import step_in_place
-
     advance = getattr(model, "step_in_place", None) or functools.partial(step_in_place, model)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())

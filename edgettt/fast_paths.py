@@ -40,19 +40,12 @@ def prepare(model: torch.nn.Module, config: FastPaths | None = None, device: str
     from .quant import set_activations, stacked_projection
 
     config = config or FastPaths()
-    if not _is_llama(model):
-        set_activations(model, config.activations)
-        fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
+    set_activations(model, config.activations)  # (the Llama has no quantized layer and its projections are fused)
+    fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
     model = model.to(device, config.dtype).eval()
     if config.compile:
         _prepare_compiled_step(model, config)
     return model
-
-
-def _is_llama(model) -> bool:
-    from .llama import Llama
-
-    return isinstance(model, Llama)
 
 
 def _prepare_compiled_step(model, config: FastPaths) -> None:
