@@ -1,6 +1,6 @@
 """Continue a shipped parallel form's distillation at mixed window lengths, and measure bits per byte at
-each length before and after (issue 23, item 1; `edgettt convert --distill --distill-ctx` does the same
-from a fresh conversion).
+each length before and after (`edgettt convert --distill ctx=512/2048/8192` does the same from a fresh
+conversion).
 
     python benchmarks/mixed_distill.py --teacher ttt-mlp-tiny --student ttt-mlp-tiny-parallel \
         --lengths 512,2048,8192 --steps 36 --lr 1e-4 --json benchmarks/results/mixed_distill_cpu.json

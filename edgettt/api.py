@@ -5,7 +5,7 @@
     cal = edgettt.calibrate(fast, "python-docs:train", seq_len=512, samples=4)
     q = edgettt.quantize(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
     result = edgettt.evaluate(q, "python-docs", ctx=512, ref=fast)     # .ppl, .bits_per_byte, .drift
-    result = edgettt.report(model, "report/", weights=["int8", "int4-gptq"], ctx=512)
+    result = edgettt.report(model, "report/", weights=["int8", "int4-gptq-g64"], ctx=512)
     exported = edgettt.export(parallel_model, "onnx/")                 # .path, .manifest, .runner()
     edgettt.save(q, "q4/")
 
@@ -139,12 +139,13 @@ class Report:
 
 
 def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:train",
-           weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn", "int4-gptq", "nf4"),
-           states=("int8", "int8-calibrated", "int8-tensor", "fp16"), group_size: int = 64, form: str = "exact", ctx: int = 2048,
+           weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn-g64", "int4-gptq-g64", "nf4-b64"),
+           states=("int8", "int8-calibrated", "int8-tensor", "fp16"), form: str = "exact", ctx: int = 2048,
            max_tokens: int = 100_000, skip=(), fallback: str = "int8", onnx: bool = False,
            force: bool = False, log=print) -> Report:
     """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure
-    each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`."""
+    each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`.
+    `weights` are variant names as `edgettt quantize --weights` takes them (int4-gptq-g64)."""
     from .outputs import Output
     from .quant.apply import skip_patterns
     from .reporting import build_report, variants, write
@@ -153,7 +154,7 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
     data_text, calibration_text = _text(text), _text(calib_text)
     with planned.write() as tmp:
         data = build_report(model, getattr(model, "name", "model"), data_text, calibration_text,
-                            variants(list(weights), list(states), group_size, skip_patterns(skip), fallback), ctx,
+                            variants(list(weights), list(states), skip_patterns(skip), fallback), ctx,
                             max_tokens, form, onnx=onnx, log=log)
         write(data, tmp)
     return Report(Path(out), data)

@@ -23,6 +23,12 @@ from .errors import EdgetttError
 
 
 RENAMED_COMMANDS = {"speed": "bench"}  # old name -> new: the old one still runs, with a note
+MOVED_OPTIONS = {  # an option that left a command -> where its setting went (said beside click's error)
+    "--steps": "--distill steps=N", "--lr": "--distill lr=X", "--batch": "--distill batch=N",
+    "--minutes": "--distill minutes=M", "--distill-ctx": "--distill ctx=N/N", "--hard-weight": "--distill hard_weight=W",
+    "--pool": "--distill pool=N", "-o": "the output is the command's last argument, OUT",
+    "--output": "the output is the command's last argument, OUT", "--keep-exports": "edgettt.report(..., ) in Python "
+    "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)"}
 
 
 class Group(click.Group):
@@ -35,6 +41,10 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except click.NoSuchOption as exc:
+            if exc.option_name in MOVED_OPTIONS:
+                exc.message += f" ({exc.option_name} moved: {MOVED_OPTIONS[exc.option_name]})"
+            raise
         except EdgetttError as exc:
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:  # `edgettt ... | head`: the reader left; nothing to say to it
@@ -54,6 +64,21 @@ class FiniteFloat(click.FloatRange):
         if not math.isfinite(rv):
             self.fail(f"{rv} is not a finite number.", param, ctx)
         return rv
+
+
+class WeightVariant(click.ParamType):
+    """A weight variant's name, FORMAT[-METHOD][-gGROUP] (`quant.config.weight_variant`), read when used."""
+
+    name = "VARIANT"
+
+    def convert(self, value, param, ctx):
+        from .quant.config import weight_variant
+
+        try:
+            weight_variant(value)
+        except EdgetttError as exc:
+            self.fail(str(exc).split(": ", 1)[1], param, ctx)
+        return value
 
 
 class RegistryChoice(click.Choice):
@@ -176,16 +201,18 @@ def cli(no_progress):
     edgettt create OUT            a random TTT checkpoint, to try the pipeline
     edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
     edgettt eval MODEL            perplexity, bits per byte, drift against a reference
-    edgettt calibrate MODEL -o F  statistics for quantization (layer inputs, the state)
+    edgettt calibrate MODEL OUT   statistics for quantization (layer inputs, the state)
     edgettt quantize MODEL OUT    4/8-bit weights, int8/fp16 state
-    edgettt report [MODEL]        the whole chain: the accuracy-vs-bits table
+    edgettt report [MODEL] [OUT]  the whole chain: the accuracy-vs-bits table
     edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
-    edgettt run OUT --prompt P    generate with onnxruntime and numpy only (no torch)
+    edgettt run EXPORT --prompt P generate with onnxruntime and numpy only (no torch)
     edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
     edgettt bench PATH...         tokens/s (prefill, decode at depth) of exports or models, llama-bench style
 
     MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
-    ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms).
+    ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms), lact-tiny,
+    lact-w1-tiny (LaCT, SwiGLU and linear fast weights). Data (TEXT) defaults differ by purpose:
+    python-docs:train to calibrate and distil on, python-docs (its held-out test part) to measure.
 
     Exit codes: 0 done; 1 bad input or a failed run (one line on stderr); 2 a malformed command line.
     """
@@ -254,28 +281,16 @@ def create(out, family, preset, settings, seed, weights_format, force):
               help="With --distill: text the report measures on [default: python-docs-sample].")
 @click.option("--ctx", default=256, show_default=True, type=POSITIVE, help="Tokens per measured (and distillation) window.")
 @click.option("--max-tokens", default=4096, show_default=True, type=POSITIVE, help="Measure at most this many tokens.")
-@click.option("--distill", is_flag=True, help="Tune the converted model towards the original on --data.")
-@click.option("--steps", default=300, show_default=True, type=POSITIVE, help="Distillation steps.")
-@click.option("--minutes", default=None, type=FiniteFloat(min=0, min_open=True),
-              help="Also end the distillation after this many minutes (the learning-rate schedule follows the clock).")
-@click.option("--lr", default=1e-3, show_default=True, type=FiniteFloat(min=0, min_open=True),
-              help="Distillation learning rate.")
-@click.option("--batch", default=32, show_default=True, type=click.IntRange(1),
-              help="Distillation windows a step (of the longest --distill-ctx; shorter ones get as many tokens).")
-@click.option("--distill-ctx", default=None, callback=lambda c, p, v: None if v is None else int_list(c, p, v),
-              help="Distillation window lengths, comma-separated, trained at in turn (mixed lengths: one model for "
-                   "every context) [default: --ctx].")
-@click.option("--hard-weight", default=0.0, show_default=True, type=FiniteFloat(0, 1),
-              help="Share of the plain next-token loss on --data in the distillation loss (the rest: KL to SRC).")
-@click.option("--pool", default=0, show_default=True, type=click.IntRange(0),
-              help="With --distill: the original's logits of this many batches a length computed first and reused "
-                   "in turn (0: a forward of the original every step). For a slow original (TTT-MLP): steps then "
-                   "cost the converted model's alone.")
+@click.option("--distill", "distill_spec", is_flag=False, flag_value="", default=None, metavar="[SETTINGS]",
+              help="Tune the converted model towards the original on --data. SETTINGS (optional): comma-separated "
+                   "KEY=VALUE of steps (300), lr (1e-3), batch (32 windows a step), ctx (window lengths trained at "
+                   "in turn, e.g. 512/2048 [--ctx]), minutes (also stop after), hard_weight (share of the plain "
+                   "next-token loss, 0), pool (the original's logits of this many batches a length reused, 0: "
+                   "for a slow original); e.g. --distill steps=3000,lr=3e-4,ctx=512/2048.")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill, steps, minutes, lr, batch, distill_ctx,
-            hard_weight, pool, no_report, as_json, force):
+def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spec, no_report, as_json, force):
     """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
     model in OUT.
 
@@ -292,6 +307,8 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill, st
 
     if decay is not None and form != "parallel":
         raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
+    distill = distill_spec is not None
+    settings = distill_settings(distill_spec) if distill else None
     out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
@@ -303,14 +320,16 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill, st
     if distill:
         from .distill import distill as run_distill
 
-        lengths = distill_ctx or [ctx]
-        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=steps, lr=lr,
-                             ctx=lengths, batch=batch, hard_weight=hard_weight, minutes=minutes, pool=pool)
+        lengths = list(settings.ctx) or [ctx]
+        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=settings.steps,
+                             lr=settings.lr, ctx=lengths, batch=settings.batch, hard_weight=settings.hard_weight,
+                             minutes=settings.minutes, pool=settings.pool)
         # the longest context it was tuned at (config.json: kept by quantize, export)
         converted.config.extra["distilled_ctx"] = max(lengths)
-        distilled = {"train_text": train_text.fingerprint(), "steps_asked": steps, "minutes": minutes,
-                     "steps": len(losses), "lr": lr, "ctx": lengths if len(lengths) > 1 else lengths[0],  # fewer steps than asked when --minutes ended it
-                     "batch": batch, "hard_weight": hard_weight, "pool": pool,
+        distilled = {"train_text": train_text.fingerprint(), "steps_asked": settings.steps,
+                     "minutes": settings.minutes, "steps": len(losses),  # fewer than asked when minutes ended it
+                     "lr": settings.lr, "ctx": lengths if len(lengths) > 1 else lengths[0], "batch": settings.batch,
+                     "hard_weight": settings.hard_weight, "pool": settings.pool,
                      "loss_first": losses[0], "loss_last": losses[-1]}
         if not no_report:
             distilled["before"] = report
@@ -333,6 +352,16 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill, st
                    f"{distilled['loss_last']:.4f}):")
     if "form" in report:
         click.echo(format_conversion_report(report))
+
+
+def distill_settings(spec: str):
+    """`--distill`'s SETTINGS as a `DistillSettings`, or a one-line error naming the option."""
+    from .distill import DistillSettings
+
+    try:
+        return DistillSettings.parse(spec)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--distill'") from None
 
 
 def format_conversion_report(r: dict) -> str:
@@ -358,6 +387,7 @@ def format_conversion_report(r: dict) -> str:
 @cli.command()
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
+@click.argument("output", metavar="OUT", type=click.Path())
 @click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
               help="Sample text (see `edgettt eval --help` for the forms TEXT takes).")
 @click.option("--seq-len", default=2048, show_default=True, type=POSITIVE,
@@ -366,10 +396,9 @@ def format_conversion_report(r: dict) -> str:
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Which windows are drawn.")
 @click.option("--percentile", default=99.99, show_default=True, type=FiniteFloat(0, 100, min_open=True),
               help="Clipping percentile of the state scales.")
-@click.option("-o", "--output", required=True, type=click.Path(), help="Calibration file to write.")
-@click.option("--force", is_flag=True, help="Overwrite the output.")
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def calibrate(model_path, data, seq_len, samples, seed, percentile, output, force):
-    """Record what quantization needs from a converted MODEL (or a LaCT model) on sample text: the input
+    """Record in the file OUT what quantization needs from a converted MODEL (or a LaCT model) on sample text: the input
     statistics of every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes
     along the positions (LaCT: how far the fast weights kept between chunks move from their initial
     values), with the chosen int8 state scales."""
@@ -378,8 +407,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     from .data import read_text
     from .outputs import Output
 
-    out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)],
-                      option="--output")
+    out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)])
     text = read_text(data)
     model = load(model_path)
     cal = run_calibration(model, text, seq_len, samples, seed, percentile)
@@ -396,12 +424,12 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("out", type=click.Path())
-@click.option("--weights", type=RegistryChoice(_names("weight_formats", "WEIGHT_FORMATS", ("none",))), default="int8",
-              show_default=True, help="bnb-int8: bitsandbytes' LLM.int8 (outlier columns in fp16).")
-@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), default="64", show_default=True,
-              help="int4: group along the input dim; nf4/fp4: bitsandbytes block size.")
-@click.option("--method", type=RegistryChoice(_names("weight_formats", "METHODS")), default="rtn", show_default=True,
-              help="int4, int8: round to nearest, or GPTQ error feedback (needs --calib).")
+@click.option("--weights", default="int8", show_default=True, type=WeightVariant(),
+              help="FORMAT[-METHOD][-gGROUP]: int8, int8-gptq, int4-rtn-g64, int4-gptq-g32 (gptq: error feedback, "
+                   "needs --calib; g: the group along the input), nf4-b64, fp4-b64 (bitsandbytes' codebooks, "
+                   "blocks of 64), bnb-int8 (LLM.int8), float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
+@click.option("--group-size", hidden=True, default=None, help="Old spelling: the group is part of --weights.")
+@click.option("--method", hidden=True, default=None, help="Old spelling: the method is part of --weights.")
 @click.option("--state", type=RegistryChoice(_names("state_formats", "STATE_FORMATS")), default="fp32", show_default=True,
               help="int8: 12 bits a value in two codes (1.5 bytes), a step per row recomputed at every commit, "
                    "the open mini-batch's keys and values in float16 in place of A (about a third of the float state: 32% for ttt-linear-tiny); "
@@ -423,13 +451,18 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     from .outputs import Output
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
-    from .quant.config import QuantConfig
+    from .quant.config import QuantConfig, weight_variant
 
+    fmt, chosen_method, group = weight_variant(weights)
+    if method or group_size:  # the old spelling: --weights int4 --method gptq --group-size 32
+        chosen_method, group = method or chosen_method, int(group_size or group)
+        click.echo(f"note: --method and --group-size are now part of --weights (e.g. int4-gptq-g32)", err=True)
     out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
-    config = QuantConfig(weights=weights, group_size=int(group_size), method=method, state=state,
+    config = QuantConfig(weights=fmt, group_size=group, method=chosen_method, state=state,
                          skip=skip_patterns(skip, quantize_lm_head), fallback=fallback)
     if config.needs_calibration() and not calib:
-        raise EdgetttError(f"--method {method} --state {state} needs a calibration: run `edgettt calibrate` and pass --calib")
+        raise EdgetttError(f"--weights {config.variant} --state {state} needs a calibration: run `edgettt calibrate` "
+                           "and pass --calib")
     model = load(model_path)
     cal = Calibration.load(calib) if calib else None
     before = weight_bits(model)
@@ -442,24 +475,25 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     rows = quantize_model(model, config, cal, report=line, source=str(calib), name=str(model_path))
     misfits = sum(row["fallback"] for row in rows)
     if misfits:
-        click.echo(f"{misfits} layers cannot be {weights} in groups of {group_size} (input size not a multiple): "
+        click.echo(f"{misfits} layers cannot be {config.variant} (input size not a multiple of {group}): "
                    f"kept in {fallback} (--fallback)", err=True)
     save_model(model, out)
     after = weight_bits(model)
     click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
-               f"{after['bits_per_weight']:.2f} bits per weight; state {state}")
+               f"{after['bits_per_weight']:.2f} bits per weight ({config.variant}); state {state}")
 
 
 @cli.command()
 @torch_threads
 @click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
+@click.argument("output", metavar="[OUT]", required=False, default="edgettt-report", type=click.Path())
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
-@click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn,int4-gptq,nf4", show_default=True,
-              help="Comma-separated weight variants: int8, int8-gptq, int4-rtn, int4-gptq, nf4, fp4, bnb-int8.")
+@click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn-g64,int4-gptq-g64,nf4-b64",
+              show_default=True, help="Comma-separated weight variants, spelt as `edgettt quantize --weights` takes "
+                                      "them (int4-gptq-g32, fp4-b128, ...).")
 @click.option("--state", "state_list", default="int8,int8-calibrated,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
-@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), default="64", show_default=True)
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="Form to convert a TTT checkpoint to.")
 @click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
@@ -472,27 +506,26 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
               help="Format of a layer a variant's format cannot take; refuse: stop before any work.")
 @click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
                                            "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
-@click.option("--keep-exports", is_flag=True, help="With --onnx: keep each variant's export in OUTPUT/exports/.")
-@click.option("-o", "--output", default="edgettt-report", show_default=True, type=click.Path())
-@click.option("--force", is_flag=True, help="Overwrite the output directory.")
-def report(model_path, data, calib_data, weights_list, state_list, group_size, form, ctx, max_tokens, skip, fallback,
-           onnx, keep_exports, output, force):
+@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+def report(model_path, output, data, calib_data, weights_list, state_list, form, ctx, max_tokens, skip, fallback,
+           onnx, force):
     """Convert, calibrate, quantize every variant and measure each against the float model: the
-    accuracy-vs-bits table (printed; report.json/.csv/.md and PNG plots in the output directory).
-    With no MODEL, runs on the shipped ttt-linear-tiny."""
+    accuracy-vs-bits table (printed; report.json/.csv/.md/.html and PNG plots in the directory OUT,
+    edgettt-report unless given). With no MODEL, runs on the shipped ttt-linear-tiny."""
     from . import load
     from .data import read_text
     from .outputs import Output
-    from .reporting import build_report, parse_weight_variant, table, variants, write
+    from .quant.config import weight_variant
+    from .reporting import build_report, table, variants, write
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
-        parse_weight_variant(w)
+        weight_variant(w)
     states = [s.strip() for s in state_list.split(",") if s.strip()]
     for s in states:
         if s not in (known := _names("state_formats", "STATE_FORMATS")()):
             raise EdgetttError(f"--state: unknown variant {s!r}; use {', '.join(known)}")
-    out = Output.plan(output, "report", force, option="--output",
+    out = Output.plan(output, "report", force,
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
     text, calib_text = read_text(data), read_text(calib_data)
     model = load(model_path)
@@ -501,13 +534,12 @@ def report(model_path, data, calib_data, weights_list, state_list, group_size, f
         from .quant.apply import skip_patterns
 
         result = build_report(model, str(model_path), text, calib_text,
-                              variants(names, states, int(group_size), skip_patterns(skip), fallback), ctx,
-                              max_tokens, form, onnx=onnx, log=click.echo,
-                              keep_exports=tmp / "exports" if onnx and keep_exports else None)
+                              variants(names, states, skip_patterns(skip), fallback), ctx, max_tokens, form,
+                              onnx=onnx, log=click.echo)
         write(result, tmp)
     click.echo(table(result))
     click.echo(f"wrote {output}/report.json, report.csv, report.md, report.html, accuracy_vs_size.png, "
-               "kld_by_position.png" + (", exports/" if onnx and keep_exports else ""))
+               "kld_by_position.png")
     if result["failed"]:
         failures = "; ".join(f"{f['variant']}: {f['error']}" for f in result["failed"])
         raise EdgetttError(f"{len(result['failed'])} variants failed ({failures}); the report in {output} holds the "

@@ -8,6 +8,7 @@ Runs on the GPU when there is one, else on the CPU.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -20,6 +21,51 @@ from .cuda_graph import graphed
 from .evaluation import best_device
 from .model import CausalLM
 from .progress import bar
+
+
+@dataclasses.dataclass(frozen=True)
+class DistillSettings:
+    """How `distill` tunes, as `edgettt convert --distill SETTINGS` spells it: comma-separated KEY=VALUE,
+    e.g. `steps=3000,lr=3e-4,ctx=512/2048,pool=24` (the keys left out keep these defaults)."""
+
+    steps: int = 300  # optimiser steps
+    lr: float = 1e-3  # peak learning rate (cosine decay to 0)
+    batch: int = 32  # windows a step, of the longest ctx (shorter ones get as many tokens)
+    ctx: tuple[int, ...] = ()  # window lengths trained at in turn, `/`-separated (none: the measured context)
+    minutes: float | None = None  # also end after this many minutes (the schedule follows the clock)
+    hard_weight: float = 0.0  # share of the plain next-token loss on the text (the rest: KL to the original)
+    pool: int = 0  # the original's logits of this many batches a length computed first and reused (0: every step)
+
+    def __post_init__(self):
+        checks = {"steps": self.steps >= 1, "lr": math.isfinite(self.lr) and self.lr > 0, "batch": self.batch >= 1,
+                  "ctx": all(n >= 1 for n in self.ctx), "minutes": self.minutes is None or
+                  (math.isfinite(self.minutes) and self.minutes > 0), "hard_weight": 0 <= self.hard_weight <= 1,
+                  "pool": self.pool >= 0}
+        for key, ok in checks.items():
+            if not ok:
+                value = getattr(self, key)
+                value = "/".join(map(str, value)) if key == "ctx" else value
+                raise ValueError(f"{key}={value} is out of range (steps, batch, ctx >= 1; lr, minutes "
+                                 "> 0; hard_weight in [0, 1]; pool >= 0)")
+
+    @classmethod
+    def parse(cls, spec: str) -> "DistillSettings":
+        """From `steps=300,lr=1e-3,ctx=512/2048`; a ValueError names the part it cannot read."""
+        kinds = {"steps": int, "lr": float, "batch": int, "minutes": float, "hard_weight": float, "pool": int}
+        values = {}
+        for part in filter(None, (p.strip() for p in spec.split(","))):
+            key, eq, raw = part.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or key not in (*kinds, "ctx"):
+                raise ValueError(f"{part!r} is not KEY=VALUE with KEY one of {', '.join((*kinds, 'ctx'))}")
+            try:
+                values[key] = (tuple(int(n) for n in raw.split("/")) if key == "ctx" else kinds[key](raw))
+            except ValueError:
+                raise ValueError(f"{part!r}: {raw!r} is not a number") from None
+        return cls(**values)
+
+    def to_dict(self) -> dict:
+        return {**dataclasses.asdict(self), "ctx": list(self.ctx)}
 
 
 def kl_loss(teacher_logits: torch.Tensor, student_logits: torch.Tensor) -> torch.Tensor:

@@ -22,8 +22,7 @@ from .model import CausalLM
 from .progress import bar
 from .quant.apply import layer_formats, quantize_model
 from .quant.calibration import calibrate
-from .quant.config import DEFAULT_SKIP, QuantConfig
-from .quant.weight_formats import METHODS, WEIGHT_FORMATS, weight_format
+from .quant.config import DEFAULT_SKIP, QuantConfig, weight_variant
 
 
 @dataclasses.dataclass
@@ -37,34 +36,18 @@ class Variant:
 
     @property
     def name(self) -> str:
-        w = "float" if self.weights == "none" else weight_format(self.weights).label(self.method, self.group_size)
-        return f"w-{w} s-{self.state}"
+        return f"w-{self.config().variant} s-{self.state}"
 
     def config(self) -> QuantConfig:
         return QuantConfig(self.weights, self.group_size, self.method, self.state, skip=self.skip,
                            fallback=self.fallback)
 
 
-def weight_variant_names() -> list[str]:
-    """What `--weights` of `edgettt report` takes: a format's name, or NAME-METHOD."""
-    return [name + suffix for name, fmt in WEIGHT_FORMATS.items() for suffix in ("", *(f"-{m}" for m in fmt.methods))
-            if suffix != "-rtn" or len(fmt.methods) > 1]
-
-
-def parse_weight_variant(text: str) -> tuple[str, str]:
-    """"int4-gptq" -> ("int4", "gptq"); "int8" -> ("int8", "rtn")."""
-    if text not in weight_variant_names():
-        raise EdgetttError(f"--weights: unknown variant {text!r}; use {', '.join(weight_variant_names())}")
-    for method in METHODS:
-        if text.endswith(f"-{method}"):
-            return text[:-len(method) - 1], method
-    return text, "rtn"
-
-
-def variants(weights: list[str], states: list[str], group_size: int, skip: tuple[str, ...] = DEFAULT_SKIP,
+def variants(weights: list[str], states: list[str], skip: tuple[str, ...] = DEFAULT_SKIP,
              fallback: str = "int8") -> list[Variant]:
-    """Every weight format with a float state, then every state format with float weights."""
-    out = [Variant(*parse_weight_variant(w), group_size, skip=skip, fallback=fallback) for w in weights]
+    """Every weight variant (a name `quant.config.weight_variant` reads: int4-gptq-g64) with a float
+    state, then every state format with float weights."""
+    out = [Variant(*weight_variant(w), skip=skip, fallback=fallback) for w in weights]
     out += [Variant("none", state=s, skip=skip, fallback=fallback) for s in states if s != "fp32"]
     return out
 

@@ -4,6 +4,7 @@ import json
 import subprocess
 import sys
 
+import click
 import pytest
 import torch
 from click.testing import CliRunner
@@ -165,7 +166,7 @@ def test_python_dash_m_entry_point():
 def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
     text = tmp_path / "train.txt"
     text.write_text("for i in range(10):\n    print(i * i)\n" * 40)
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "3", "--batch", "4",
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "steps=3,batch=4",
                  "--data", text, "--eval-data", "python-docs-sample", "--max-tokens", "512", "--ctx", "64")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
@@ -181,9 +182,9 @@ def test_convert_with_distillation_reports_before_and_after(ckpt, tmp_path):
 
 
 def test_convert_distills_at_mixed_lengths(ckpt, tmp_path):
-    """--distill-ctx 16,48: both lengths in turn; config.json keeps the longest as the context it is good for."""
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "2", "--batch", "1",
-                 "--distill-ctx", "16,48", "--data", "python-docs-sample", "--no-report")
+    """--distill ctx=16/48: both lengths in turn; config.json keeps the longest as the context it is good for."""
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "steps=2,batch=1,ctx=16/48",
+                 "--data", "python-docs-sample", "--no-report")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
     assert report["distill"]["ctx"] == [16, 48] and report["distill"]["steps"] == 2
@@ -204,8 +205,8 @@ def test_info_names_the_layers_that_never_commit():
 
 def test_convert_decay_distills_each_heads_gamma_and_info_shows_them(ckpt, tmp_path):
     """--decay 0.9: a decayed parallel form; the distillation tunes each head's gamma; info lists them."""
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--decay", "0.9", "--distill", "--steps", "3",
-                 "--batch", "1", "--lr", "0.05", "--distill-ctx", "48", "--data", "python-docs-sample", "--no-report")
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--decay", "0.9", "--distill",
+                 "steps=3,batch=1,lr=0.05,ctx=48", "--data", "python-docs-sample", "--no-report")
     assert result.exit_code == 0, result.output
     assert "decayed (gamma 0.9 a mini-batch to start)" in result.output
     assert json.loads((tmp_path / "out" / "config.json").read_text())["state_decay"] is True
@@ -218,15 +219,15 @@ def test_convert_decay_distills_each_heads_gamma_and_info_shows_them(ckpt, tmp_p
 
 
 def test_convert_distills_from_a_pool_of_the_originals_logits(ckpt, tmp_path):
-    """--pool 2: the original runs 2 batches a length before the steps, then never again (its forwards counted)."""
+    """--distill pool=2: the original runs 2 batches a length before the steps, then never again (its forwards counted)."""
     from edgettt.model import CausalLM
 
     calls = []
     forward = CausalLM.forward
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(CausalLM, "forward", lambda self, *a, **k: calls.append(self.form) or forward(self, *a, **k))
-        result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "6",
-                     "--batch", "1", "--distill-ctx", "16,48", "--pool", "2", "--data", "python-docs-sample",
+        result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill",
+                     "steps=6,batch=1,ctx=16/48,pool=2", "--data", "python-docs-sample",
                      "--no-report")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
@@ -236,9 +237,9 @@ def test_convert_distills_from_a_pool_of_the_originals_logits(ckpt, tmp_path):
 
 
 def test_one_distill_ctx_is_the_length_reported(ckpt, tmp_path):
-    """--distill-ctx 24 beside --ctx 64: the report and config.json both name 24, the length trained at."""
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "1", "--batch", "1",
-                 "--ctx", "64", "--distill-ctx", "24", "--data", "python-docs-sample", "--no-report")
+    """--distill ctx=24 beside --ctx 64: the report and config.json both name 24, the length trained at."""
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "steps=1,batch=1,ctx=24",
+                 "--ctx", "64", "--data", "python-docs-sample", "--no-report")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
     assert report["distill"]["ctx"] == 24
@@ -246,22 +247,22 @@ def test_one_distill_ctx_is_the_length_reported(ckpt, tmp_path):
 
 
 def test_convert_distillation_ends_on_the_clock_with_minutes(ckpt, tmp_path, monkeypatch):
-    """--minutes 0.05 (3 s) on a fake clock that ticks 1 s a reading: 2 of the 50 steps asked."""
+    """--distill minutes=0.05 (3 s) on a fake clock that ticks 1 s a reading: 2 of the 50 steps asked."""
     clock = iter(range(1000))
     monkeypatch.setattr("edgettt.distill.time.monotonic", lambda: next(clock))
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--steps", "50", "--batch", "2",
-                 "--minutes", "0.05", "--data", "python-docs-sample", "--max-tokens", "128", "--ctx", "32")
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "steps=50,batch=2,minutes=0.05",
+                 "--data", "python-docs-sample", "--max-tokens", "128", "--ctx", "32")
     assert result.exit_code == 0, result.output
     report = json.loads((tmp_path / "out" / "convert_report.json").read_text())
     assert (report["distill"]["steps"], report["distill"]["steps_asked"], report["distill"]["minutes"]) == (2, 50, 0.05)
     assert "after 2 distillation steps" in result.output
-    bad = run("convert", ckpt, tmp_path / "bad", "--form", "parallel", "--distill", "--minutes", "0")
-    assert bad.exit_code != 0 and "--minutes" in bad.output and not (tmp_path / "bad").exists()
+    bad = run("convert", ckpt, tmp_path / "bad", "--form", "parallel", "--distill", "minutes=0")
+    assert bad.exit_code != 0 and "minutes=0" in bad.output and not (tmp_path / "bad").exists()
 
 
 def test_convert_refuses_a_hard_weight_outside_0_to_1(ckpt, tmp_path):
-    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "--hard-weight", "1.5")
-    assert result.exit_code != 0 and "--hard-weight" in result.output and not (tmp_path / "out").exists()
+    result = run("convert", ckpt, tmp_path / "out", "--form", "parallel", "--distill", "hard_weight=1.5")
+    assert result.exit_code != 0 and "hard_weight=1.5" in result.output and not (tmp_path / "out").exists()
 
 
 def test_torch_threads_default_leaves_busy_cores_alone_and_the_option_sets_them():
@@ -311,3 +312,32 @@ def test_create_preset_builds_the_published_size_with_any_backbone(tmp_path):
     assert f"{load(tmp_path / 'm').num_parameters():,} parameters" in result.output
     sizes = {name: ModelConfig(**p, vocab_size=32000).estimated_parameters() for name, p in PRESETS.items()}
     assert 0.8e8 < sizes["125m"] < sizes["350m"] < sizes["760m"] < sizes["1b"] < 1.6e9
+
+
+def test_every_command_keeps_to_the_option_budget():
+    """At most 12 options a command and 90 in all (hidden old spellings counted too): the surface a user
+    learns stays small; a research switch belongs in the lab's scripts."""
+    counts = {name: sum(isinstance(p, click.Option) and p.name != "help" for p in command.params)
+              for name, command in cli.commands.items()}
+    group = sum(isinstance(p, click.Option) and p.name not in ("help", "version") for p in cli.params)
+    assert max(counts.values()) <= 12, counts
+    assert sum(counts.values()) + group <= 90, counts
+
+
+@pytest.mark.parametrize("args, moved", [(("convert", "a", "b", "--distill", "--steps", "3"), "--distill steps=N"),
+                                         (("calibrate", "a", "-o", "c.st"), "last argument, OUT"),
+                                         (("report", "--group-size", "32"), "int4-gptq-g32")])
+def test_a_moved_option_says_where_it_went(args, moved):
+    result = run(*args)
+    assert result.exit_code == 2 and moved in result.output
+
+
+def test_distill_settings_read_back_what_they_were_given():
+    from edgettt.distill import DistillSettings
+
+    s = DistillSettings.parse("steps=30, lr=3e-4,ctx=512/2048,hard-weight=0.3,pool=2,minutes=1.5,batch=4")
+    assert s == DistillSettings(30, 3e-4, 4, (512, 2048), 1.5, 0.3, 2)
+    assert DistillSettings.parse("") == DistillSettings() and DistillSettings(**{**s.to_dict(), "ctx": (512, 2048)}) == s
+    for bad in ("steps", "steps=x", "ctx=512/", "speed=3", "lr=nan", "hard_weight=2", "pool=-1"):
+        with pytest.raises(ValueError):
+            DistillSettings.parse(bad)

@@ -36,7 +36,7 @@ def root(tmp_path_factory):
     assert run("convert", root / "ttt-linear", root / "linear-decay", "--form", "parallel", "--decay", "0.8",
                "--no-report").exit_code == 0
     result = run("calibrate", root / "mlp", "--data", "python-docs-sample", "--seq-len", "64", "--samples", "2",
-                 "-o", root / "cal.st")
+                 root / "cal.st")
     assert result.exit_code == 0, result.output
     return root
 
@@ -44,17 +44,17 @@ def root(tmp_path_factory):
 VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops the graphs must contain)
     "linear-fp32": ("linear", None, (), {"MatMul", "SimplifiedLayerNormalization", "RotaryEmbedding"}),
     "mlp-fp32": ("mlp", None, (), {"MatMul"}),
-    "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4", "--method", "gptq", "--group-size", "32",
+    "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4-gptq-g32",
                                          "--state", "int8-calibrated"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
     "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int8"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
-    "linear-int4-head": ("linear", ("--weights", "int4", "--group-size", "32", "--quantize-lm-head"), (),
+    "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--quantize-lm-head"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-int8-head": ("linear", ("--weights", "int8", "--quantize-lm-head"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), (), {"MatMulNBits"}),
-    "mlp-nf4": ("mlp", ("--weights", "nf4", "--group-size", "32"), (), {"MatMulBnb4"}),
-    "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4", "--group-size", "32", "--state", "int8-tensor"),
+    "mlp-nf4": ("mlp", ("--weights", "nf4-b32"), (), {"MatMulBnb4"}),
+    "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4-b32", "--state", "int8-tensor"),
                                      (), {"MatMulBnb4", "DequantizeLinear"}),
     # a decayed parallel form: the prefill's lag weights (Exp of the lags times log gamma), and the int8
     # state's commits with the decay in the Scan
@@ -263,9 +263,9 @@ def test_decode_graph_takes_int8_state(exported):
 
 
 def test_report_gains_onnx_rows(root, tmp_path):
-    result = run("report", root / "linear", "--weights", "int4-rtn", "--state", "fp32", "--group-size", "32",
+    result = run("report", root / "linear", "--weights", "int4-rtn-g32", "--state", "fp32",
                  "--calib-data", "python-docs-sample", "--data", "python-docs-sample", "--ctx", "64",
-                 "--max-tokens", "256", "--onnx", "-o", tmp_path / "r")
+                 "--max-tokens", "256", "--onnx", tmp_path / "r")
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
     assert [r["weights"] for r in rows] == ["float", "int4"]
@@ -273,7 +273,7 @@ def test_report_gains_onnx_rows(root, tmp_path):
         assert r["onnx_decode_mb"] > 0 and r["ort_prefill_tokens_per_s"] > 0 and r["ort_decode_tokens_per_s"] > 0
     assert rows[1]["onnx_decode_mb"] < rows[0]["onnx_decode_mb"]
     assert "ORT decode tok/s" in result.output
-    result = run("report", root / "ttt-linear", "--onnx", "-o", tmp_path / "r2")  # converts to exact by default
+    result = run("report", root / "ttt-linear", "--onnx", tmp_path / "r2")  # converts to exact by default
     assert result.exit_code == 1 and "--form parallel" in result.output
 
 

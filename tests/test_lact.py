@@ -362,7 +362,7 @@ def test_calibrated_int8_state_through_the_commands(tmp_path):
     small (measured 0.00017 at 2048 tokens on lact-tiny, README)."""
     import edgettt
 
-    assert cli_run("calibrate", "lact-w1-tiny", "--samples", "2", "--seq-len", "512", "-o", tmp_path / "c.st").exit_code == 0
+    assert cli_run("calibrate", "lact-w1-tiny", "--samples", "2", "--seq-len", "512", tmp_path / "c.st").exit_code == 0
     result = cli_run("quantize", "lact-w1-tiny", tmp_path / "q", "--weights", "int8", "--state", "int8-calibrated",
                      "--calib", tmp_path / "c.st")
     assert result.exit_code == 0, result.output
@@ -468,7 +468,7 @@ def test_the_graphs_export_and_run_in_onnxruntime_as_in_torch(tmp_path, case):
 
 def test_the_report_measures_lact_weight_variants(tmp_path):
     result = cli_run("report", "lact-w1-tiny", "--weights", "int8", "--state", "fp32", "--max-tokens", "512",
-                     "--output", tmp_path / "r")
+                     tmp_path / "r")
     assert result.exit_code == 0, result.output
     rows = json.loads((tmp_path / "r" / "report.json").read_text())["rows"]
     assert [r["weights"] for r in rows] == ["float", "int8"] and 0 < rows[1]["kld_mean"] < 2e-3

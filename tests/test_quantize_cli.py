@@ -23,16 +23,17 @@ def setup(tmp_path_factory):
                "--set", "mini_batch_size=8", "--set", "share_qk=true").exit_code == 0
     assert run("convert", root / "ttt", root / "la", "--form", "exact", "--no-report").exit_code == 0
     result = run("calibrate", root / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3",
-                 "-o", root / "cal.st")
+                 root / "cal.st")
     assert result.exit_code == 0, result.output
     assert "max |row| by position bucket" in result.output
     return root
 
 
 @pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8-calibrated"),
-                                  ("--weights", "int4", "--method", "gptq", "--group-size", "32"),
-                                  ("--weights", "int4", "--group-size", "32", "--state", "fp16"),
-                                  ("--weights", "nf4", "--group-size", "32", "--state", "int8-tensor"),
+                                  ("--weights", "int4-gptq-g32"),
+                                  ("--weights", "int4-rtn-g32", "--state", "fp16"),
+                                  ("--weights", "nf4-b32", "--state", "int8-tensor"),
+                                  ("--weights", "int4", "--method", "gptq", "--group-size", "32"),  # old spelling
                                   ("--weights", "bnb-int8")])
 def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args):
     out = tmp_path / "q"
@@ -40,7 +41,8 @@ def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args)
     assert result.exit_code == 0, result.output
     assert "model.layers.0.mlp.gate_proj" in result.output and "bits per weight" in result.output
     config = json.loads((out / "config.json").read_text())
-    assert config["quantization"]["weights"] == args[1]
+    assert config["quantization"]["variant"] == {"int4": "int4-gptq-g32"}.get(args[1], args[1])  # one spelling
+    assert ("note: --method and --group-size are now part of --weights" in result.output) == ("--method" in args)
     model = edgettt.load(out)
     assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
     assert not isinstance(model.lm_head, QuantLinear)  # skipped by default
@@ -56,7 +58,7 @@ def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args)
 
 def test_quantize_bad_inputs(setup, tmp_path):
     la = setup / "la"
-    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--method", "gptq")
+    result = run("quantize", la, tmp_path / "o", "--weights", "int4-gptq")
     assert result.exit_code == 1 and "needs a calibration" in result.output
     result = run("quantize", la, tmp_path / "o", "--state", "int8-calibrated")
     assert result.exit_code == 1 and "needs a calibration" in result.output
@@ -66,7 +68,7 @@ def test_quantize_bad_inputs(setup, tmp_path):
     result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8-calibrated", "--calib", setup / "cal.st")
     assert result.exit_code == 1 and "made for another model" in result.output
     # group size that does not divide the layer (down_proj reads the intermediate 160): refused up front
-    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64", "--fallback", "refuse")
+    result = run("quantize", la, tmp_path / "o", "--weights", "int4-rtn-g64", "--fallback", "refuse")
     assert result.exit_code == 1 and "down_proj (K=160)" in result.output
     result = run("quantize", setup / "ttt", tmp_path / "o")
     assert result.exit_code == 1 and "quantize a converted one" in result.output
@@ -74,7 +76,7 @@ def test_quantize_bad_inputs(setup, tmp_path):
     result = run("quantize", la, tmp_path / "o", "--calib", tmp_path / "junk.st")
     assert result.exit_code == 1 and "not a calibration file" in result.output
     assert not (tmp_path / "o").exists()
-    result = run("calibrate", setup / "ttt", "-o", tmp_path / "c.st")
+    result = run("calibrate", setup / "ttt", tmp_path / "c.st")
     assert result.exit_code == 1 and "needs a converted model" in result.output
 
 
@@ -83,7 +85,7 @@ def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
     from edgettt.checkpoint import model_fingerprint
 
     args = ("calibrate", setup / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3")
-    assert run(*args, "-o", tmp_path / "again.st").exit_code == 0
+    assert run(*args, tmp_path / "again.st").exit_code == 0
     a, b = Calibration.load(setup / "cal.st"), Calibration.load(tmp_path / "again.st")
     assert a.model_fingerprint == model_fingerprint(edgettt.load(setup / "la")) == b.model_fingerprint
     assert a.text["name"] == "python-docs-sample" and a.text["sha256"] == b.text["sha256"]
@@ -91,14 +93,14 @@ def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
         x, y = getattr(a, kind), getattr(b, kind)
         assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
     assert a.state_rowmax["0.1.S"].shape == (4, 17, BUCKETS)  # heads, rows (d + 1), position buckets
-    assert run(*args, "-o", tmp_path / "again.st").exit_code == 1  # exists, no --force
+    assert run(*args, tmp_path / "again.st").exit_code == 1  # exists, no --force
 
 
 def test_report_end_to_end(setup, tmp_path):
     out = tmp_path / "rep"
     result = run("report", setup / "ttt", "--data", "python-docs-sample", "--calib-data", "python-docs:val",
-                 "--ctx", "128", "--max-tokens", "1024", "--weights", "int8,int4-rtn,int4-gptq,nf4",
-                 "--state", "int8,int8-tensor", "--group-size", "32", "-o", out)
+                 "--ctx", "128", "--max-tokens", "1024", "--weights", "int8,int4-rtn-g32,int4-gptq-g32,nf4-b32",
+                 "--state", "int8,int8-tensor", out)
     assert result.exit_code == 0, result.output
     report = json.loads((out / "report.json").read_text())
     rows = {r["variant"]: r for r in report["rows"]}
@@ -113,8 +115,8 @@ def test_report_end_to_end(setup, tmp_path):
     for name in ("report.csv", "report.md", "accuracy_vs_size.png", "kld_by_position.png"):
         assert (out / name).stat().st_size > 0
     assert "KLD mean" in result.output
-    bad = run("report", setup / "ttt", "--weights", "int3", "-o", tmp_path / "r2")
-    assert bad.exit_code == 1 and "unknown variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
+    bad = run("report", setup / "ttt", "--weights", "int3", tmp_path / "r2")
+    assert bad.exit_code == 1 and "unknown weight variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
 
 
 @pytest.mark.parametrize("state", ["int8", "int8-calibrated"])
@@ -157,7 +159,7 @@ def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_p
     """The default model of `edgettt create` (intermediate 160 here, 176 at the default width): int4 at
     group 64 takes every layer but down_proj, which falls back to int8, said per layer; --skip adds."""
     la = setup / "la"
-    result = run("quantize", la, tmp_path / "o", "--weights", "int4", "--group-size", "64", "--skip", "o_proj")
+    result = run("quantize", la, tmp_path / "o", "--weights", "int4-rtn-g64", "--skip", "o_proj")
     assert result.exit_code == 0, result.output
     lines = {line.split()[0]: line for line in result.output.splitlines() if line.startswith("  model.")}
     assert "int8" in lines["model.layers.0.mlp.down_proj"] and "(fallback)" in lines["model.layers.0.mlp.down_proj"]

@@ -25,8 +25,8 @@ def report_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
     run("create", root / "ttt", "--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "mini_batch_size=8")
     run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report")
-    run("report", root / "par", "--weights", "int8,int4-rtn", "--state", "fp16", "--group-size", 32, "--ctx", 64,
-        "--max-tokens", 400, "--data", "python-docs-sample", "--calib-data", "python-docs-sample", "-o", root / "r")
+    run("report", root / "par", "--weights", "int8,int4-rtn-g32", "--state", "fp16", "--ctx", 64,
+        "--max-tokens", 400, "--data", "python-docs-sample", "--calib-data", "python-docs-sample", root / "r")
     return root / "r"
 
 
@@ -61,11 +61,11 @@ def test_report_on_the_default_created_model_falls_back_per_layer_or_refuses_up_
     run("create", tmp_path / "m")
     common = ["--weights", "int4-rtn", "--state", "fp16", "--ctx", 64, "--max-tokens", 300, "--data",
               "python-docs-sample", "--calib-data", "python-docs-sample", "--skip", "o_proj"]
-    run("report", tmp_path / "m", *common, "-o", tmp_path / "r")
+    run("report", tmp_path / "m", *common, tmp_path / "r")
     rows = {r["variant"]: r for r in json.loads((tmp_path / "r" / "report.json").read_text())["rows"]}
     assert rows["w-int4-rtn-g64 s-fp32"]["fallback_layers"] == 2  # down_proj of both layers, in int8
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "m"), *map(str, common), "--fallback", "refuse",
-                                      "-o", str(tmp_path / "r2")])
+                                      str(tmp_path / "r2")])
     assert result.exit_code == 1 and "down_proj (K=176)" in result.output and not (tmp_path / "r2").exists()
     assert "reference logits" not in result.output  # refused before any work
 
@@ -81,7 +81,7 @@ def test_report_keeps_the_variants_that_finished_when_one_fails(report_dir, tmp_
     par = report_dir.parent / "par"
     result = CliRunner().invoke(cli, ["report", str(par), "--weights", "nf4,int8", "--state", "fp16", "--ctx", "64",
                                       "--max-tokens", "300", "--data", "python-docs-sample", "--calib-data",
-                                      "python-docs-sample", "-o", str(tmp_path / "r")])
+                                      "python-docs-sample", str(tmp_path / "r")])
     assert result.exit_code == 1 and "1 variants failed (w-nf4-b64 s-fp32: bitsandbytes cannot" in result.output
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert [r["variant"] for r in data["rows"]] == ["float (converted)", "w-int8 s-fp32", "w-float s-fp16"]

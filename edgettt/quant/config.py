@@ -44,8 +44,14 @@ class QuantConfig:
             takers = [name for name, f in WEIGHT_FORMATS.items() if self.method in f.methods]
             raise EdgetttError(f"--method {self.method} applies to --weights {' and '.join(takers)} only")
 
+    @property
+    def variant(self) -> str:
+        """The weights' one spelling, FORMAT[-METHOD][-gGROUP | -bBLOCK]: int4-gptq-g64, int8, nf4-b64, float."""
+        return "float" if self.weights == "none" else weight_format(self.weights).label(self.method, self.group_size)
+
     def to_dict(self) -> dict:
-        return {**dataclasses.asdict(self), "skip": list(self.skip), "overrides": dict(self.overrides)}
+        return {**dataclasses.asdict(self), "skip": list(self.skip), "overrides": dict(self.overrides),
+                "variant": self.variant}
 
     def fits(self, in_features: int) -> bool:
         """Whether `weights` can take a layer of this input size (groups and blocks along the input)."""
@@ -63,3 +69,29 @@ class QuantConfig:
         except (EdgetttError, TypeError) as exc:
             raise EdgetttError(f"{source}: quantization is malformed ({str(exc).split(':')[0]}: "
                                f"{raw}); quantize the model again") from None
+
+
+def weight_variants() -> dict[str, tuple[str, str, int]]:
+    """Every spelling of a weight variant -> (format, method, group size). A variant's name is its
+    format's label (`WeightFormat.label`: int4-gptq-g64, int8-gptq, nf4-b64, bnb-int8); the parts a
+    name leaves out take their defaults, rtn and 64 (int4 is int4-rtn-g64, int4-gptq is int4-gptq-g64)."""
+    spellings = {"float": ("none", "rtn", 64), "none": ("none", "rtn", 64)}
+    for name, fmt in WEIGHT_FORMATS.items():
+        for method in fmt.methods:
+            for group in (GROUP_SIZES if fmt.grouped else (64,)):
+                spellings[fmt.label(method, group)] = (name, method, group)
+        spellings.setdefault(name, (name, "rtn", 64))
+        for method in fmt.methods if len(fmt.methods) > 1 else ():
+            spellings.setdefault(f"{name}-{method}", (name, method, 64))
+    return spellings
+
+
+def weight_variant(text: str, option: str = "--weights") -> tuple[str, str, int]:
+    """(format, method, group size) of a variant's name; a one-line error lists the names."""
+    spellings = weight_variants()
+    if text not in spellings:
+        canonical = [k for k, (fmt, method, group) in spellings.items()
+                     if k == QuantConfig(fmt, group, method).variant]
+        raise EdgetttError(f"{option}: unknown weight variant {text!r}; use FORMAT[-METHOD][-gGROUP]: "
+                           f"{', '.join(canonical)}")
+    return spellings[text]
