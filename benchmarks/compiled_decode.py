@@ -165,7 +165,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
                         "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
-                        "parallel-int8, `decode_token_int8`), compile-rows-token; -fused after any compiled step: int4 products "
+                        "parallel-int8, `decode_token_int12`), compile-rows-token; -fused after any compiled step: int4 products "
                         "with their norm, activation and residual add in one GEMV launch (`fused_products`); -a8 after any step: int8 "
                         "activations, int4 decode GEMVs in W4A8 (`quant.set_activations(..., decode=True)`); -warps8 after a -token "
                         "step: the token kernels with 8 warps each (not `decode_token.token_warps`); for every kind")

@@ -6,7 +6,7 @@ bandwidth measured in the same run, and a ratio against named references of the 
 - prefill of one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
   scan (`ttt.py`, fp32), the exact and parallel forms in torch and as kernels, and, when
   flash-linear-attention is installed, its `chunk_ttt_linear` and `chunk_linear_attn`;
-- the decode step of the state for a batch of sequences: float32 and bfloat16 S and A, int8-calibrated
+- the decode step of the state for a batch of sequences: float32 and bfloat16 S and A, int8
   S, and the int8 format (two-level codes with the open mini-batch's keys and values), per token, per
   commit and over a whole mini-batch;
 - one decode token through a weight matrix (GEMV, M = 1): fp16 against int8 and int4 (edgettt's
@@ -218,15 +218,15 @@ def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
 
 # ---- decode: the state step --------------------------------------------------------------------------
 
-STATE_KINDS = ("float32", "bfloat16", "int8-calibrated", "int8")
+STATE_KINDS = ("float32", "bfloat16", "int8", "int8")
 MINI_BATCH = 16  # the presets' mini-batch size: a commit every 16 tokens
 
 
 def _state_case(kind, B, H, Dk, Dv, vectors, eta):
     """(make one state set, step(set, inner), bytes a step at `inner` moves) for a state kind: S and A
     in float32 or bfloat16 (`decode_step`); S in int8 at calibrated scales with A in float32
-    (`decode_step_int8`, the int8-calibrated format); the two-level int8 S with the open mini-batch's
-    keys and values in float16 in place of A (`decode_step_int8kv`, the int8 format)."""
+    (`decode_step_int8`, the int8 format); the two-level int8 S with the open mini-batch's
+    keys and values in float16 in place of A (`decode_step_int12`, the int8 format)."""
     qa, ka, vh, out = vectors
     elements, heads = B * H * Dk * Dv, B * H
     shared = H * Dk * Dv * 4  # S0, read once by the whole batch
@@ -243,8 +243,8 @@ def _state_case(kind, B, H, Dk, Dv, vectors, eta):
             codes = elements * 3 // 2 + heads * Dk * 4  # c8, c4 and the row steps
             slots = heads * (Dk + Dv) * 2
             return codes * (2 if inner == MINI_BATCH - 1 else 1) + slots * (inner + 1) + shared
-        return make, lambda st, i: decode.decode_step_int8kv(qa, ka, vh, *st, eta, i, out=out), moved
-    if kind == "int8-calibrated":
+        return make, lambda st, i: decode.decode_step_int12(qa, ka, vh, *st, eta, i, out=out), moved
+    if kind == "int8":
         S0, scale = torch.randn(H, Dk, Dv, device="cuda"), torch.rand(H, Dk, device="cuda") * 0.01 + 1e-3
 
         def make():
@@ -695,7 +695,7 @@ def main(seq_lens, batch, heads, head_dim, dtype, decode_batch, gemv, gemm_rows,
     prefill  one TTT-Linear layer operator (q, k, v, lr -> q + LN(Zbar)): the original mini-batch
              scan (fp32, T <= 8192), the exact and parallel forms in torch and as kernels, and
              flash-linear-attention's chunk_ttt_linear / chunk_linear_attn when installed
-    decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8-calibrated
+    decode   the state step for a batch of sequences: S and A in float32 and bfloat16, int8
              S, and the int8 format (two-level codes, the open mini-batch's keys and values): a
              token, a commit, and the mean over a mini-batch of 16
     weights  one token through a weight matrix (GEMV) and blocks of --gemm-rows tokens (GEMM): float

@@ -3,8 +3,8 @@
 # Llama, in one `edgettt bench --device cuda` run (kept workers: each model loads and compiles its decode
 # step once; medians of -r repetitions, the paths in turns):
 #   original   the mini-batch form (float; quantization takes a converted model)
-#   exact      float weights, with the float and with the int8 state
-#   parallel   float, int8 and int4 (groups of 64) weights, each with the float and with the int8 state
+#   exact      float weights, with the float and with the int12 state
+#   parallel   float, int8 and int4 (groups of 64) weights, each with the float and with the int12 state
 # (the exact form's quantized weights run the same GEMMs as the parallel form's: left out, for time)
 # Every model as `edgettt.prepare` makes it: decode steps compiled (the Llama's too) and replayed as CUDA
 # graphs, prefills timed as graph replays, the quantized layers weight-only. Then the original as
@@ -15,7 +15,7 @@
 # Writes $OUT/$PRESET-b$BATCH.json / .md and $OUT/$PRESET-b$BATCH-plain.json / .md. For a dry run on
 # the CPU: SPEED_OPTIONS= BASELINE= CREATE="--set num_attention_heads=2 --set intermediate_size=128" PLAIN=0
 # TESTS="--pp 32 --tg 4 --depth 0,16" REPS=1. For a shorter run: COMBOS, the parallel form's weights:state
-# pairs (default all six, e.g. COMBOS="none:fp32 none:int8 int4:fp32"), PLAIN=0 to leave out the plain run.
+# pairs (default all six, e.g. COMBOS="none:fp32 none:int12 int4:fp32"), PLAIN=0 to leave out the plain run.
 set -euo pipefail
 PRESET=${PRESET:-125m}
 OUT=${OUT:-model_speed}
@@ -32,13 +32,12 @@ M=$WORK/$PRESET
 paths=($BASELINE "$M-original")
 for form in exact parallel; do
     [ -d "$M-$form" ] || edgettt convert "$M-original" "$M-$form" --form "$form" --no-report
-    combos=(${COMBOS:-none:fp32 none:int8 int8:fp32 int8:int8 int4:fp32 int4:int8})
-    [ "$form" = exact ] && combos=(none:fp32 none:int8)
+    combos=(${COMBOS:-none:fp32 none:int12 int8:fp32 int8:int12 int4:fp32 int4:int12})
+    [ "$form" = exact ] && combos=(none:fp32 none:int12)
     for combo in "${combos[@]}"; do
         weights=${combo%:*} state=${combo#*:}
         name=$M-$form-w$weights-s$state
-        [ -d "$name" ] || edgettt quantize "$M-$form" "$name" --weights "$weights" --state "$state" \
-            --group-size 64 > /dev/null
+        [ -d "$name" ] || edgettt quantize "$M-$form" "$name" --weights "$weights" --state "$state" > /dev/null
         paths+=("$name")
     done
 done

@@ -37,7 +37,7 @@ def launch_float(args, eta, inner, warps):
 
 def launch_int8(args, eta, inner, warps):
     with dt.fixed_token_warps(warps):
-        return dt.decode_token_int8(*args, eta, inner, 10000.0)
+        return dt.decode_token_int12(*args, eta, inner, 10000.0)
 
 
 def layers_of(kind, inner, shape):

@@ -140,7 +140,7 @@ class Report:
 
 def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:train",
            weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn-g64", "int4-gptq-g64", "nf4-b64"),
-           states=("int8", "int8-calibrated", "int8-tensor", "fp16"), form: str = "exact", ctx: int = 2048,
+           states=("int12", "int8", "int8-tensor", "fp16"), form: str = "exact", ctx: int = 2048,
            max_tokens: int = 100_000, skip=(), fallback: str = "int8", onnx: bool = False,
            force: bool = False, log=print) -> Report:
     """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure

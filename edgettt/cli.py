@@ -94,6 +94,28 @@ class RegistryChoice(click.Choice):
         return tuple(self._names())
 
 
+class StateFormatName(RegistryChoice):
+    """A state format's name; an old one (`quant.state_formats.RENAMED`) is taken with a note."""
+
+    def convert(self, value, param, ctx):
+        try:
+            return state_format_name(value)
+        except EdgetttError as exc:
+            self.fail(str(exc).split(": ", 1)[1], param, ctx)
+
+
+def state_format_name(value: str) -> str:
+    """Today's name of a state format a user gave (an old name with a note), or a one-line error."""
+    from .quant.state_formats import RENAMED, STATE_FORMATS, renamed_note
+
+    if value in RENAMED:
+        click.echo(renamed_note(value), err=True)
+        value = RENAMED[value]
+    if value not in STATE_FORMATS:
+        raise EdgetttError(f"--state: unknown state format {value!r}; use {', '.join(STATE_FORMATS)}")
+    return value
+
+
 def _names(module: str, registry: str, extra: tuple[str, ...] = ()):
     """The names of `edgettt.quant.<module>.<registry>` (a dict or a tuple) and `extra`, when asked."""
     def names():
@@ -430,11 +452,12 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
                    "blocks of 64), bnb-int8 (LLM.int8), float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
 @click.option("--group-size", hidden=True, default=None, help="Old spelling: the group is part of --weights.")
 @click.option("--method", hidden=True, default=None, help="Old spelling: the method is part of --weights.")
-@click.option("--state", type=RegistryChoice(_names("state_formats", "STATE_FORMATS")), default="fp32", show_default=True,
-              help="int8: 12 bits a value in two codes (1.5 bytes), a step per row recomputed at every commit, "
-                   "the open mini-batch's keys and values in float16 in place of A (about a third of the float state: 32% for ttt-linear-tiny); "
-                   "int8-calibrated: 8 bits, calibrated per-row scales (needs --calib); int8-tensor: 8 bits, one "
-                   "scale from the initial state.")
+@click.option("--state", type=StateFormatName(_names("state_formats", "STATE_FORMATS")), default="fp32",
+              show_default=True,
+              help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "
+                   "per row recomputed at every commit, the open mini-batch's keys and values in float16 in place "
+                   "of A (32% of the float state's bytes for ttt-linear-tiny); int8: 8 bits, calibrated per-row "
+                   "scales (needs --calib); int8-tensor: 8 bits, one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
               help="Also leave layers whose name matches PATTERN in float (repeatable; added to lm_head, which "
@@ -442,7 +465,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--quantize-lm-head", is_flag=True, help="Quantize lm_head too (it is skipped by default).")
 @click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
-                   "--group-size); refuse: stop before any work and list those layers.")
+                   "the group); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def quantize(model_path, out, weights, group_size, method, state, calib, skip, quantize_lm_head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
@@ -492,7 +515,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
 @click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn-g64,int4-gptq-g64,nf4-b64",
               show_default=True, help="Comma-separated weight variants, spelt as `edgettt quantize --weights` takes "
                                       "them (int4-gptq-g32, fp4-b128, ...).")
-@click.option("--state", "state_list", default="int8,int8-calibrated,int8-tensor,fp16", show_default=True,
+@click.option("--state", "state_list", default="int12,int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
               help="Form to convert a TTT checkpoint to.")
@@ -521,10 +544,7 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
         weight_variant(w)
-    states = [s.strip() for s in state_list.split(",") if s.strip()]
-    for s in states:
-        if s not in (known := _names("state_formats", "STATE_FORMATS")()):
-            raise EdgetttError(f"--state: unknown variant {s!r}; use {', '.join(known)}")
+    states = [state_format_name(s.strip()) for s in state_list.split(",") if s.strip()]
     out = Output.plan(output, "report", force,
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
     text, calib_text = read_text(data), read_text(calib_data)
@@ -664,12 +684,17 @@ def info(model_path, as_json):
     distilled at, a decayed form's gammas, and the layers that never commit (they remember nothing past a
     mini-batch)."""
     from . import load
+    from .checkpoint import resolve_model_path
     from .evaluation import model_facts
+    from .weights_io import stored_bytes
 
     model = load(model_path)
     c = model.config
     state = model.init_state(1)
     size = model_facts(model, str(model_path))
+    on_disk = stored_bytes(resolve_model_path(model_path))  # a bf16 file: half the float32 it computes in
+    if on_disk is not None:
+        size.update(size_mb=on_disk / 1e6, bits_per_weight=8 * on_disk / size["parameters"])
     facts = {
         "path": str(model_path),
         "family": c.family,
@@ -679,7 +704,7 @@ def info(model_path, as_json):
         "layers": c.num_hidden_layers,
         **family_sizes(c),
         "parameters": size["parameters"],
-        "weights_bytes": round(size["size_mb"] * 1e6),
+        "weights_bytes": round(size["size_mb"] * 1e6),  # as the files store them
         "bits_per_weight": size["bits_per_weight"],
         "quantization": c.quantization,
         "decode_state_bytes_per_sequence": model.decode_state_bytes(),

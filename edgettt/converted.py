@@ -8,7 +8,7 @@ Parameters, beside the shared projections of `MixerBase`:
     mask_eta [b]                               eta_tok: the chunk mask coefficients
     decay_logit [H]                            a decayed parallel form (`state_decay`): gamma = exp(-exp(.))
 Decode state per layer: S1, A1 (and S2, A2 for TTT-MLP), each [B, H, Dk, Dv], plus conv tails. With
-a state format that keeps the open mini-batch's keys and values (`int8`), K1 [B, H, b, Dk] and V1
+a state format that keeps the open mini-batch's keys and values (`int12`), K1 [B, H, b, Dk] and V1
 [B, H, b, Dv] in float16 take A's place: slot i holds the mini-batch's i-th token's ka and vh, and A
 is their sum of products over the slots filled (b (Dk + Dv) values a head instead of Dk Dv); the
 layer then reads every token's ka and vh rounded to float16, in prefill as in decode.
@@ -23,7 +23,7 @@ Forms: `exact` takes each mini-batch's values at its boundary state (recurrent a
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
 learned gamma a head at every commit (`la.Decay`); on CUDA its kernels (the parallel prefill, the
-decode step, the one-operation decode token, the int8 state's commits) take the decay.
+decode step, the one-operation decode token, the int12 state's commits) take the decay.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from .config import ModelConfig
 from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
-from .quant.state_formats import TwoLevelRounding, state_format
+from .quant.state_formats import FLOAT32_STATE, TwoLevelRounding
 from .quant.state_scales import StateScales
 
 OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
@@ -69,7 +69,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         self.mask_eta = nn.Parameter(torch.ones(config.mini_batch_size))
         if config.state_decay:
             self.decay_logit = nn.Parameter(torch.full((H,), decay_logit(DEFAULT_DECAY)))
-        self.state_format = "fp32"
+        self.state_format = FLOAT32_STATE
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
         self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
 
@@ -84,7 +84,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     def keeps_keys_and_values(self) -> bool:
         """Whether the decode state keeps the open mini-batch's keys and values in place of A."""
-        return state_format(self.state_format).keeps_keys_and_values
+        return self.state_format.keeps_keys_and_values
 
     def init_state(self, batch_size: int) -> dict:
         state = zeros_state(self.conv_state_shapes(), batch_size, self.mask_eta)
@@ -133,8 +133,8 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return not self.mlp and not self.config.share_qk
 
     def token_kernel_applies(self) -> bool:
-        """... with a float state or the int8 format, outside calibration and autograd."""
-        return (self.token_kernel_fits() and self.state_format in ("fp32", "int8") and self.observer is None
+        """... with a state format the kernel rounds as (float, int12), outside calibration and autograd."""
+        return (self.token_kernel_fits() and self.state_format.token_kernel and self.observer is None
                 and not torch.is_grad_enabled())
 
     def _token_inputs(self, x):
@@ -144,15 +144,15 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     def _decode_token(self, x, st, start, residual=None):
         """One compiled token from the layer's input to its output, the heads' part in one operation."""
-        from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int8)
+        from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int12)
 
         q, k, v, lr = self._token_inputs(x)
         common = (q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias)
         decay = self.decay(1)
         place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact",
                  None if decay is None else decay.gamma)
-        if self.keeps_keys_and_values():  # the int8 format: the open mini-batch's keys and values in slots
-            out = torch.ops.edgettt.decode_token_int8(*common, st["S1"], st["K1"], st["V1"], *place)
+        if self.keeps_keys_and_values():  # the int12 format: the open mini-batch's keys and values in slots
+            out = torch.ops.edgettt.decode_token_int12(*common, st["S1"], st["K1"], st["V1"], *place)
         else:
             out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
         return self.finish(x, out[:, :, None], residual)
@@ -168,7 +168,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return torch.cat(outs, dim=2)
 
     def _two_level_kernel_applies(self, x: torch.Tensor) -> bool:
-        """The exact form of TTT-Linear with the int8 state prefills its whole mini-batches through the
+        """The exact form of TTT-Linear with the int12 state prefills its whole mini-batches through the
         exact kernel (`prefill.exact(two_level=True)`), under the prefill kernels' other conditions."""
         return (self.config.form == "exact" and isinstance(self.requantizer(1), TwoLevelRounding)
                 and self._kernels_may_prefill(x))
@@ -198,7 +198,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
 
     def _prefill_kernel_applies(self, x: torch.Tensor) -> bool:
         """The Triton prefill kernels (both forms) cover TTT-Linear with a float state."""
-        return self.state_format == "fp32" and self._kernels_may_prefill(x)
+        return self.state_format.is_float32 and self._kernels_may_prefill(x)
 
     def _kernels_may_prefill(self, x: torch.Tensor) -> bool:
         """What every prefill kernel needs: TTT-Linear, no autograd (the kernels have no backward:

@@ -138,7 +138,7 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
     """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `decay`, the
     decayed sum S0 + gamma^(n+1) (S - S0) + eta_last sum_m gamma^(n-m) U_m (one product with the lag
     weights); with `requant`, a loop that rounds S at every commit (`ends` [N]: the position of each
-    commit): for the int8 format on CUDA one kernel, in an exported graph one Scan."""
+    commit): for the int12 format on CUDA one kernel, in an exported graph one Scan."""
     if requant is None and decay is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
     if requant is None:
@@ -150,12 +150,12 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
     if _commits_kernel_applies(requant, S, U):
         from .kernels.commits import two_level_commits
 
-        # (a decay's S0 is the layer's initial state, the int8 format's offset)
+        # (a decay's S0 is the layer's initial state, the int12 format's offset)
         return two_level_commits(S, requant.offset, U, eta_last, None if decay is None else decay.gamma)
     if exporting():  # a graph of any length: the loop becomes one ONNX Scan
         from torch._higher_order_ops.scan import scan
 
-        if decay is not None:  # its S0 is also the int8 format's offset: a Scan's inputs may not alias
+        if decay is not None:  # its S0 is also the int12 format's offset: a Scan's inputs may not alias
             decay = Decay(decay.gamma, decay.S0.clone())
 
         def commit(S, xs):

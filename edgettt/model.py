@@ -186,11 +186,11 @@ class LanguageModel(nn.Module):
 
     def decode_state_bytes(self) -> int:
         """Bytes of one sequence's decode state as stored: the tensors a state format keeps (the layer's
-        `formatted_state_names`: TTT's S, LaCT's fast weights) in its bytes (int8: 1.5 and a 4-byte step a row, int8-calibrated: 1, fp16: 2),
+        `formatted_state_names`: TTT's S, LaCT's fast weights) in its bytes (int12: 1.5 and a 4-byte step a row, int8: 1, fp16: 2),
         everything else (A, running sums, conv tails, window keys and values, an original layer's W) as it is."""
         total = 0
         for (_, layer), tensors in zip(self.state_layers(), self.init_state(1).layers):
-            fmt = state_format(getattr(layer, "state_format", "fp32"))
+            fmt = state_format(getattr(layer, "state_format", "fp32"))  # (an original TTT layer has none)
             kept = layer.formatted_state_names() if fmt.bytes_per_element is not None else ()
             for name, t in tensors.items():
                 total += (t.numel() * fmt.bytes_per_element + t.numel() // t.shape[-1] * fmt.row_bytes if name in kept

@@ -13,6 +13,7 @@ dtype, finite values), for every model family's loader.
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 import warnings
@@ -80,6 +81,15 @@ def weights_header(path: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype |
             raise EdgetttError(f"{file}: not a readable safetensors file ({exc}); the file is damaged, write it "
                                "again") from None
     return header
+
+
+def stored_bytes(path: Path) -> int | None:
+    """Bytes of the weights as the model directory's files store them (from the headers), or None when a
+    tensor's type is not one edgettt knows."""
+    header = weights_header(path)
+    if any(dtype is None for _, dtype in header.values()):
+        return None
+    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in header.values())
 
 
 def read_weights(path: Path) -> dict[str, torch.Tensor]:

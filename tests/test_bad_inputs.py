@@ -53,7 +53,7 @@ def world(tmp_path_factory) -> Path:
     ok("convert", w / "ttt", w / "par", "--form", "parallel", "--no-report")
     (w / "text.txt").write_text("def f(x):\n    return x + 1\n" * 40)
     ok("calibrate", w / "par", "--data", w / "text.txt", "--seq-len", 32, "--samples", 2, w / "calib.st")
-    ok("quantize", w / "par", w / "q8", "--weights", "int8", "--state", "int8-calibrated", "--calib", w / "calib.st")
+    ok("quantize", w / "par", w / "q8", "--weights", "int8", "--state", "int8", "--calib", w / "calib.st")
     ok("eval", w / "par", "--data", w / "text.txt", "--ctx", 32, "--save-logits", w / "logits.st")
     ok("export", w / "par", w / "export", "--no-verify")
     (w / "notes.txt").write_text("my notes, not edgettt's\n")
@@ -288,9 +288,9 @@ CASES = [
       cfg("q8", intermediate_size=2**18)),
     c("config-quantization-string", lambda w: ["info", w / "q8"], ONE, "quantization", cfg("q8", quantization="int4")),
     c("config-quantization-group-string", lambda w: ["info", w / "q8"], ONE, "quantization",
-      cfg("q8", quantization={"weights": "int8", "group_size": "64", "state": "int8-calibrated"})),
+      cfg("q8", quantization={"weights": "int8", "group_size": "64", "state": "int8"})),
     c("config-quantization-format", lambda w: ["info", w / "q8"], ONE, "quantization",
-      cfg("q8", quantization={"weights": "int9", "state": "int8-calibrated"})),
+      cfg("q8", quantization={"weights": "int9", "state": "int8"})),
     c("config-distilled-ctx", lambda w: ["info", w / "par"], ONE, "distilled_ctx", cfg("par", distilled_ctx=-5)),
     c("config-state-decay-exact", lambda w: ["info", w / "ex"], ONE, "state_decay",
       lambda w: (ok("convert", w / "ttt", w / "ex", "--no-report"), cfg("ex", state_decay=True)(w))),
@@ -337,20 +337,20 @@ CASES = [
     c("model-missing", lambda w: ["info", w / "nope"], ONE, "no such directory"),
     c("model-is-file", lambda w: ["info", w / "notes.txt"], ONE, "not a directory"),
     # ---- calibration files
-    c("calib-no-fingerprint", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib", w / "calib.st"],
+    c("calib-no-fingerprint", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib", w / "calib.st"],
       ONE, "model_fingerprint", lambda w: edit_safetensors(w / "calib.st", change_meta=lambda m: m.pop("model_fingerprint"))),
-    c("calib-seq-len-text", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib", w / "calib.st"],
+    c("calib-seq-len-text", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib", w / "calib.st"],
       ONE, "seq_len", lambda w: edit_safetensors(w / "calib.st", change_meta=lambda m: m.update(seq_len="abc"))),
-    c("calib-zero-samples", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib", w / "calib.st"],
+    c("calib-zero-samples", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib", w / "calib.st"],
       ONE, "samples", lambda w: edit_safetensors(w / "calib.st", change_meta=lambda m: m.update(samples="0"))),
-    c("calib-misshaped-scales", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib",
+    c("calib-misshaped-scales", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib",
                                            w / "calib.st"], ONE, "state_scale/0.1",
       lambda w: edit_safetensors(w / "calib.st", lambda t: t.update({"state_scale/0.1": torch.ones(16, 4, 5)}))),
-    c("calib-nan-scale", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib", w / "calib.st"],
+    c("calib-nan-scale", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib", w / "calib.st"],
       ONE, "NaN", lambda w: edit_safetensors(w / "calib.st", lambda t: t["state_scale/0.1"].fill_(float("nan")))),
     c("calib-unknown-tensor", lambda w: ["quantize", w / "par", w / "q", "--calib", w / "calib.st"], ONE,
       "unexpected tensors", lambda w: edit_safetensors(w / "calib.st", lambda t: t.update({"x": torch.ones(1)}))),
-    c("calib-no-state-scales", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated", "--calib",
+    c("calib-no-state-scales", lambda w: ["quantize", w / "par", w / "q", "--state", "int8", "--calib",
                                           w / "calib.st"], ONE, "state scales",
       lambda w: edit_safetensors(w / "calib.st", lambda t: [t.pop(k) for k in list(t) if k.startswith("state_scale")])),
     c("calib-no-hessians-gptq", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4-gptq-g32",
@@ -366,7 +366,7 @@ CASES = [
     c("calib-missing", lambda w: ["quantize", w / "par", w / "q", "--calib", w / "nope.st"], ONE, "nope.st"),
     c("calib-is-logits", lambda w: ["quantize", w / "par", w / "q", "--calib", w / "logits.st"], ONE,
       "not an edgettt calibration file"),
-    c("calib-needed", lambda w: ["quantize", w / "par", w / "q", "--state", "int8-calibrated"], ONE, "--calib"),
+    c("calib-needed", lambda w: ["quantize", w / "par", w / "q", "--state", "int8"], ONE, "--calib"),
     # ---- reference logits
     c("logits-not-logits", lambda w: ["eval", w / "par", "--ref-logits", w / "calib.st"], ONE, "calib.st"),
     c("logits-other-text", lambda w: ["eval", w / "par", "--ref-logits", w / "logits.st", "--data", w / "notes.txt"],

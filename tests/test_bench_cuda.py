@@ -268,10 +268,10 @@ def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_s
     assert lines[4].endswith("| |")
 
 
-@pytest.mark.parametrize("state_format", ["fp32", "int8"])
+@pytest.mark.parametrize("state_format", ["fp32", "int12"])
 def test_a_steps_state_bytes_are_its_tensors_as_held(tiny_model, state_format):
     """`speed.state_bytes` (the bytes behind the decode rows' copy fraction) counts the state as the step holds
-    it, every sequence's: for the float state what the stored format says too; for the int8 format more (its
+    it, every sequence's: for the float state what the stored format says too; for the int12 format more (its
     S is held on its grid in the model's float type, where the stored format keeps 1.5 bytes a value)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format

@@ -341,3 +341,14 @@ def test_distill_settings_read_back_what_they_were_given():
     for bad in ("steps", "steps=x", "ctx=512/", "speed=3", "lr=nan", "hard_weight=2", "pool=-1"):
         with pytest.raises(ValueError):
             DistillSettings.parse(bad)
+
+
+def test_info_gives_the_bytes_as_stored_on_disk():
+    """A shipped model's file holds bfloat16 matrices: info counts 16 bits a weight and the file's bytes
+    (less its header), not the float32 it computes in."""
+    from edgettt.checkpoint import SHIPPED_MODELS
+
+    facts = json.loads(run("info", "ttt-linear-tiny", "--json").output)
+    file_bytes = (SHIPPED_MODELS / "ttt-linear-tiny" / "model.safetensors").stat().st_size
+    assert 0 < file_bytes - facts["weights_bytes"] < 20_000
+    assert 15.9 < facts["bits_per_weight"] < 16.2

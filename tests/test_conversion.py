@@ -135,11 +135,11 @@ def test_a_decayed_parallel_form_decodes_and_prefills_in_pieces_as_one_prefill(t
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("family", ["linear", "mlp"])
-@pytest.mark.parametrize("state_format", ["fp32", "int8"])
+@pytest.mark.parametrize("state_format", ["fp32", "int12"])
 @torch.no_grad()
 def test_a_decayed_model_on_cuda_computes_what_it_computes_on_the_cpu(tiny_model, family, state_format):
     """On CUDA a decayed TTT-Linear layer prefills through the parallel kernel with the decay, and decodes (and
-    commits the int8 state) on the torch paths, whose kernels know no decay: either way it equals its CPU self
+    commits the int12 state) on the torch paths, whose kernels know no decay: either way it equals its CPU self
     (a kernel that dropped the decay would not)."""
     from edgettt.quant import apply_state_format
 

@@ -45,8 +45,8 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "linear-fp32": ("linear", None, (), {"MatMul", "SimplifiedLayerNormalization", "RotaryEmbedding"}),
     "mlp-fp32": ("mlp", None, (), {"MatMul"}),
     "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4-gptq-g32",
-                                         "--state", "int8-calibrated"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
-    "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int8"), ("--activations", "float"),
+                                         "--state", "int8"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
+    "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
     "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--quantize-lm-head"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
@@ -59,7 +59,7 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     # a decayed parallel form: the prefill's lag weights (Exp of the lags times log gamma), and the int8
     # state's commits with the decay in the Scan
     "linear-decay-fp32": ("linear-decay", None, (), {"MatMul", "Exp"}),
-    "linear-decay-int8-state": ("linear-decay", ("--weights", "int8", "--state", "int8"), ("--activations", "float"),
+    "linear-decay-int8-state": ("linear-decay", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                 {"Scan", "Round"}),
 }
 

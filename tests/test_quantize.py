@@ -171,7 +171,7 @@ def test_quantized_state_error_stays_bounded_over_a_long_sequence(trained):
     model, cal, ids = trained
     with torch.no_grad():
         ref = model(ids[:, :-1])
-    q = quantized(model, QuantConfig("none", state="int8-calibrated"), cal)
+    q = quantized(model, QuantConfig("none", state="int8"), cal)
     with torch.no_grad():
         logp = torch.log_softmax(q(ids[:, :-1]).double(), -1)
     r = torch.log_softmax(ref.double(), -1)
@@ -196,20 +196,20 @@ def test_the_default_int8_state_drifts_far_less_and_stays_flat_along_the_text(tr
             logp = torch.log_softmax(quantized(model, QuantConfig("none", state=state), cal)(ids[:, :-1]).double(), -1)
         return (r.exp() * (r - logp)).sum(-1)[0]
 
-    two_level, calibrated = per_token("int8"), per_token("int8-calibrated")
+    two_level, calibrated = per_token("int12"), per_token("int8")
     assert 0 < two_level.mean() < calibrated.mean() / 20
     assert two_level[-512:].mean() < 1e-4
 
 
 @pytest.mark.parametrize("split", [21, 32])  # inside a mini-batch, at a boundary (b = 16)
-def test_the_int8_state_keeps_the_open_mini_batch_in_place_of_a(trained, split):
-    """The int8 state keeps the open mini-batch's keys and values (float16, one slot a token) instead
+def test_the_int12_state_keeps_the_open_mini_batch_in_place_of_a(trained, split):
+    """The int12 state keeps the open mini-batch's keys and values (float16, one slot a token) instead
     of the float32 sum A: the slots of the tokens seen hold values, the rest zeros; decode and prefill
-    in pieces continue it as one prefill does (up to its run-time rounding, as for the int8 state), and
+    in pieces continue it as one prefill does (up to its run-time rounding), and
     the whole decode state is about a third of the float one's bytes (for each head, S (d+1) x d at 1.5 bytes
     a value plus a float32 step a row and b keys and values in float16, against S and A in float32)."""
     model, cal, ids = trained
-    q = quantized(model, QuantConfig("none", state="int8"), cal)
+    q = quantized(model, QuantConfig("none", state="int12"), cal)
     ids = ids[:, :70]
     b = q.config.mini_batch_size
     with torch.no_grad():
@@ -255,7 +255,7 @@ def test_the_two_level_rounding_is_within_a_30th_of_the_row_step():
 
 def test_chunked_prefill_with_a_quantized_state_equals_decode(trained):
     model, cal, ids = trained
-    q = quantized(model, QuantConfig("int8", state="int8-calibrated"), cal)
+    q = quantized(model, QuantConfig("int8", state="int8"), cal)
     ids = ids[:, :70]
     with torch.no_grad():
         full = q(ids)
@@ -354,7 +354,7 @@ def test_int8_state_scales_follow_the_position_bucket(trained):
     table = cal.layer_scales(0)[0]  # [buckets, H, Dk]
     assert table.dim() == 3 and table.shape[0] > 1 and (table[1:] >= table[:-1]).all()
     assert (table[0] < table[-1]).float().mean() > 0.5  # S - S0 grows along the text: finer steps early
-    q = quantized(model, QuantConfig("none", state="int8-calibrated"), cal)
+    q = quantized(model, QuantConfig("none", state="int8"), cal)
     mixer = q.model.layers[0].seq_modeling_block
     span = cal.bucket_tokens
     assert torch.equal(mixer.state_scale(1, 0), table[0]) and torch.equal(mixer.state_scale(1, span), table[1])

@@ -29,7 +29,7 @@ def setup(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8-calibrated"),
+@pytest.mark.parametrize("args", [("--weights", "int8", "--state", "int8"),
                                   ("--weights", "int4-gptq-g32"),
                                   ("--weights", "int4-rtn-g32", "--state", "fp16"),
                                   ("--weights", "nf4-b32", "--state", "int8-tensor"),
@@ -60,12 +60,12 @@ def test_quantize_bad_inputs(setup, tmp_path):
     la = setup / "la"
     result = run("quantize", la, tmp_path / "o", "--weights", "int4-gptq")
     assert result.exit_code == 1 and "needs a calibration" in result.output
-    result = run("quantize", la, tmp_path / "o", "--state", "int8-calibrated")
+    result = run("quantize", la, tmp_path / "o", "--state", "int8")
     assert result.exit_code == 1 and "needs a calibration" in result.output
     # a calibration made for another model
     assert run("create", tmp_path / "t2", "--set", "hidden_size=64", "--seed", "9").exit_code == 0
     assert run("convert", tmp_path / "t2", tmp_path / "la2", "--no-report").exit_code == 0
-    result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8-calibrated", "--calib", setup / "cal.st")
+    result = run("quantize", tmp_path / "la2", tmp_path / "o", "--state", "int8", "--calib", setup / "cal.st")
     assert result.exit_code == 1 and "made for another model" in result.output
     # group size that does not divide the layer (down_proj reads the intermediate 160): refused up front
     result = run("quantize", la, tmp_path / "o", "--weights", "int4-rtn-g64", "--fallback", "refuse")
@@ -119,7 +119,7 @@ def test_report_end_to_end(setup, tmp_path):
     assert bad.exit_code == 1 and "unknown weight variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
 
 
-@pytest.mark.parametrize("state", ["int8", "int8-calibrated"])
+@pytest.mark.parametrize("state", ["int12", "int8"])
 def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
     assert run("quantize", setup / "la", tmp_path / "q", "--weights", "int8", "--state", state,
                "--calib", setup / "cal.st").exit_code == 0
@@ -127,10 +127,10 @@ def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
     layers, H, d, C, K = 2, 4, 16, 64, 4
     s_elems = H * (d + 1) * d  # per layer: S and A of this shape, plus one conv tail (share_qk)
     assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)
-    # int8: 1.5 bytes a value and a float32 step a row of S, the open mini-batch's keys and values (b of
-    # them, float16) in place of A; int8-calibrated: 1 byte (its scales are in the model), A in float32
+    # int12: 1.5 bytes a value and a float32 step a row of S, the open mini-batch's keys and values (b of
+    # them, float16) in place of A; int8: 1 byte (its scales are in the model), A in float32
     b = 8
-    if state == "int8":
+    if state == "int12":
         per_layer = s_elems * 1.5 + 4 * H * (d + 1) + 2 * H * b * ((d + 1) + d)
     else:
         per_layer = s_elems + 4 * s_elems
@@ -138,21 +138,30 @@ def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
     assert quant["bits_per_weight"] < 16 < plain["bits_per_weight"] and quant["quantization"]["state"] == state
 
 
-def test_a_model_saved_when_int8_named_the_calibrated_state_loads_as_that(setup, tmp_path):
-    """Before 2026-12-02 `--state int8` was the calibrated format: such a directory (config "int8", the
-    scales in its weights) loads as int8-calibrated and computes as it did."""
-    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "none", "--state", "int8-calibrated",
+@pytest.mark.parametrize("written, old_name, reads_as", [("int12", "int8", "int12"), ("int8", "int8-calibrated", "int8")])
+def test_a_model_saved_under_an_old_state_name_loads_as_it_computed(setup, tmp_path, written, old_name, reads_as):
+    """Old names in a model's config.json: "int8" without calibrated scales in the weights was the 12-bit
+    format (now int12); "int8-calibrated" is int8. Each loads as today's format and computes as it did."""
+    assert run("quantize", setup / "la", tmp_path / "q", "--weights", "none", "--state", written,
                "--calib", setup / "cal.st").exit_code == 0
+    today = edgettt.load(tmp_path / "q")
     config = json.loads((tmp_path / "q" / "config.json").read_text())
-    assert config["quantization"]["state"] == "int8-calibrated"
-    config["quantization"]["state"] = "int8"
+    assert config["quantization"]["state"] == written
+    config["quantization"]["state"] = old_name
     (tmp_path / "q" / "config.json").write_text(json.dumps(config))
-    old, new = edgettt.load(tmp_path / "q"), edgettt.load(setup / "la")
-    assert {layer.state_format for _, layer in old.state_layers()} == {"int8-calibrated"}
-    assert old.config.quantization["state"] == "int8-calibrated"
+    old = edgettt.load(tmp_path / "q")
+    assert {layer.state_format.name for _, layer in old.state_layers()} == {reads_as}
+    assert old.config.quantization["state"] == reads_as
     ids = torch.randint(0, 256, (1, 40))
     with torch.no_grad():
-        assert 0 < (old(ids) - new(ids)).abs().max() < 0.5  # rounded with the calibrated scales
+        assert torch.equal(old(ids), today(ids))
+
+
+def test_an_old_state_name_on_the_command_line_works_with_a_note(setup, tmp_path):
+    result = run("quantize", setup / "la", tmp_path / "q", "--weights", "none", "--state", "int8-calibrated",
+                 "--calib", setup / "cal.st")
+    assert result.exit_code == 0 and "note: the state format int8-calibrated is now called int8" in result.output
+    assert json.loads((tmp_path / "q" / "config.json").read_text())["quantization"]["state"] == "int8"
 
 
 def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_path):

@@ -1,10 +1,10 @@
-"""A prefill's chain of mini-batch commits with the int8 state format, in one kernel.
+"""A prefill's chain of mini-batch commits with the int12 state format, in one kernel.
 
     for n in 0 .. N-1:  S <- round2(S + eta_last U_n);  S_after[n] = S
 
-round2 is the int8 format's two-level rounding around S0 (`quant.state_formats.two_level_round`: a step
+round2 is the int12 format's two-level rounding around S0 (`quant.state_formats.two_level_round`: a step
 per row, max |S - S0| / 127, recomputed at every commit). The rounding makes the chain sequential, so
-with the int8 state the parallel form's prefill (`linear_attention.committed_states`) looped over the
+with the int12 state the parallel form's prefill (`linear_attention.committed_states`) looped over the
 mini-batches in torch, a few small operations each: 512 commits a layer at 8192 tokens, 58x slower
 than the float state's prefill on the H200 (benchmarks/results/model_speed_h200.md, run 2). Rows are
 independent (each has its own step), so one program keeps ROWS rows of one sequence and head in
@@ -41,7 +41,7 @@ def two_level_commits_ref(S, S0, U, eta_last, decay=None):
 
 @triton.jit
 def _two_level_rows(d):
-    """d [R, C] = S - S0 on the int8 format's grid, a step a row (`state_formats.two_level_round`, less S0)."""
+    """d [R, C] = S - S0 on the int12 format's grid, a step a row (`state_formats.two_level_round`, less S0)."""
     step = tl.maximum(tl.max(tl.abs(d), axis=1) / 127.0, 1e-30)[:, None]
     coarse = _round_half_even(d / step)
     fine = tl.minimum(tl.maximum(_round_half_even((d - coarse * step) * (15.0 / step)), -7.0), 7.0)

@@ -13,7 +13,7 @@ One program handles one (sequence, head, block of Dv columns): it reads its tile
 and writes them once, so the step moves the state's bytes twice and little else.
 
 `decode_step_int8` / `decode_step_int8_ref` do the same with S stored as int8 at calibrated scales
-(the int8-calibrated format), and `decode_step_int8kv` / `decode_step_int8kv_ref` with the int8
+(the int8 format), and `decode_step_int12` / `decode_step_int12_ref` with the int12
 format's two-level codes and the open mini-batch's keys and values in place of A (see below; the
 speed of each in `edgettt bench`'s decode state rows, benchmarks/results/state_step_h200.md).
 """
@@ -161,8 +161,8 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
     return z
 
 
-# ---- int8 state, two-level, with the open mini-batch's keys and values ---------------------------------
-# The `int8` state format (quant/state_formats.py): S = S0 + (c8 + c4 / 15) step, c8 int8 [B, H, Dk, Dv],
+# ---- int12 state, two-level, with the open mini-batch's keys and values --------------------------------
+# The `int12` state format (quant/state_formats.py): S = S0 + (c8 + c4 / 15) step, c8 int8 [B, H, Dk, Dv],
 # c4 in [-7, 7] packed two a byte (`pack_fine`: columns j and j + Dv/2) [B, H, Dk, Dv/2], step float32
 # [B, H, Dk] (one a sequence, head and row, recomputed at every commit). A is not kept: the buffers
 # K [B, H, b, Dk] and V [B, H, b, Dv] (float16) hold the open mini-batch's ka and vh, slot i = its
@@ -170,7 +170,7 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
 #     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j,   commit: S <- round(S + eta_b K^T V)
 # A token reads S once at 1.5 bytes a value and the slots before it, and writes one slot.
 
-def decode_step_int8kv_ref(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None):
+def decode_step_int12_ref(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None):
     from ..quant.state_formats import pack_fine, two_level_codes, two_level_values, unpack_fine
 
     K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
@@ -213,7 +213,7 @@ def _two_level_code(d, st):
 
 @triton.jit
 def _two_level_store(c8_ptr, c4_ptr, step_ptr, r, c, d_lo, d_hi, DV, mask, r_ok):
-    """Round d = S - S0 (two [R, HALF] tiles: the row's halves) to the int8 format and store it."""
+    """Round d = S - S0 (two [R, HALF] tiles: the row's halves) to the int12 format and store it."""
     DH = DV // 2
     amax = tl.maximum(tl.max(tl.abs(d_lo), axis=1), tl.max(tl.abs(d_hi), axis=1))
     st = tl.maximum(amax / 127.0, 1e-30)
@@ -228,7 +228,7 @@ def _two_level_store(c8_ptr, c4_ptr, step_ptr, r, c, d_lo, d_hi, DV, mask, r_ok)
 
 
 @triton.jit
-def _decode_step_int8kv_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr, s0_ptr, k_ptr, v_ptr, z_ptr,
+def _decode_step_int12_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr, s0_ptr, k_ptr, v_ptr, z_ptr,
                                eta_ptr, INNER, LAST, H, DK, DV, SLOTS,
                                COMMIT: tl.constexpr, MINI: tl.constexpr, BLOCK_K: tl.constexpr,
                                HALF: tl.constexpr, ROWS: tl.constexpr, ROW_END: tl.constexpr):
@@ -284,17 +284,17 @@ def _decode_step_int8kv_kernel(qa_ptr, ka_ptr, vh_ptr, c8_ptr, c4_ptr, step_ptr,
     tl.store(z_ptr + bh * DV + DH + c, z_hi.to(z_ptr.dtype.element_ty), mask=c_ok)
 
 
-def decode_step_int8kv(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None, rows: int = 4,
+def decode_step_int12(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None, rows: int = 4,
                        warps: int = 1):
     B, H, DK = qa.shape
     DV = vh.shape[-1]
     SLOTS = K.shape[2]
-    assert DV % 2 == 0, "the int8 state packs columns j and j + Dv/2: Dv must be even"
+    assert DV % 2 == 0, "the int12 state packs columns j and j + Dv/2: Dv must be even"
     for t in (qa, ka, vh, C8, C4, step, S0, K, V):
-        assert t.is_contiguous(), "decode_step_int8kv needs contiguous tensors"
+        assert t.is_contiguous(), "decode_step_int12 needs contiguous tensors"
     z = fresh(torch.empty(B, H, DV, device=qa.device, dtype=torch.float32)) if out is None else out
     last = eta_tok.shape[0] - 1
-    _decode_step_int8kv_kernel[(B * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last, H, DK, DV, SLOTS,
+    _decode_step_int12_kernel[(B * H,)](qa, ka, vh, C8, C4, step, S0, K, V, z, eta_tok, inner, last, H, DK, DV, SLOTS,
                                          COMMIT=inner == last, MINI=next_power_of_2(SLOTS),
                                          BLOCK_K=next_power_of_2(DK), HALF=next_power_of_2(DV // 2), ROWS=rows,
                                          ROW_END=cdiv(DK, rows) * rows,

@@ -1,5 +1,5 @@
 """A converted TTT-Linear layer's whole decode token in one kernel, between its projections and its
-post-norm (float state; the int8 format's below): rotary, the value map, the state step and the output norm.
+post-norm (float state; the int12 format's below): rotary, the value map, the state step and the output norm.
 
     q, k <- rotary(q, k) at the token's place in its mini-batch;  qa, ka = [q, 1], [k, 1]
     vh = -lr * d/dz 0.5 |LN(ka W) - (v - k)|^2             (`linear_attention.linear_values`; W = S0 in the
@@ -17,7 +17,7 @@ bias row apart); same signature:
 A compiled decode step runs it as one operation (`edgettt::decode_token`, on CUDA the kernel, elsewhere the
 reference), in place of the ~8 kernels inductor makes of these operations (`use_token_kernel` turns it on).
 
-`decode_token_int8` (`decode_token_int8_ref`, `edgettt::decode_token_int8`) is the same token with the int8 state
+`decode_token_int12` (`decode_token_int12_ref`, `edgettt::decode_token_int12`) is the same token with the int12 state
 format: A's place taken by the open mini-batch's keys and values in float16 slots K [B, H, b, d+1], V [B, H, b, d],
 and S rounded to the format's grid at the commit (`quant.state_formats.two_level_round`).
 """
@@ -141,9 +141,9 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
 
 # Warps a token kernel's program runs with, by measurement at batch 1 (benchmarks/token_warps.py, 24 layers' calls
 # in a CUDA graph; compiled_decode_h200.md, run 18, where the choice also wins at batch 16, 125m): at the 125m heads (d = 64) 2 (float
-# state 3.55 us against 4.27 with 8; int8 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the
-# float state's 8 (7.56 against 8.50 with 4; 2 spill: 47) and the int8 state's 4 (5.85 against 10.64 with 8);
-# the int8 state's commit 8 at both (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96).
+# state 3.55 us against 4.27 with 8; int12 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the
+# float state's 8 (7.56 against 8.50 with 4; 2 spill: 47) and the int12 state's 4 (5.85 against 10.64 with 8);
+# the int12 state's commit 8 at both (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96).
 # WARPS_OVERRIDE: one count for every launch (`fixed_token_warps`: benchmarks time the choice against a fixed one
 # in turns), else None.
 WARPS_OVERRIDE = None
@@ -202,12 +202,12 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay
     return torch.empty_like(q)
 
 
-# ---- the int8 state format (`quant.state_formats.Int8TwoLevelState`), as the torch path holds it -------------
+# ---- the int12 state format (`quant.state_formats.Int12State`), as the torch path holds it -------------
 # S [B, H, d+1, d] on the format's grid in the model's float type; the open mini-batch's ka and vh in float16
 # slots K [B, H, b, d+1], V [B, H, b, d] in place of A (`converted.LinearAttentionLayer._attend_open_token`):
 #     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j;   at the last token: S <- round2(S + eta_b K^T V), K = V = 0
 
-def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
+def decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
                           at_state: bool = False, decay=None):
     from ..quant.state_formats import two_level_round
 
@@ -226,7 +226,7 @@ def decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner:
 
 @triton.jit
 def _two_level_rounded(s, s0, ok_cols, STATE_CLIP: tl.constexpr, FINE: tl.constexpr):
-    """The rows of tile s on the int8 format's grid around s0 (`state_formats.two_level_round`): step =
+    """The rows of tile s on the int12 format's grid around s0 (`state_formats.two_level_round`): step =
     max |s - s0| over the row / STATE_CLIP, coarse = round(d / step), fine = round((d - coarse step) FINE /
     step) in [-(FINE // 2), FINE // 2]; both half to even, as torch.round."""
     d = tl.where(ok_cols[None, :], s - s0, 0.0)
@@ -238,7 +238,7 @@ def _two_level_rounded(s, s0, ok_cols, STATE_CLIP: tl.constexpr, FINE: tl.conste
 
 
 @triton.jit
-def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, kk_ptr, vv_ptr, o_ptr, eta_ptr,
+def _decode_token_int12_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, kk_ptr, vv_ptr, o_ptr, eta_ptr,
                               decay_ptr, INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr,
                               FINE: tl.constexpr, COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr,
                               MINI: tl.constexpr, DECAY: tl.constexpr):
@@ -304,7 +304,7 @@ def _decode_token_int8_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr,
     tl.store(o_ptr + bh * D + i, (q + zn * gamma + beta).to(o_ptr.dtype.element_ty), mask=ok)
 
 
-def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
+def decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
                       at_state: bool = False, decay=None):
     from ..quant.state_formats import FINE_STEPS, STATE_CLIP
 
@@ -312,10 +312,10 @@ def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int
     B, H, D = q.shape
     q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
     for t in (S0, gamma, beta, S, K, V):
-        assert t.is_contiguous(), "decode_token_int8 needs contiguous parameters and state"
+        assert t.is_contiguous(), "decode_token_int12 needs contiguous parameters and state"
     out = fresh(torch.empty_like(q))
     slots = K.shape[2]
-    _decode_token_int8_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok,
+    _decode_token_int12_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok,
                                         eta_tok if decay is None else decay, inner, slots - 1, H, D, slots,
                                         math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
                                         COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
@@ -324,24 +324,24 @@ def decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int
     return out
 
 
-@torch.library.custom_op("edgettt::decode_token_int8", mutates_args=("S", "K", "V"))
-def decode_token_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
+@torch.library.custom_op("edgettt::decode_token_int12", mutates_args=("S", "K", "V"))
+def decode_token_int12_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
                          gamma: torch.Tensor, beta: torch.Tensor, S: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                          eta_tok: torch.Tensor, inner: int, theta: float, at_state: bool,
                          decay: Optional[torch.Tensor]) -> torch.Tensor:
-    """The int8 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
-    fn = decode_token_int8 if q.is_cuda else decode_token_int8_ref
+    """The int12 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
+    fn = decode_token_int12 if q.is_cuda else decode_token_int12_ref
     return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay)
 
 
-@decode_token_int8_op.register_fake
+@decode_token_int12_op.register_fake
 def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay):
     return torch.empty_like(q)
 
 
 def use_token_kernel(model: torch.nn.Module) -> int:
     """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel_fits`) to decode a compiled
-    token through `edgettt::decode_token` (float state) or `edgettt::decode_token_int8` (the int8 state
+    token through `edgettt::decode_token` (float state) or `edgettt::decode_token_int12` (the int12 state
     format). Returns the number of layers that will."""
     layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
     for layer in layers:

@@ -92,7 +92,7 @@ def exact_ref(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, tw
         sl = slice(offset, offset + count)
         qa, ka = la.augment(q[:, :, sl]), la.augment(k[:, :, sl])
         vh = la.linear_values(ka, k[:, :, sl], v[:, :, sl], lr[:, :, sl], S, g, bt)
-        if two_level:  # the int8 format reads every token's ka and vh as its float16 buffers keep them
+        if two_level:  # the int12 format reads every token's ka and vh as its float16 buffers keep them
             ka, vh = ka.half().float(), vh.half().float()
         zbar, S_new, A = la.chunk(qa, ka, vh, S, A, eta_tok.float(), start + offset)
         committed = (start + offset + count) % eta_tok.shape[0] == 0
@@ -507,7 +507,7 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     """One (sequence, head): mini-batch after mini-batch, values at the boundary state (W, wb).
     A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real.
     With STORE_STATES every boundary state is written to states [B*H, T/MB, D+1, D] (for the
-    backward of kernels/train.py). With TWO_LEVEL the int8 state format: the keys and values that
+    backward of kernels/train.py). With TWO_LEVEL the int12 state format: the keys and values that
     attend and commit rounded to float16 (its open mini-batch's buffers), and every commit's state
     rounded to the format's grid around S0 (s0_ptr [H, D+1, D]), a step a row."""
     bh = tl.program_id(0)
@@ -576,7 +576,7 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
 def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precision=None, two_level=False):
     """The exact kernel from a mini-batch boundary; `states` ([B*H, T/MB, D+1, D] fp32), when given,
     receives every boundary state; `precision` of the dots (default: `_precision(q.dtype)`);
-    `two_level`: the int8 state format (see `exact`)."""
+    `two_level`: the int12 state format (see `exact`)."""
     B, H, T, D = q.shape
     MB = eta_tok.shape[0]
     assert MB & (MB - 1) == 0, "the exact kernel needs a power-of-two mini-batch size"
@@ -594,7 +594,7 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precis
 
 
 def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, two_level=False):
-    """`two_level`: the int8 state format (`quant.state_formats`): each commit's S rounded to its grid
+    """`two_level`: the int12 state format (`quant.state_formats`): each commit's S rounded to its grid
     around S0, every token's ka and vh read as float16 (A, the unfinished mini-batch's sum, stays float)."""
     q, k, v = _same_layout(q, k, v)
     return _with_head(functools.partial(_exact_aligned, two_level=two_level),

@@ -119,7 +119,7 @@ class LaCTLayer(StateScales, nn.Module):
 
     def _rounding(self):
         """None, or (level, weights, position) -> the weights as a quantized state keeps them."""
-        if self.state_format == "fp32":
+        if self.state_format.is_float32:
             return None
         rounders = [self.requantizer(level) for level in range(1, len(fw.learned(self.config)) + 1)]
         return lambda level, w, position: rounders[level - 1](w, position)

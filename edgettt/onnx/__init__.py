@@ -145,7 +145,7 @@ def state_specs(model: CausalLM) -> list[dict]:
     """Every decode-state tensor, in graph order: name, per-sequence shape, dtype and quantization."""
     specs = []
     for i, ((_, layer), tensors) in enumerate(zip(model.state_layers(), model.init_state(1).layers)):
-        fmt = state_format(getattr(layer, "state_format", "fp32"))
+        fmt = state_format(getattr(layer, "state_format", "fp32"))  # (an original TTT layer has none)
         formatted = layer.formatted_state_names()
         for name, t in tensors.items():
             spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]),
@@ -168,7 +168,7 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
         level = mixer.state_level(spec["tensor"])
         S0 = mixer.initial_states()[level - 1].detach().float()
         scale_of = functools.partial(mixer.state_scale, level)
-        params[spec["name"]] = (state_format(mixer.state_format).offset(S0), scale_of, S0.shape[0] * S0.shape[1])
+        params[spec["name"]] = (mixer.state_format.offset(S0), scale_of, S0.shape[0] * S0.shape[1])
     return params
 
 

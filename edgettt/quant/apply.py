@@ -147,9 +147,9 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
     """Shape a freshly built model like the quantized one whose `weights` (read from the directory
     `source`) will be loaded into it."""
     config = QuantConfig.from_dict(model.config.quantization, f"{source}/config.json")
-    if config.state == "int8" and any(".state_scale_" in k for k in weights):
-        # written before 2026-12-02, when "int8" named the calibrated format (its scales are in the file)
-        config.state = model.config.quantization["state"] = "int8-calibrated"
+    if config.state == "int8" and not any(".state_scale_" in k for k in weights):
+        config.state = "int12"  # an older file: "int8" named the 12-bit format, which keeps no scales
+    model.config.quantization["state"] = config.state  # (an old name read as today's)
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
             fmt = config.overrides.get(name, config.weights)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import EdgetttError
-from .state_formats import STATE_FORMATS
+from .state_formats import RENAMED, STATE_FORMATS
 from .weight_formats import METHODS, WEIGHT_FORMATS, weight_format
 
 DEFAULT_SKIP = ("lm_head",)  # always kept in float unless asked otherwise; --skip adds to it
@@ -18,12 +18,13 @@ class QuantConfig:
     weights: str = "int8"  # a name in WEIGHT_FORMATS, or none
     group_size: int = 64
     method: str = "rtn"
-    state: str = "fp32"  # a name in STATE_FORMATS
+    state: str = "fp32"  # a name in STATE_FORMATS: fp32, fp16, int12, int8, int8-tensor
     skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
     fallback: str = "int8"  # the format of a layer `weights` cannot take (int4/nf4/fp4: K not a multiple of the group)
     overrides: dict = dataclasses.field(default_factory=dict)  # layer -> format it got instead (filled by quantize_)
 
     def __post_init__(self):
+        self.state = RENAMED.get(self.state, self.state)  # an old name (int8-calibrated) as today's
         if self.fallback not in FALLBACKS:
             raise EdgetttError(f"--fallback {self.fallback!r}: expected one of {', '.join(FALLBACKS)}")
         if not isinstance(self.overrides, dict) or not all(

@@ -3,25 +3,29 @@
 A leaf (plain torch, nothing of edgettt): the model, the decode kernel's reference and the ONNX
 graph's state operators all round the state with the formula written here, once.
 
-    fp32             S as it is
-    fp16             S rounded to half precision at every commit
-    int8             S - S0 in two codes a value, int8 and int4, on a step per sequence, head and row
-                     recomputed from the state at every commit (no calibration, nothing clipped):
-                     1.5 bytes a value and 4 a row (S0: the learned initial state, a model constant;
-                     the part that moves is smaller); a TTT layer keeps the open mini-batch's keys and
-                     values (float16) in place of the float32 sum A. The default 8-bit state: issue 23
-                     measured it against the others (benchmarks/results/state_options.md)
-    int8-calibrated  S - S0 in int8, one calibrated scale per head and row for each position bucket
-    int8-tensor      S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127
-                     (the plain-rounding baseline the calibrated formats are measured against)
+    fp32         S as it is
+    fp16         S rounded to half precision at every commit
+    int12        S - S0 in two codes a value, int8 and int4 (12 bits), on a step per sequence, head and
+                 row recomputed from the state at every commit (no calibration, nothing clipped): 1.5
+                 bytes a value and 4 a row (S0: the learned initial state, a model constant; the part
+                 that moves is smaller); a TTT layer keeps the open mini-batch's keys and values
+                 (float16) in place of the float32 sum A. Measured against the others in
+                 benchmarks/results/state_options.md
+    int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
+    int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127 (the
+                 plain-rounding baseline the calibrated format is measured against)
 
-The int8 formula, with d = S - S0 and step [..., Dk, 1] = max |d| over the row / 127:
+A name with a number states the bits a value of S takes. Old names still read (`RENAMED`):
+int8-calibrated is int8; a model file saying int8 without calibrated scales was written when int8
+named the 12-bit format (`quant.apply.prepare_quantized` reads it as int12).
+
+The int12 formula, with d = S - S0 and step [..., Dk, 1] = max |d| over the row / 127:
 
     c8 = round(d / step)  (in [-127, 127]: the step covers the row)
     c4 = clamp(round((d - c8 step) / (step / 15)), -7, 7)  (the remainder is within step / 2: 7.5 fine steps)
     S  = S0 + (c8 + c4 / 15) step                          (|error| <= step / 30)
 
-The int8-calibrated formula, with `scale` [H, Dk] (one per head and state row) and S0 [H, Dk, Dv]:
+The int8 formula, with `scale` [H, Dk] (one per head and state row) and S0 [H, Dk, Dv]:
 
     codes = clamp(round((S - S0) / scale), -127, 127)     (round half to even, as torch.round)
     S     = S0 + codes * scale
@@ -58,11 +62,11 @@ def requantize_int8_state(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor
     return int8_state_values(int8_state_codes(S, S0, scale), S0, scale)
 
 
-FINE_STEPS = 15  # the int8 format's second code: steps of step / 15, in [-7, 7] (4 bits, symmetric)
+FINE_STEPS = 15  # the int12 format's second code: steps of step / 15, in [-7, 7] (4 bits, symmetric)
 
 
 def two_level_codes(S: torch.Tensor, S0: torch.Tensor):
-    """The int8 format's codes of S: (coarse, fine, step) with coarse and fine as float values (in
+    """The int12 format's codes of S: (coarse, fine, step) with coarse and fine as float values (in
     [-127, 127] and [-7, 7]) and step [..., Dk, 1] = max |S - S0| over each row / 127."""
     d = S - S0
     step = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-30)  # (a row that has not moved: 0)
@@ -73,17 +77,17 @@ def two_level_codes(S: torch.Tensor, S0: torch.Tensor):
 
 
 def two_level_values(coarse: torch.Tensor, fine: torch.Tensor, step: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
-    """S from the int8 format's codes: S0 + (coarse + fine / 15) step."""
+    """S from the int12 format's codes: S0 + (coarse + fine / 15) step."""
     return S0 + (coarse + fine / FINE_STEPS) * step
 
 
 def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
-    """S on the int8 format's grid: S0 + (c8 + c4 / 15) step, the step max |S - S0| over each row / 127."""
+    """S on the int12 format's grid: S0 + (c8 + c4 / 15) step, the step max |S - S0| over each row / 127."""
     return two_level_values(*two_level_codes(S, S0), S0)
 
 
 class TwoLevelRounding:
-    """The int8 format's commit, (S, position) -> S on its grid around `offset` (S0). An object, not a
+    """The int12 format's commit, (S, position) -> S on its grid around `offset` (S0). An object, not a
     lambda, so that a prefill's whole chain of commits can be handed to one kernel
     (`linear_attention.committed_states`, `kernels.commits`), which needs the offset."""
 
@@ -110,7 +114,8 @@ def unpack_fine(packed: torch.Tensor) -> torch.Tensor:
 
 
 class StateFormat:
-    """One way to keep S. `requantizer` gives the function applied at every mini-batch commit."""
+    """One way to keep S. `requantizer` gives the function applied at every mini-batch commit. A layer
+    holds its format object (`StateScales.state_format`); the model's config.json names it."""
 
     name = "fp32"
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
@@ -119,6 +124,12 @@ class StateFormat:
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
     rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
+    token_kernel = True  # the decode token kernel (`kernels.decode_token`) rounds as this format does
+
+    @property
+    def is_float32(self) -> bool:
+        """S kept as the model computes it: nothing rounded at a commit."""
+        return self.bytes_per_element is None
 
     def requantizer(self, S0: torch.Tensor, scale_of):
         """None, or (S, position) -> S as stored after a commit at `position`. `scale_of(position)`
@@ -139,19 +150,19 @@ class StateFormat:
 
 
 class Float16State(StateFormat):
-    name, bytes_per_element = "fp16", 2
+    name, bytes_per_element, token_kernel = "fp16", 2, False
 
     def requantizer(self, S0, scale_of):
         return lambda S, position: S.half().to(S.dtype)
 
 
-class Int8TwoLevelState(StateFormat):
+class Int12State(StateFormat):
     """S - S0 on a 12-bit grid in two codes (int8 + int4) a value, the step of each row recomputed from
     the state at every commit; the open mini-batch's keys and values in float16 in place of the float32
     sum A (a TTT layer's state; LaCT's running sums stay float). In the ONNX graphs the rounding is
     inside, and S crosses as float32 (its codes as graph inputs and outputs are not built)."""
 
-    name, bytes_per_element, row_bytes, rounds_at_run_time, keeps_keys_and_values = "int8", 1.5, 4, True, True
+    name, bytes_per_element, row_bytes, rounds_at_run_time, keeps_keys_and_values = "int12", 1.5, 4, True, True
 
     def requantizer(self, S0, scale_of):
         return TwoLevelRounding(S0.detach())
@@ -164,7 +175,8 @@ class Int8TwoLevelState(StateFormat):
 class Int8State(StateFormat):
     """S - S0 with calibrated per-row scales for each position bucket (the commit's position picks it)."""
 
-    name, bytes_per_element, int8, needs_calibration, rounds_at_run_time = "int8-calibrated", 1, True, True, True
+    name, bytes_per_element, int8, needs_calibration, rounds_at_run_time = "int8", 1, True, True, True
+    token_kernel = False
 
     def requantizer(self, S0, scale_of):
         offset = self.offset(S0.detach())
@@ -194,8 +206,18 @@ class Int8TensorState(Int8State):
         return {**super().describe(), "dequantize": "q * scale[head, row]"}
 
 
-STATE_FORMATS = {f.name: f for f in (StateFormat(), Float16State(), Int8TwoLevelState(), Int8State(), Int8TensorState())}
+FLOAT32_STATE = StateFormat()
+STATE_FORMATS = {f.name: f for f in (FLOAT32_STATE, Float16State(), Int12State(), Int8State(), Int8TensorState())}
+RENAMED = {"int8-calibrated": "int8"}  # old name -> new: still read, with a note where a user typed it
 
 
-def state_format(name: str) -> StateFormat:
-    return STATE_FORMATS[name]
+def state_format(name: "str | StateFormat") -> StateFormat:
+    """The format of a name (an old one too), or the format itself."""
+    if isinstance(name, StateFormat):
+        return name
+    return STATE_FORMATS[RENAMED.get(name, name)]
+
+
+def renamed_note(name: str) -> str | None:
+    """The one-line note for an old name a user gave, else None."""
+    return f"note: the state format {name} is now called {RENAMED[name]}" if name in RENAMED else None

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from ..errors import EdgetttError
-from .state_formats import state_format
+from .state_formats import FLOAT32_STATE, StateFormat, state_format
 
 
 class StateScales:
-    state_format = "fp32"
+    state_format: StateFormat = FLOAT32_STATE  # the object; config.json keeps its name
 
     def initial_states(self) -> list[torch.Tensor]:
         raise NotImplementedError
@@ -28,9 +28,11 @@ class StateScales:
         """The level of a formatted state tensor's name ("S2" -> 2)."""
         return int(name[1:])
 
-    def set_state_format(self, fmt: str, scales: list[torch.Tensor] | None = None, bucket_tokens: int = 0) -> None:
-        """fp32 | fp16 | int8 (per-row `scales`, one [buckets, H, Dk] or [H, Dk] per level, buckets of
-        `bucket_tokens` positions) | int8-tensor (same buffers)."""
+    def set_state_format(self, fmt: "StateFormat | str", scales: list[torch.Tensor] | None = None,
+                         bucket_tokens: int = 0) -> None:
+        """A format (or its name): fp32 | fp16 | int12 | int8 (per-row `scales`, one [buckets, H, Dk] or
+        [H, Dk] per level, buckets of `bucket_tokens` positions) | int8-tensor (same buffers)."""
+        fmt = state_format(fmt)
         self._check_scales(fmt, scales or [], bucket_tokens)
         self.state_format = fmt
         for level, scale in enumerate(scales or [], start=1):
@@ -41,11 +43,11 @@ class StateScales:
         elif hasattr(self, "state_bucket_tokens"):  # one scale for all positions now: nothing stale to save
             del self.state_bucket_tokens, self.bucket_tokens
 
-    def _check_scales(self, fmt: str, scales: list[torch.Tensor], bucket_tokens: int) -> None:
+    def _check_scales(self, fmt: StateFormat, scales: list[torch.Tensor], bucket_tokens: int) -> None:
         """One table per level, [buckets, H, Dk] or [H, Dk] as the initial state's rows, positive."""
         rows = [tuple(s0.shape[:2]) for s0 in self.initial_states()]
-        if state_format(fmt).int8 and len(scales) != len(rows):
-            raise EdgetttError(f"state format {fmt}: {len(scales)} scale tables for {len(rows)} state levels; "
+        if fmt.int8 and len(scales) != len(rows):
+            raise EdgetttError(f"state format {fmt.name}: {len(scales)} scale tables for {len(rows)} state levels; "
                                "calibrate and quantize the model again")
         for level, (scale, want) in enumerate(zip(scales, rows), start=1):
             if scale.dim() not in (2, 3) or tuple(scale.shape[-2:]) != want:
@@ -72,6 +74,6 @@ class StateScales:
 
     def requantizer(self, level: int):
         """None, or S, position -> S as stored after a commit at `position`."""
-        return state_format(self.state_format).requantizer(self.initial_states()[level - 1].detach(),
-                                                           lambda position: self.state_scale(level, position))
+        return self.state_format.requantizer(self.initial_states()[level - 1].detach(),
+                                             lambda position: self.state_scale(level, position))
 

@@ -158,7 +158,7 @@ def int8kv_state(B, H, DK, DV, b, device, seed=2):
 @pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 65, 64), (2, 1, 33, 6)])
 @pytest.mark.parametrize("inner", [0, 2, 3])  # 3 = the last of a mini-batch of 4: commit
 def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
-    from edgettt.kernels.decode import decode_step_int8kv, decode_step_int8kv_ref
+    from edgettt.kernels.decode import decode_step_int12, decode_step_int12_ref
     from edgettt.quant.state_formats import two_level_values, unpack_fine
 
     B, H, DK, DV = shape
@@ -167,9 +167,9 @@ def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
     eta = torch.tensor([1.0, 0.4, 0.3, 0.0625], device=device)
     state = int8kv_state(B, H, DK, DV, 4, device)
     state_ref = [t.clone() for t in state]
-    z_ref = decode_step_int8kv_ref(qa, ka, vh, *state_ref, eta, inner)
+    z_ref = decode_step_int12_ref(qa, ka, vh, *state_ref, eta, inner)
     z = torch.full((B, H, DV), float("nan"), device=device)
-    decode_step_int8kv(qa, ka, vh, *state, eta, inner, out=z, rows=16)
+    decode_step_int12(qa, ka, vh, *state, eta, inner, out=z, rows=16)
     assert rel_err(z, z_ref) < 1e-5
     C8, C4, step, S0, K, V = state
     assert torch.equal(K[:, :, inner], state_ref[4][:, :, inner]) and torch.equal(V, state_ref[5])
@@ -189,7 +189,7 @@ def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
 def test_int8kv_state_steps_through_a_mini_batch_as_the_model_rounds(device):
     """b steps from a fresh state through the kernel equal the model's own arithmetic: values at the
     float16 keys and values, and at the commit S rounded with `two_level_round`."""
-    from edgettt.kernels.decode import decode_step_int8kv
+    from edgettt.kernels.decode import decode_step_int12
     from edgettt.quant.state_formats import two_level_round, two_level_values, unpack_fine
 
     B, H, DK, DV, b = 2, 2, 9, 8, 4
@@ -206,7 +206,7 @@ def test_int8kv_state_steps_through_a_mini_batch_as_the_model_rounds(device):
         ka16, vh16 = ka.half().float(), vh.half().float()
         A = A + ka16[..., :, None] * vh16[..., None, :]
         z_model = (qa[..., None, :] @ (S + eta[i] * A))[..., 0, :]
-        z = decode_step_int8kv(*(t.to(device) for t in (qa, ka, vh)), *state, eta.to(device), i)
+        z = decode_step_int12(*(t.to(device) for t in (qa, ka, vh)), *state, eta.to(device), i)
         assert rel_err(z.cpu(), z_model) < 1e-5
     S = two_level_round(S + eta[-1] * A, S0)
     C8, C4, step = (t.cpu() for t in state[:3])

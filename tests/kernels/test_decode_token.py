@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import compiled_recording, rel_err
-from edgettt.kernels.decode_token import (decode_token, decode_token_int8, decode_token_int8_ref, decode_token_ref,
+from edgettt.kernels.decode_token import (decode_token, decode_token_int12, decode_token_int12_ref, decode_token_ref,
                                           fixed_token_warps, use_token_kernel)
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -60,8 +60,8 @@ def test_decayed_decode_tokens_match_their_references(device, shape, inner):
     assert (rel_err(S_ref, S_plain) > 1e-2) == (inner == 3)  # the decay acts at the commit only
     S8, K, V = int8_state(*shape, 4, inner, S0, device)
     S8_ref, K_ref, V_ref = S8.clone(), K.clone(), V.clone()
-    want = decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0, decay=decay)
-    got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0, decay=decay)
+    want = decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0, decay=decay)
+    got = decode_token_int12(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0, decay=decay)
     assert rel_err(got, want) < 3e-4
     step = (S8_ref - S0).abs().amax(-1, keepdim=True) / 127
     assert ((S8 - S8_ref).abs() <= step / 14 + 1e-6).all()
@@ -86,7 +86,7 @@ def int8_state(B, H, D, b, inner, S0, device, seed=1):
 @pytest.mark.parametrize("shape", [(2, 3, 16), (1, 2, 64), (1, 1, 24)])  # 24: padded blocks
 @pytest.mark.parametrize("inner", [0, 1, 3])  # 3 commits (b = 4): S rounded to the grid, the slots emptied
 @pytest.mark.parametrize("at_state", [False, True])
-def test_decode_token_int8_matches_reference(device, shape, inner, at_state):
+def test_decode_token_int12_matches_reference(device, shape, inner, at_state):
     """The int8 state format's token (S on its grid, the open mini-batch's keys and values in float16 slots):
     the output, the slot it writes, and at a commit S rounded to the grid (a rounding may differ by one fine
     step where float noise meets a half-way point; nowhere by more) and the slots emptied."""
@@ -94,8 +94,8 @@ def test_decode_token_int8_matches_reference(device, shape, inner, at_state):
     q, k, v, lr, S0, gamma, beta, _, _ = inputs(*shape, torch.float32, device)
     S, K, V = int8_state(*shape, 4, inner, S0, device)
     S_ref, K_ref, V_ref = S.clone(), K.clone(), V.clone()
-    want = decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S_ref, K_ref, V_ref, eta, inner, 10000.0, at_state)
-    got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S, K, V, eta, inner, 10000.0, at_state)
+    want = decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S_ref, K_ref, V_ref, eta, inner, 10000.0, at_state)
+    got = decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta, inner, 10000.0, at_state)
     # the token's ka and vh are rounded to float16 for its slot: float noise that flips one of those roundings
     # moves the output by ~1e-4 (measured up to 5e-5), so 3e-4; a wrong term moves it by 1e-2 and more
     assert not torch.isnan(got).any() and rel_err(got, want) < 3e-4
@@ -110,12 +110,12 @@ def test_decode_token_int8_matches_reference(device, shape, inner, at_state):
 
 
 @pytest.mark.parametrize("form,batch,state_format", [("parallel", 2, "fp32"), ("exact", 2, "fp32"),
-                                                     ("exact", 1, "fp32"), ("parallel", 2, "int8"), ("exact", 1, "int8"),
-                                                     ("decayed", 2, "fp32"), ("decayed", 2, "int8")])
+                                                     ("exact", 1, "fp32"), ("parallel", 2, "int12"), ("exact", 1, "int12"),
+                                                     ("decayed", 2, "fp32"), ("decayed", 2, "int12")])
 def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form, batch, state_format):
     """A converted TTT-Linear model stepping through `edgettt::decode_token` (the reference on the
     CPU; aot_eager stands in for inductor) gives the torch path's logits and state across a commit, and the
-    traced graph holds the op once a layer; with the int8 state format through `edgettt::decode_token_int8`
+    traced graph holds the op once a layer; with the int8 state format through `edgettt::decode_token_int12`
     (S rounded at the commit: the same grid, up to a rounding flipped by float noise, hence 1e-4)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format
@@ -127,7 +127,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
         apply_state_format(model, state_format)
     ids = torch.randint(0, 61, (batch, 24), generator=torch.Generator().manual_seed(1))
     tol = 1e-5 if state_format == "fp32" else 1e-4
-    int8 = state_format == "int8"
+    int8 = state_format == "int12"
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         other = _copy_state(state)
@@ -138,7 +138,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
             got, other = step(ids[:, t], other)
             assert rel_err(got, want) < tol, t
     torch._dynamo.reset()
-    op = torch.ops.edgettt.decode_token_int8 if int8 else torch.ops.edgettt.decode_token
+    op = torch.ops.edgettt.decode_token_int12 if int8 else torch.ops.edgettt.decode_token
     assert len(graphs) >= 8 and all(sum(n.target in (op, op.default) for n in gm.graph.nodes) ==
                                     model.config.num_hidden_layers for gm in graphs)  # every place compiled
     for a, b in zip(state.layers, other.layers):
@@ -162,9 +162,9 @@ def test_token_kernels_match_their_references_at_every_warp_count(device, warps)
         assert rel_err(got, want) < 1e-5 and rel_err(S, S_ref) < 1e-5
         S8, K, V = int8_state(1, 2, 64, 4, inner, S0, device)
         S8_ref, K_ref, V_ref = S8.clone(), K.clone(), V.clone()
-        want = decode_token_int8_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0)
+        want = decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0)
         with fixed_token_warps(warps):
-            got = decode_token_int8(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
+            got = decode_token_int12(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
         assert rel_err(got, want) < 3e-4
 
 

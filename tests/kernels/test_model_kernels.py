@@ -66,7 +66,7 @@ def test_the_int8_state_prefill_through_its_kernel_as_the_torch_loop_does(tiny_m
     layer each), and both leave the logits and the state the torch loop leaves, also when the prefill
     starts and ends inside a mini-batch (a second prefill continues the first)."""
     model = convert(tiny_model("linear", seed=5, mini_batch_size=8, hidden_size=64), form)
-    quantize_model(model, QuantConfig(weights="none", state="int8"))
+    quantize_model(model, QuantConfig(weights="none", state="int12"))
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model.to(device)
     ids = torch.randint(0, model.config.vocab_size, (2, 58), generator=torch.Generator().manual_seed(2)).to(device)

@@ -122,7 +122,7 @@ def test_exact_int8_reference_is_the_model_exact_form_with_the_int8_state(tiny_m
     from edgettt.quant import apply_state_format
 
     model = convert(tiny_model("linear", mini_batch_size=8), form="exact")
-    apply_state_format(model, "int8")
+    apply_state_format(model, "int12")
     layer = model.model.layers[0].seq_modeling_block
     x = torch.randn(1, 24, 32)
     state = layer.init_state(1)
