@@ -1,6 +1,6 @@
 """Benchmark: the parallel-form prefill kernel's cuts and launch configurations, on CUDA.
 
-    python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants2_h200.json
+    python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
 
 - default: edgettt/kernels/prefill.py's parallel form, bf16, B=4, H=16, d=64, T=32768 (the kernel

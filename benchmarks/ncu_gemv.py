@@ -5,7 +5,7 @@
         python benchmarks/ncu_gemv.py > benchmarks/results/ncu_gemv_h200.txt
 
 (EDGETTT_AUTOTUNE=0: the kernel's first configuration, so that the profiled launch is not an autotuning one;
-it is the autotuner's pick at 11008x4096 on the H200, `gemv_shapes_h200.json`.)
+it is the autotuner's pick at 11008x4096 on the H200, measured by `bench_gemv.py --shapes`.)
 """
 
 import sys
