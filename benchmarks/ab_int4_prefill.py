@@ -8,7 +8,7 @@ host bounds the prefill.
 
 Random weights (`prefill_gpu.make`); the earlier module is loaded beside the shipped one and its int4_matmul
 swapped in for the "before" rounds (the int4 format looks int4_matmul up at each call). Results:
-benchmarks/results/prefill_gpu_h200.md, run 8.
+benchmarks/results/prefill_gpu_h200.md.
 """
 
 import argparse

@@ -7,14 +7,14 @@
 bf16 activations, M = 1, int4 group 64; weight copies rotate past L2 in a CUDA graph.
 Variants timed in the same run: "shipped" (the kernel in edgettt: 32-bit code words, a thread's chunk of
 all its program's rows, codes as 1 + c/16; its autotuned configuration goes into the row), "strided x"
-(the kernel shipped until session 22: a [BN, BKB] byte tile, x's even and odd elements by two strided
+(the kernel shipped before the 32-bit code words: a [BN, BKB] byte tile, x's even and odd elements by two strided
 loads moved through shared memory into the tile's layout, ~10 instructions a code), "zero per code"
 (the one before it: (code - zero) * scale * x for every code), "words" (32-bit loads, K unrolled; with
 or without split-K: K cut into slices, one program each, added atomically), "repacked" (the codes
 reordered once a weight so that each nibble position meets contiguous x; loads one step ahead) and "dp4a
 (int8 x)" (W4A8: x rounded to int8 with one scale a group of the weight's, once an x and not timed; four
 products a dp4a: ~1.6 SASS instructions a code against the shipped ~4.5, gemv_instruction_counts.py; first
-run on the H200 in session 27: 0.55-0.91x the shipped kernel's time) and "shipped a8 (int8 x)" (edgettt's W4A8
+run on the H200: 0.55-0.91x the shipped kernel's time) and "shipped a8 (int8 x)" (edgettt's W4A8
 GEMV, `int4_matmul(..., gemm="a8")`: the same dp4a products with x rounded in blocks of 32 inside the kernel,
 as a decode step with int8 activations runs it). Each
 shape also times a plain device copy that moves the same bytes ("copy (same bytes)"): the most a kernel
@@ -91,7 +91,7 @@ STRIDED_CONFIGS = [triton.Config({"BN": bn, "BKB": bkb}, num_warps=w, num_stages
 @triton.jit
 def strided_x_kernel(x_ptr, qw_ptr, sc_ptr, zp_ptr, y_ptr, N, K, ZPW, stride_xm,
                      GROUP: tl.constexpr, BN: tl.constexpr, BKB: tl.constexpr):
-    """The kernel shipped until session 22: bytes as a [BN, BKB] tile; x[2j] and x[2j + 1] by two strided
+    """The kernel shipped before the 32-bit code words: bytes as a [BN, BKB] tile; x[2j] and x[2j + 1] by two strided
     loads in a layout of their own, moved through shared memory into the tile's (layout conversions and
     barriers every step); about 10 SASS instructions a code (benchmarks/results/gemm_h200.md).
     y[n] = sum_g scale[n, g] * (sum_{k in g} code[n, k] x[k] - zero[n, g] * sum_{k in g} x[k]).

@@ -94,7 +94,7 @@ class Variant:
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
         from edgettt.kernels.decode_token import fixed_token_warps
 
-        warps = fixed_token_warps(8) if "-warps8" in step else contextlib.nullcontext()  # as before session 28
+        warps = fixed_token_warps(8) if "-warps8" in step else contextlib.nullcontext()  # 8 warps at every head size, as before the choice by head size
         with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()), warps:
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
             _, state = model.prefill(self.ids[:, :args.depth], state)

@@ -6,7 +6,7 @@ GEMV_CONFIGS plus every 4-warp configuration capped at 128 registers (`maxnreg`;
     python benchmarks/gemv_register_caps.py --json benchmarks/results/gemv_register_caps_760m_h200.json
 
 Microseconds a call in a CUDA graph, weight copies rotating past L2, bf16, one row; each result's error against
-`int4_gemv_ref`. Results: benchmarks/results/gemm_h200.md (session 26's register caps).
+`int4_gemv_ref`. Results: benchmarks/results/gemm_h200.md (the register caps).
 """
 
 import argparse

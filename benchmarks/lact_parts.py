@@ -6,7 +6,7 @@
 Parts: the feature maps of q and of k (rate folded in), the per-chunk sums (Triton), the scan over
 chunks, the output as the Triton pass and as cuBLAS's batched GEMM, the attention as `chunk_attention`
 runs it, and the whole `chunk` call; then the launch configurations the autotuners chose.
-(benchmarks/results/lact_h200.md, run 4, has this script's numbers of 2026-12-02.)
+(benchmarks/results/lact_h200.md has this script's numbers.)
 """
 
 import argparse

@@ -1,13 +1,12 @@
 """Host time of one int4 product above the GEMV range (a prefill's), the way int4_matmul launched it before
-session 26 and the way it does since, against bf16 F.linear; and of the dequantizing kernel's launch alone,
+its launch was trimmed and the way it does since, against bf16 F.linear; and of the dequantizing kernel's launch alone,
 through Triton's launch and by calling the compiled kernel Triton returns (what a launch cache would save). On CUDA.
 
     python benchmarks/launch_overhead.py --json benchmarks/results/launch_overhead_h200.json
 
 16 rows of bf16 x, int4 group 64, at the 760m preset's output and q/k/v shapes: the GPU's work a call is a few
 microseconds, so a loop of calls is bound by the host, and its time a call (the median of 5 loops of 2,000
-calls, the GPU synchronized after each loop) is the host's cost. Results: benchmarks/results/prefill_gpu_h200.md
-(run 8).
+calls, the GPU synchronized after each loop) is the host's cost. Results: benchmarks/results/prefill_gpu_h200.md.
 """
 
 import argparse
@@ -42,7 +41,7 @@ def host_us(fn, calls=2000) -> float:
 
 
 def before(x, qweight, scales, zero_points):
-    """int4_matmul's dequantize way until session 26: rows, an output, Triton's launch, matmul into it, a reshape."""
+    """int4_matmul's earlier dequantize way: rows, an output, Triton's launch, matmul into it, a reshape."""
     N, blocks, GH = qweight.shape
     x2 = x.reshape(-1, x.shape[-1])
     y = torch.empty(x2.shape[0], N, device=x.device, dtype=x.dtype)

@@ -1,5 +1,5 @@
 """Prefill tokens/s of a preset-sized TTT-Linear (original, parallel form, parallel form with int8 / int4
-weights) and the same-size Llama on a CUDA GPU, all models in memory at once and timed in turns (issue 21:
+weights) and the same-size Llama on a CUDA GPU, all models in memory at once and timed in turns (
 the 760m prefill targets and int4 prefill against bf16 weights).
 
     python benchmarks/prefill_gpu.py --preset 760m --length 8192 --repeats 5 --json out.json

@@ -1,5 +1,5 @@
 """How far a TTT-Linear layer's state travels from its initial state S0 along a text: the original (run as
-its exact form, equal to it) against parallel forms (issue 23, item 1: why a parallel form distilled at one
+its exact form, equal to it) against parallel forms (why a parallel form distilled at one
 length does not hold at another).
 
     python benchmarks/state_growth.py --models ttt-linear-tiny-parallel --lengths 512,1024,2048,4096,8192 \

@@ -1,4 +1,4 @@
-"""Ways to keep TTT's accumulated state S in 8 bits, measured against each other on one model (issue 23).
+"""Ways to keep TTT's accumulated state S in 8 bits, measured against each other on one model.
 
 Each option is a rounding applied at every mini-batch commit in place of the int8 state's (the
 layers' `requantizer`), on the exact form of a shipped model calibrated as `edgettt calibrate` does,
@@ -23,7 +23,7 @@ Options (S0 the learned initial state; `step` the calibrated int8 row step of th
     fp8-e4m3          (S - S0) / (row max / 448) as float8 e4m3, per-row calibrated scales
     fp16              S in half precision (2 bytes)
 A suffix `+kv-bf16` keeps the open mini-batch's keys and values (b x (Dk + Dv) a head) in bfloat16 in
-place of the float32 running sum A (issue 21's layout), simulated by rounding ka and vh to bfloat16
+place of the float32 running sum A (the int12 format's layout), simulated by rounding ka and vh to bfloat16
 where the layer's linear attention reads them: the sum inside the mini-batch and the commit then see
 exactly what such a buffer holds. `int8-dynamic-ef-int4` combines the dynamic row step with the 4-bit
 feedback; `int8-ef-int2` feeds back a 2-bit residual.
@@ -114,7 +114,7 @@ S_BYTES = {"fp32": 4, "int8": 1, "int8-stochastic": 1, "int8-dynamic": 1, "int8-
 
 def state_bytes(model, name: str) -> dict:
     """A sequence's decode state: S at the option's bytes, the rest (A, conv tails) in float32; and with
-    the mini-batch's keys and values kept in place of A (b x (Dk + Dv) floats, issue 21's layout)."""
+    the mini-batch's keys and values kept in place of A (b x (Dk + Dv) floats, the int12 format's layout)."""
     layers = model.init_state(1).layers
     s_elems = sum(t.numel() for layer in layers for k, t in layer.items() if k.startswith("S"))
     a_elems = sum(t.numel() for layer in layers for k, t in layer.items() if k.startswith("A"))

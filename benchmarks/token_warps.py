@@ -3,13 +3,13 @@ preset's heads: each launch's output against the first variant's, and microsecon
 its own state) in a CUDA graph (`bench.time_rotating_ms`: the median of its replays), the variants in turns, the
 median of --rounds; `decode_token.token_warps` picks from these.
 
-    python benchmarks/token_warps.py --json benchmarks/results/token_warps_760m_h200.json      (run 16)
-    python benchmarks/token_warps.py --shape 1x12x64 --warps 2,4,8 --rounds 5 --json ...     (125m's heads; run 18)
+    python benchmarks/token_warps.py --json benchmarks/results/token_warps_760m_h200.json
+    python benchmarks/token_warps.py --shape 1x12x64 --warps 2,4,8 --rounds 5 --json ...     (125m's heads)
 
 Why warps: compiled offline for sm_90a (`kernel_resources.py`), the float kernel at d = 96 takes 255 registers and
 spills 384 bytes with 8 warps, 128 and 264 with 16, 64 and 192 with 32: more warps, fewer registers a thread.
 Inputs are the kernel tests' (`tests/kernels/test_decode_token.py`: `inputs`, `int8_state`). Results:
-benchmarks/results/compiled_decode_h200.md, runs 16 and 18.
+benchmarks/results/compiled_decode_h200.md.
 """
 
 import argparse

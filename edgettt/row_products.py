@@ -9,7 +9,7 @@ is a reduction that inductor generates itself and fuses with what makes its inpu
 what reads its result (an activation, a residual add). Anywhere else (eager, the ONNX export, more than one
 row) the layers multiply as before. Quantized layers keep their GEMV kernels: their dequantization written
 into the same reduction measured no faster (125m, int4 g64: 1,761 against 1,744 tokens/s,
-`benchmarks/results/compiled_decode_h200.md` run 7).
+`benchmarks/results/compiled_decode_h200.md`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ class RowProductLinear(nn.Linear):
 
 
 # Widest hidden size at which a batch-1 step's float products pay as reductions: measured on the H200,
-# 1.27x at 768 (125m, benchmarks/results/compiled_decode_h200.md run 7), 0.93x at 1536 (760m, run 10).
+# 1.27x at 768 (125m, benchmarks/results/compiled_decode_h200.md), 0.93x at 1536 (760m).
 ROW_PRODUCTS_MAX_HIDDEN = 1024
 
 

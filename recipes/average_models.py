@@ -5,7 +5,7 @@
 The last step of `ttt-linear-tiny-parallel`'s recipe (`train_all.sh`, DECAYED_AVERAGE_OF): its distillation
 at 512 and 2048 tokens only (+2.5% / +2.5% / +8.0% of the original at 512 / 2048 / 8192) and the stage after
 it (8192 back in the mix: +2.8% / +3.1% / -5.1%) averaged at t = 0.3 hold all three lengths
-(+2.5% / +2.6% / +1.8%; benchmarks/results/mixed_distill_gpu.md, run 8). Both must share one config
+(+2.5% / +2.6% / +1.8%; benchmarks/results/mixed_distill_gpu.md). Both must share one config
 (the form, sizes and options); the average keeps the larger `distilled_ctx` of the two. OUT is written
 atomically and replaced only with --force.
 """

@@ -179,7 +179,7 @@ def test_sharded_checkpoints_are_read_and_written(tmp_path):
 
 @pytest.mark.parametrize("stored", [torch.bfloat16, torch.float16])
 def test_a_model_stored_in_16_bits_loads_in_float32_holding_the_stored_values(tmp_path, stored):
-    """Half the file (issue 23 item 3's embedded models) without computing in 16 bits on a CPU."""
+    """Half the file (the embedded models) without computing in 16 bits on a CPU."""
     model = random_model(tiny_config(), 3)
     save_model(model.to(stored), tmp_path / "m")
     loaded = load(tmp_path / "m")

@@ -14,7 +14,7 @@ from edgettt.data import read_text
 NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
 PARALLEL_NAMES = ["ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel"]  # the distilled parallel forms
 LACT_NAMES = ["lact-tiny", "lact-w1-tiny"]
-PREVIOUS_PARAMETERS = 1_864_208  # ttt-linear-tiny until 2026-12-03 (issue 23 item 3: about twice that)
+PREVIOUS_PARAMETERS = 1_864_208  # ttt-linear-tiny until 2026-12-03 (about twice that)
 TRANSFORMER_LOG = Path(__file__).parent.parent / "recipes" / "results" / "transformer-baseline.train_log.json"
 
 
@@ -53,7 +53,7 @@ def test_loads_by_name_within_size_and_with_a_byte_tokenizer(name):
 @pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES + LACT_NAMES)
 def test_reaches_its_documented_bits_per_byte_on_a_slice_of_the_test_split(name):
     """Every slice number in eval.json: at the slice's context, and for the distilled parallel forms at 2048
-    and 8192 tokens too (issue 23, item 1: within 3% of the original on the whole test part, MODEL_CARD.md)."""
+    and 8192 tokens too (within 3% of the original on the whole test part, MODEL_CARD.md)."""
     documented = json.loads((SHIPPED_MODELS / name / "eval.json").read_text())
     measured = check_documented_slice(edgettt.load(name), name, documented)
     assert (len(measured) == 3) == (name in NAMES + PARALLEL_NAMES)

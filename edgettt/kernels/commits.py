@@ -6,7 +6,7 @@ round2 is the int12 format's two-level rounding around S0 (`quant.state_formats.
 per row, max |S - S0| / 127, recomputed at every commit). The rounding makes the chain sequential, so
 with the int12 state the parallel form's prefill (`linear_attention.committed_states`) looped over the
 mini-batches in torch, a few small operations each: 512 commits a layer at 8192 tokens, 58x slower
-than the float state's prefill on the H200 (benchmarks/results/model_speed_h200.md, run 2). Rows are
+than the float state's prefill on the H200 (benchmarks/results/model_speed_h200.md). Rows are
 independent (each has its own step), so one program keeps ROWS rows of one sequence and head in
 registers and walks the whole chain, reading each U_n and writing each S_after[n] once.
 

@@ -140,7 +140,7 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
 
 
 # Warps a token kernel's program runs with, by measurement at batch 1 (benchmarks/token_warps.py, 24 layers' calls
-# in a CUDA graph; compiled_decode_h200.md, run 18, where the choice also wins at batch 16, 125m): at the 125m heads (d = 64) 2 (float
+# in a CUDA graph; compiled_decode_h200.md, where the choice also wins at batch 16, 125m): at the 125m heads (d = 64) 2 (float
 # state 3.55 us against 4.27 with 8; int12 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the
 # float state's 8 (7.56 against 8.50 with 4; 2 spill: 47) and the int12 state's 4 (5.85 against 10.64 with 8);
 # the int12 state's commit 8 at both (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96).

@@ -260,7 +260,7 @@ def _low_rank_features_kernel(x_ptr, l0_ptr, r0_ptr, l2_ptr, r2_ptr, rt_ptr, o_p
                               BR: tl.constexpr, BT: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
     """BT rows of one head, every feature: the rows' codes (r columns, once), then BN features at a time.
     (Splitting a row tile's features over programs, for more programs in flight, was measured: never
-    faster at the 760M shape, benchmarks/results/lact_h200.md run 4.)"""
+    faster at the 760M shape, benchmarks/results/lact_h200.md.)"""
     pid = tl.program_id(0)
     tiles = tl.cdiv(ROWS, BT)
     h, tb = pid // tiles, pid % tiles

@@ -98,7 +98,7 @@ def set_activations(model: nn.Module, activations: str, decode: bool = False) ->
     W4A8 on the int8 tensor cores, the activations rounded a row); other formats ignore it. `decode` (with
     "int8"): int4 layers' decode GEMVs in W4A8 too (x rounded in blocks of 32 inside the kernel, dp4a:
     `weight_formats.int4_a8`), faster alone but not in a compiled 760m step with the fused norms
-    (benchmarks/results/compiled_decode_h200.md run 17), so asked for, not implied. Returns the number of
+    (benchmarks/results/compiled_decode_h200.md), so asked for, not implied. Returns the number of
     layers that take it."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")

@@ -169,7 +169,7 @@ def test_token_kernels_match_their_references_at_every_warp_count(device, warps)
 
 
 def test_token_warps_follow_the_head_size_and_state():
-    """The measured choice (compiled_decode_h200.md, run 18): 2 warps at d <= 64, 8 (float) / 4 (int8) at the
+    """The measured choice (compiled_decode_h200.md): 2 warps at d <= 64, 8 (float) / 4 (int8) at the
     128-wide tiles of d = 96, 8 at an int8 commit; `fixed_token_warps` overrides it within, and only within."""
     from edgettt.kernels import decode_token as dt
 
