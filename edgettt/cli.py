@@ -1,6 +1,6 @@
 """The `edgettt` command line. Each command is a thin layer over the Python API.
 
-Exit codes: 1 for bad input or a failed run (`EdgetttError`, or an operating-system error such as a
+Exit codes: 130 when interrupted (Ctrl-C; nothing half-written is left); 1 for bad input or a failed run (`EdgetttError`, or an operating-system error such as a
 full disk: one line `Error: ...`, no traceback); 2 for a malformed command line (click's own: an
 unknown option, a value out of the range `--help` shows). Every command plans its outputs before
 any work (`outputs.Output.plan`): an output never touches an input, and `--force` replaces only what
@@ -41,6 +41,9 @@ class Group(click.Group):
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:  # Ctrl-C: outputs are staged and renamed when complete, so none is half-written
+            click.echo("\ninterrupted: nothing was written or replaced", err=True)
+            ctx.exit(130)
         except click.NoSuchOption as exc:
             if exc.option_name in MOVED_OPTIONS:
                 exc.message += f" ({exc.option_name} moved: {MOVED_OPTIONS[exc.option_name]})"
@@ -236,7 +239,8 @@ def cli(no_progress):
     lact-w1-tiny (LaCT, SwiGLU and linear fast weights). Data (TEXT) defaults differ by purpose:
     python-docs:train to calibrate and distil on, python-docs (its held-out test part) to measure.
 
-    Exit codes: 0 done; 1 bad input or a failed run (one line on stderr); 2 a malformed command line.
+    Exit codes: 0 done; 1 bad input or a failed run (one line on stderr); 2 a malformed command line;
+    130 interrupted (Ctrl-C: nothing half-written is left behind).
     """
     if no_progress:
         os.environ["TQDM_DISABLE"] = "1"  # progress.bar reads it for every bar

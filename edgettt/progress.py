@@ -9,6 +9,7 @@ EDGETTT_PROGRESS=always keeps it on where stderr is a file or a pipe (a new line
 from __future__ import annotations
 
 import os
+import re
 import sys
 
 from tqdm import tqdm
@@ -27,11 +28,15 @@ def bar(iterable=None, total: int | None = None, desc: str = "", unit: str = "it
                 dynamic_ncols=True)
 
 
+ESCAPE_CODES = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
 class LineWriter:
-    """A file for tqdm that turns its carriage-return redraws into lines on stderr (a log keeps each)."""
+    """A file for tqdm that turns its carriage-return redraws into lines on stderr (a log keeps each),
+    without the terminal's escape codes (cursor moves, erases) a log would show as noise."""
 
     def write(self, text: str) -> None:
-        text = text.replace("\r", "").strip()
+        text = ESCAPE_CODES.sub("", text).replace("\r", "").strip()
         if text:
             print(text, file=sys.stderr, flush=True)
 

@@ -179,6 +179,32 @@ MARKERS = "osD^v<>phX*"
 LINES = ("-", "--", "-.", ":")
 
 
+def dodged(xs: list[float], ys: list[float], near_x: float = 0.02, near_decades: float = 0.1,
+           step: float = 0.025) -> list[float]:
+    """xs moved apart where points of a log-y scatter would cover each other: each group of points within
+    `near_x` of the x range and `near_decades` of each other is spread around its place, `step` of the x
+    range apart (the table and the legend keep the true sizes)."""
+    import math
+
+    if not xs:
+        return []
+    span = (max(xs) - min(xs)) or 1.0
+    out = list(xs)
+    groups: list[list[int]] = []
+    for i in range(len(xs)):
+        for g in groups:
+            j = g[0]
+            if abs(xs[i] - xs[j]) < near_x * span and abs(math.log10(ys[i]) - math.log10(ys[j])) < near_decades:
+                g.append(i)
+                break
+        else:
+            groups.append([i])
+    for g in groups:
+        for k, i in enumerate(g):
+            out[i] = xs[i] + (k - (len(g) - 1) / 2) * step * span
+    return out
+
+
 def plot(report: dict, out: Path) -> None:
     """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text)."""
     import matplotlib
@@ -192,8 +218,12 @@ def plot(report: dict, out: Path) -> None:
     ax.axvline(ref["size_mb"], color="black", linestyle=":", linewidth=1)
     ax.text(ref["size_mb"], 0.98, f" {ref['variant']}: KLD 0 (the reference)", transform=ax.get_xaxis_transform(),
             ha="right", va="top", fontsize=8, rotation=90)
+    shown = [r for r in rows[1:] if r["kld_mean"] > 0]  # (0: no drift, nothing a log axis can place)
+    x_of = dict(zip((r["variant"] for r in shown), dodged([r["size_mb"] for r in shown], [r["kld_mean"] for r in shown])))
     for i, r in enumerate(rows[1:]):
-        ax.scatter(r["size_mb"], r["kld_mean"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)], s=60,
+        if r["variant"] not in x_of:
+            continue
+        ax.scatter(x_of[r["variant"]], r["kld_mean"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)], s=60,
                    label=f"{r['variant']} ({r['size_mb']:.2f} MB, KLD {r['kld_mean']:.2g})", zorder=3)
     ax.set(xlabel="weights on disk, MB", ylabel="mean KLD against the float model (log; lower is better)",
            yscale="log", title=f"{report['model']}: drift against size")

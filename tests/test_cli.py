@@ -352,3 +352,14 @@ def test_info_gives_the_bytes_as_stored_on_disk():
     file_bytes = (SHIPPED_MODELS / "ttt-linear-tiny" / "model.safetensors").stat().st_size
     assert 0 < file_bytes - facts["weights_bytes"] < 20_000
     assert 15.9 < facts["bits_per_weight"] < 16.2
+
+
+def test_ctrl_c_exits_130_and_leaves_nothing_behind(ckpt, tmp_path, monkeypatch):
+    """Interrupted while writing the model: exit 130, one line, no OUT and no staging folder beside it."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("edgettt.checkpoint.write_weights", interrupted)
+    result = run("convert", ckpt, tmp_path / "out", "--no-report")
+    assert result.exit_code == 130 and "interrupted: nothing was written or replaced" in result.output
+    assert list(tmp_path.iterdir()) == []  # (staging folders are hidden names beside OUT)

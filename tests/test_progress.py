@@ -67,3 +67,16 @@ def test_edgettt_progress_always_writes_lines_where_stderr_is_a_file(monkeypatch
         pass
     lines = sys.stderr.getvalue().splitlines()
     assert lines and "\r" not in sys.stderr.getvalue() and "work" in lines[-1] and "5/5" in lines[-1]
+
+
+def test_a_log_gets_no_terminal_escape_codes(monkeypatch):
+    """A nested bar (leave=False) makes tqdm move the cursor and erase lines: in a log those escape codes are
+    noise, so the line writer drops them."""
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    monkeypatch.setenv("EDGETTT_PROGRESS", "always")
+    monkeypatch.delenv("TQDM_DISABLE", raising=False)
+    for _ in bar(range(2), desc="outer"):
+        for _ in bar(range(3), desc="inner", leave=False):
+            pass
+    text = sys.stderr.getvalue()
+    assert "outer" in text and "\x1b" not in text and "\r" not in text

@@ -86,3 +86,15 @@ def test_report_keeps_the_variants_that_finished_when_one_fails(report_dir, tmp_
     data = json.loads((tmp_path / "r" / "report.json").read_text())
     assert [r["variant"] for r in data["rows"]] == ["float (converted)", "w-int8 s-fp32", "w-float s-fp16"]
     assert data["failed"][0]["variant"] == "w-nf4-b64 s-fp32"
+
+
+def test_points_that_would_cover_each_other_are_moved_apart():
+    """The size plot: two variants of one size and KLD (int8 and bnb-int8) are drawn side by side, far
+    enough apart for both markers to show; points apart stay where they are."""
+    from edgettt.reporting import dodged
+
+    xs = dodged([3.97, 3.97, 2.52, 13.75], [1.7e-4, 1.7e-4, 2.6e-2, 1.5e-3])
+    span = 13.75 - 2.52
+    assert abs(xs[0] - xs[1]) >= 0.02 * span and abs((xs[0] + xs[1]) / 2 - 3.97) < 1e-9
+    assert xs[2:] == [2.52, 13.75]
+    assert dodged([], []) == []
