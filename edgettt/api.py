@@ -22,11 +22,18 @@ from pathlib import Path
 
 import torch
 
+from . import benchmark, evaluation
+from .checkpoint import save_model
 from .data import Text, read_text
 from .errors import EdgetttError
 from .model import CausalLM
-from .quant.apply import quantize_model
+from .onnx import ACTIVATIONS, export_model
+from .outputs import Output
+from .quant import calibration
+from .quant.apply import quantize_model, skip_patterns
 from .quant.config import QuantConfig
+from .reporting import build_report, table, variants, write
+from .runner import Runner
 
 
 def _text(text) -> Text:
@@ -38,9 +45,7 @@ def calibrate(model: CausalLM, text="python-docs:train", seq_len: int = 2048, sa
     """Statistics quantization needs from a converted model on sample text: the inputs of every linear
     layer (GPTQ Hessians) and the accumulated state's magnitudes, with int8 state scales. Returns a
     `Calibration` (`.save(path)`, `Calibration.load(path)`)."""
-    from .quant.calibration import calibrate as run
-
-    return run(model, _text(text), seq_len, samples, seed, percentile)
+    return calibration.calibrate(model, _text(text), seq_len, samples, seed, percentile)
 
 
 def quantize(model: CausalLM, config: QuantConfig | None = None, calibration=None, report=None) -> CausalLM:
@@ -80,12 +85,10 @@ def evaluate(model: CausalLM, text="python-docs", ctx: int | list[int] = 512, ma
     """Perplexity and bits per byte of `model` on `text` in windows of `ctx` tokens; against `ref` (a
     model) or `ref_logits` (a file saved by `edgettt eval --save-logits`), the drift. A list of window
     lengths gives a list of Evaluations, one a length (`edgettt eval --ctx 512,2048,8192`)."""
-    from .evaluation import evaluate as run
-
     if isinstance(ctx, (list, tuple)):
         return [evaluate(model, text, n, max_tokens, ref, ref_logits, name) for n in ctx]
-    report, logits, windows = run(model, name, _text(text), ctx, max_tokens, ref, "ref" if ref is not None else None,
-                                  ref_logits)
+    report, logits, windows = evaluation.evaluate(model, name, _text(text), ctx, max_tokens, ref,
+                                                  "ref" if ref is not None else None, ref_logits)
     return Evaluation(report, logits, windows)
 
 
@@ -102,8 +105,6 @@ class Export:
 
     def runner(self, threads: int | None = None):
         """The numpy + onnxruntime runner of this export (`edgettt.runner.Runner`)."""
-        from .runner import Runner
-
         return Runner(self.path, threads)
 
 
@@ -112,8 +113,6 @@ def export(model: CausalLM, out, name: str = "model", verify_text="python-docs-s
     """prefill.onnx, decode.onnx, weights.bin and manifest.json for ONNX Runtime in `out`, checked in
     onnxruntime against torch on `verify_text` (None: not checked) before anything is written.
     `activations`: "int8" (quantized layers multiply int8 activations) or "float"."""
-    from .onnx import ACTIVATIONS, export_model
-
     if activations not in ACTIVATIONS:
         raise EdgetttError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     text = None if verify_text is None else _text(verify_text)
@@ -133,8 +132,6 @@ class Report:
         return self.data["rows"]
 
     def table(self) -> str:
-        from .reporting import table
-
         return table(self.data)
 
 
@@ -146,10 +143,6 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
     """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure
     each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`.
     `weights` are variant names as `edgettt quantize --weights` takes them (int4-gptq-g64)."""
-    from .outputs import Output
-    from .quant.apply import skip_patterns
-    from .reporting import build_report, variants, write
-
     planned = Output.plan(out, "report", force, api=True)
     data_text, calibration_text = _text(text), _text(calib_text)
     with planned.write() as tmp:
@@ -163,8 +156,6 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
 def save(model: CausalLM, out, force: bool = False, store: torch.dtype | None = None) -> None:
     """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True;
     `store=torch.bfloat16` keeps the floating matrices in half the bytes (`checkpoint.stored_matrices`)."""
-    from .checkpoint import save_model
-
     save_model(model, out, force=force, store=store)
 
 
@@ -173,7 +164,5 @@ def bench(paths, pp=(512,), tg=(128,), depth=(0,), repetitions: int = 5, device:
     """Tokens a second of exports or models (`paths`: directories, shipped names, on CUDA `llama:<preset>`),
     as `edgettt bench` measures them: ppN prefill and tgN@dD decode rows, median, min, max and ratio to the
     first path over `repetitions` in turns. Returns the JSON the command writes."""
-    from .benchmark import run, tests
-
-    return run([str(p) for p in paths], tests(list(pp), list(tg), list(depth)), repetitions, threads, seed, device,
-               batch)
+    return benchmark.run([str(p) for p in paths], benchmark.tests(list(pp), list(tg), list(depth)), repetitions, threads,
+                         seed, device, batch)

@@ -9,6 +9,7 @@ staging directory and renamed into place when complete, so a failed run leaves n
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -17,9 +18,12 @@ import torch
 
 from .config import ModelConfig
 from .errors import EdgetttError
-from .lact.config import LACT_MODEL_TYPE
+from .lact.checkpoint import check_lact_sizes
+from .lact.config import LACT_MODEL_TYPE, LaCTConfig
+from .lact.model import LaCTForCausalLM
 from .model import CausalLM
 from .outputs import as_output
+from .quant.apply import prepare_quantized
 from .tokenizer import load_tokenizer
 from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, weights_header,
                          write_weights)
@@ -62,8 +66,6 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> Cau
     with torch.device("meta"):
         model = model_class(config)
     if config.quantization:
-        from .quant.apply import prepare_quantized
-
         prepare_quantized(model, weights, str(path))
     check_weights(model, weights, path)
     model.load_state_dict(weights, strict=False, assign=True)
@@ -90,10 +92,6 @@ def family_classes(kind: str | None):
     """(config class, size check against the weights file, model class) of a config.json's model_type:
     LaCT's for `lact_swiglu`, else the TTT family's (whose config loader names what it reads)."""
     if kind == LACT_MODEL_TYPE:
-        from .lact.checkpoint import check_lact_sizes
-        from .lact.config import LaCTConfig
-        from .lact.model import LaCTForCausalLM
-
         return LaCTConfig, check_lact_sizes, LaCTForCausalLM
     return ModelConfig, check_sizes, CausalLM
 
@@ -110,8 +108,6 @@ def model_type(config_file: Path) -> str | None:
 
 def model_fingerprint(model: CausalLM) -> str:
     """sha256 prefix of the weights (names, shapes, dtypes and bytes): what a calibration is tied to."""
-    import hashlib
-
     digest = hashlib.sha256()
     for name, tensor in sorted(model.weights().items()):
         t = tensor.detach().cpu().contiguous()

@@ -20,6 +20,7 @@ import torch
 
 from .converted import decay_logit
 from .errors import EdgetttError
+from .lact.model import converted_copy
 from .model import CausalLM
 from .ops import mini_batch_etas
 
@@ -31,7 +32,6 @@ def convert(model: CausalLM, form: str = "exact", decay: float | None = None) ->
     `decay` (0 < decay < 1, form "parallel"), a decayed parallel form starting at that gamma."""
     _check_decay(model, form, decay)
     if model.config.family == "lact" and form in ("exact", "lact", "parallel"):  # "exact" is LaCT's own
-        from .lact.model import converted_copy                                   # computation, form "lact"
 
         return converted_copy(model, "lact" if form == "exact" else form)
     if form not in ("exact", "parallel"):

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from pydoc_data.topics import topics
 
 from .errors import EdgetttError
 
@@ -88,8 +89,6 @@ def docs_splits(topics: dict[str, str]) -> dict[str, str]:
 
 
 def python_docs(split: str) -> bytes:
-    from pydoc_data.topics import topics
-
     splits = docs_splits(topics)
     return "\n\n".join(topics[key] for key in sorted(topics) if splits[key] == split).encode("utf-8")
 

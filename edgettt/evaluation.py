@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
+
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 
 from . import metrics
 from .data import Text, token_windows
 from .errors import EdgetttError
 from .model import CausalLM
+from .outputs import as_output
 from .progress import bar
+from .quant.apply import weight_bits
 
 
 def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
@@ -60,8 +66,6 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
 
 
 def model_facts(model: CausalLM, name: str) -> dict:
-    from .quant.apply import weight_bits
-
     size = weight_bits(model)
     return {"name": name, "family": model.config.family, "form": model.form, "parameters": size["weights"],
             "size_mb": size["size_mb"], "bits_per_weight": size["bits_per_weight"],
@@ -71,12 +75,6 @@ def model_facts(model: CausalLM, name: str) -> dict:
 def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict, force: bool = False) -> None:
     """Reference logits for later comparisons: safetensors with the token windows and, as metadata,
     the text's fingerprint and the model that made them. Written atomically."""
-    import json
-
-    from safetensors.torch import save_file
-
-    from .outputs import as_output
-
     meta = {"edgettt_reference_logits": "1", "text": json.dumps(report["text"]), "model": json.dumps(report["model"]),
             "ctx": str(report["ctx"])}
     with as_output(path, "logits", force).write() as tmp:
@@ -85,10 +83,6 @@ def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: di
 
 def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     """(logits [N, T, V], windows [N, T+1], metadata) of a file written by `save_reference`."""
-    import json
-
-    from safetensors import SafetensorError, safe_open
-
     try:
         with safe_open(str(path), framework="pt") as f:
             meta = f.metadata() or {}

@@ -18,6 +18,13 @@ import functools
 
 import torch
 
+from .fused_products import use_fused_products
+from .kernels.decode_token import use_token_kernel
+from .mixer import fuse_input_projections
+from .model import State
+from .quant import set_activations, stacked_projection
+from .row_products import row_products_pay, use_row_products
+
 
 @dataclasses.dataclass(frozen=True)
 class FastPaths:
@@ -36,9 +43,6 @@ class FastPaths:
 def prepare(model: torch.nn.Module, config: FastPaths | None = None, device: str = "cuda") -> torch.nn.Module:
     """Move `model` (a TTT, converted or LaCT model, or the Llama baseline) to `device` in `config.dtype` and
     fix its layers' compute paths as `config` says, in place. Returns the model, in eval mode."""
-    from .mixer import fuse_input_projections
-    from .quant import set_activations, stacked_projection
-
     config = config or FastPaths()
     set_activations(model, config.activations)  # (the Llama has no quantized layer and its projections are fused)
     fuse_input_projections(model, stacked_projection)  # q/k/v and gate/up one GEMM each, as the Llama's
@@ -49,10 +53,6 @@ def prepare(model: torch.nn.Module, config: FastPaths | None = None, device: str
 
 
 def _prepare_compiled_step(model, config: FastPaths) -> None:
-    from .fused_products import use_fused_products
-    from .kernels.decode_token import use_token_kernel
-    from .row_products import row_products_pay, use_row_products
-
     if config.row_products or (config.row_products is None and row_products_pay(model)):
         use_row_products(model)
     if config.token_kernel:  # (the transformer has no layer that takes it)
@@ -76,8 +76,6 @@ def compile_step(model) -> None:
 def step_in_place(model, token, state, position: int | None):
     """One decode step at `position` whose results land in `state`'s own tensors, as a CUDA graph must
     leave them (the transformer's step writes its cache in place: `position` None). Returns the logits."""
-    from .model import State
-
     if position is None:
         return model.step(token, state)[0]
     logits, new = model.step(token, State(position, [dict(layer) for layer in state.layers]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+from triton.testing import do_bench, do_bench_cudagraph
 
 
 def event_ms(fn) -> float:
@@ -23,8 +24,6 @@ def time_ms(fn, budget_ms: float = 300.0, graph: bool = False) -> float:
     gaps: for microsecond kernels; the caller rotates inputs past L2). Otherwise fast functions go
     through triton's do_bench (L2 flushed between runs) and slow ones (the torch references) are
     timed with CUDA events, at least 3 runs."""
-    from triton.testing import do_bench, do_bench_cudagraph
-
     fn()
     torch.cuda.synchronize()
     if graph:

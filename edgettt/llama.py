@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .config import PRESET_VOCAB, PRESETS
 from .ops import rms_norm
 
 
@@ -33,6 +34,11 @@ class LlamaConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @classmethod
+    def of_preset(cls, preset: str) -> "LlamaConfig":
+        """The transformer of a TTT preset's size (`config.PRESETS`): hidden size, layers, heads, MLP, vocabulary."""
+        return cls(**PRESETS[preset], vocab_size=PRESET_VOCAB)
 
 
 @dataclasses.dataclass

@@ -52,15 +52,6 @@ class SplitOutputs(nn.Module):
         return tuple(product(self.linear, x, norm).split(self.sizes, dim=-1))
 
 
-def stacked_float_linear(layers: list[nn.Module]) -> nn.Linear | None:
-    """One bias-free float linear layer with the rows of `layers` stacked, or None if any is not one."""
-    if not all(type(m) is nn.Linear and m.bias is None for m in layers):
-        return None
-    stacked = nn.Linear(layers[0].in_features, sum(m.out_features for m in layers), bias=False, device="meta")
-    stacked.weight = nn.Parameter(torch.cat([m.weight for m in layers]), requires_grad=False)
-    return stacked
-
-
 def fuse_input_projections(model: nn.Module, stack) -> int:
     """Replace each `FusableInputs` module's projections of one input with `stack(layers)`, one layer
     computing all of them (None: left as they are). Returns the number of modules fused."""

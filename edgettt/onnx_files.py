@@ -16,6 +16,10 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
+import onnx
+import onnx.external_data_helper
+from onnx import numpy_helper
+
 WEIGHTS_FILE = "weights.bin"
 MIN_EXTERNAL_BYTES = 1024
 ALIGN = 4096
@@ -23,8 +27,6 @@ ALIGN = 4096
 
 def _graphs(graph):
     """`graph` and every graph inside its nodes (Scan / If / Loop bodies), depth first."""
-    import onnx
-
     yield graph
     for node in graph.node:
         for attr in node.attribute:
@@ -49,8 +51,6 @@ def _drop_node_metadata(graph) -> None:
 
 
 def _refer(tensor, offset: int, length: int) -> None:
-    import onnx
-
     tensor.ClearField("raw_data")
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.EXTERNAL
@@ -62,10 +62,6 @@ def _refer(tensor, offset: int, length: int) -> None:
 def share_weights(directory: Path, graphs: list[str]) -> None:
     """Rewrite the `graphs` in `directory` (each may have external data of its own, which is removed)
     to keep their large initializers in one `weights.bin`."""
-    import onnx
-    import onnx.external_data_helper
-    from onnx import numpy_helper
-
     directory = Path(directory)
     models = [onnx.load(str(directory / name), load_external_data=False) for name in graphs]
     own_data = {directory / e.value for m in models for t in _initializers(m.graph) for e in t.external_data
@@ -96,8 +92,6 @@ def share_weights(directory: Path, graphs: list[str]) -> None:
 
 def graph_bytes(path: Path) -> int:
     """Bytes on disk one graph needs: its file plus the distinct external data ranges it refers to."""
-    import onnx
-
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
     ranges = set()

@@ -12,6 +12,7 @@ import torch
 
 from .config import ModelConfig
 from .model import CausalLM
+from .tokenizer import ByteTokenizer
 
 
 def random_model(config: ModelConfig, seed: int = 0) -> CausalLM:
@@ -45,6 +46,4 @@ def _init(name: str, shape: torch.Size, gen: torch.Generator) -> torch.Tensor:
 
 
 def _default_tokenizer(config: ModelConfig):
-    from .tokenizer import ByteTokenizer
-
     return ByteTokenizer() if config.vocab_size >= 256 else None

@@ -8,10 +8,16 @@ plots and report.html (all of it in one page, the plots inlined).
 
 from __future__ import annotations
 
+import base64
 import csv
 import dataclasses
 import json
+import math
+from html import escape
 from pathlib import Path
+
+import matplotlib
+import matplotlib.pyplot as plt
 
 from . import metrics
 from .conversion import convert
@@ -19,6 +25,7 @@ from .data import Text, token_windows
 from .errors import EdgetttError
 from .evaluation import collect_logits, encode, model_facts, target_bytes
 from .model import CausalLM
+from .onnx.speed import onnx_speed
 from .progress import bar
 from .quant.apply import layer_formats, quantize_model
 from .quant.calibration import calibrate
@@ -67,7 +74,6 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
         if converted.form != "parallel":
             raise EdgetttError(f"{source_name}: --onnx exports the parallel form only, this is {converted.form!r}; "
                                "pass --form parallel (or a parallel-form model such as ttt-linear-tiny-parallel)")
-        from .onnx.speed import onnx_speed  # onnx and onnxscript only when asked for
     windows = token_windows(encode(converted, text), ctx, max_tokens)
     targets, n_bytes = windows[:, 1:], target_bytes(converted, windows)
     log(f"reference logits: {converted.form} form on {text.name}, {windows.shape[0]} x {ctx} tokens")
@@ -167,8 +173,6 @@ def write(report: dict, out: Path) -> None:
 
 def variant_colours(report: dict) -> dict[str, tuple]:
     """One colour per variant, the same in every plot and in the HTML table; the float model in black."""
-    import matplotlib
-
     palette = matplotlib.colormaps["tab10" if len(report["rows"]) <= 11 else "tab20"]
     colours = {r["variant"]: palette(i % palette.N) for i, r in enumerate(report["rows"][1:])}
     colours[report["rows"][0]["variant"]] = (0.0, 0.0, 0.0, 1.0)
@@ -184,8 +188,6 @@ def dodged(xs: list[float], ys: list[float], near_x: float = 0.02, near_decades:
     """xs moved apart where points of a log-y scatter would cover each other: each group of points within
     `near_x` of the x range and `near_decades` of each other is spread around its place, `step` of the x
     range apart (the table and the legend keep the true sizes)."""
-    import math
-
     if not xs:
         return []
     span = (max(xs) - min(xs)) or 1.0
@@ -207,10 +209,7 @@ def dodged(xs: list[float], ys: list[float], near_x: float = 0.02, near_decades:
 
 def plot(report: dict, out: Path) -> None:
     """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text)."""
-    import matplotlib
-
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
 
     rows, colours = report["rows"], variant_colours(report)
     fig, ax = plt.subplots(figsize=(8, 4.5))
@@ -247,9 +246,6 @@ def plot(report: dict, out: Path) -> None:
 
 def html(report: dict, out: Path) -> str:
     """One self-contained page: the summary, the table, drift by position, the plots inlined (offline)."""
-    import base64
-    from html import escape
-
     colours = variant_colours(report)
     head = ["variant", "weights", "state", "MB", "bits/w", "PPL", "dPPL %", "KLD mean", "KLD p99", "top-1", "RMS dp"]
     head += ["decode.onnx MB", "ORT prefill tok/s", "ORT decode tok/s"] if "onnx_decode_mb" in report["rows"][0] else []

@@ -11,6 +11,8 @@ which output is the logits, the state tensors and the tokenizer.
 from __future__ import annotations
 
 import json
+import resource
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,7 +22,6 @@ import onnxruntime as ort
 
 from .errors import EdgetttError  # plain Python: no torch behind it
 from .tokenizer import ByteTokenizer, JsonTokenizer
-
 
 ROLES = ("input_ids", "logits", "logits_from", "position", "inner_position", "state")
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(float16)": "float16"}
@@ -281,8 +282,5 @@ class Sampling:
 
 def peak_memory_mb() -> float:
     """Peak resident memory of this process (Linux and macOS report it in different units)."""
-    import resource
-    import sys
-
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 2**20 if sys.platform == "darwin" else peak / 1024

@@ -11,6 +11,8 @@ import codecs
 import shutil
 from pathlib import Path
 
+from tokenizers import Tokenizer
+
 from .errors import EdgetttError
 
 
@@ -44,8 +46,6 @@ class JsonTokenizer:
     name = "tokenizer.json"
 
     def __init__(self, file: Path):
-        from tokenizers import Tokenizer
-
         self.file = file
         try:
             self._tok = Tokenizer.from_file(str(file))

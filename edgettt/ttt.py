@@ -16,6 +16,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kernels import kernels_enabled, mini_batch_supported
+from .kernels.train import exact_train
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, gelu_tanh_grad, layer_norm, ln_l2_grad, mini_batch_etas, segments
 
@@ -83,8 +84,6 @@ class TTTLayer(MixerBase):
                 and kernels_enabled(x))
 
     def _exact_kernel(self, st, q, k, v, lr, eta_tok):
-        from .kernels.train import exact_train
-
         d = self.head_dim
         out, S = exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
                              self.ttt_norm_bias, eta_tok)

@@ -47,14 +47,14 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
     fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
     from edgettt.quant import QuantConfig, QuantLinear
-    from edgettt.benchmark import _copy_state
+    from edgettt.benchmark import copy_state
 
     model = edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig(weights, 64))
     op = getattr(torch.ops.edgettt, f"{weights}_linear").default
     ids = torch.randint(0, 256, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :20])
-        compiled_state = _copy_state(state)
+        compiled_state = copy_state(state)
         step, graphs = compiled_recording(model.step)  # AOT autograd runs the ops' fake implementations
         for t in range(20, 24):
             want, state = model.step(ids[:, t], state)
@@ -81,7 +81,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 
     from edgettt import convert
     from edgettt.quant import apply_state_format
-    from edgettt.benchmark import _copy_state
+    from edgettt.benchmark import copy_state
     from edgettt.fast_paths import compile_step
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
@@ -95,7 +95,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
     tolerance = 1e-5 if state_format == "fp32" else 1e-4
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
-        eager = _copy_state(state)
+        eager = copy_state(state)
         tensors = [dict(layer) for layer in state.layers]
         compile_step(model)
         for t in range(13, 24):
@@ -128,7 +128,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
     from edgettt.kernels import kernels_off
     from edgettt.llama import Llama, LlamaConfig
     from edgettt.row_products import use_row_products
-    from edgettt.benchmark import _copy_state, capture_steps
+    from edgettt.benchmark import capture_steps, copy_state
     from edgettt.fast_paths import compile_step
 
     form, *extras = form.split("+")
@@ -167,7 +167,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
     with torch.no_grad():
         state = model.init_state(batch, 40) if form == "llama" else None
         _, state = model.prefill(ids[:, :13], state)
-        eager = _copy_state(state)
+        eager = copy_state(state)
         for t in range(13, 40):
             _, eager = model.step(ids[:, t], eager)
         if compiled:

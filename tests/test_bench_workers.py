@@ -59,9 +59,9 @@ def test_a_kept_worker_that_fails_ends_the_run_in_one_line(tmp_path):
 def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch):
     """The JSON and the table are rewritten after every repetition: a run whose worker fails in its second
     repetition ends in one line and leaves the first's results (the same files a whole run replaces)."""
-    from edgettt import benchmark as speed_module
+    from edgettt.benchmark import parent
 
-    timed = speed_module.Workers.time
+    timed = parent.Workers.time
     calls = []
 
     def failing_in_the_second_repetition(self, path, test):
@@ -70,7 +70,7 @@ def test_a_run_cut_short_keeps_the_repetitions_it_finished(tmp_path, monkeypatch
             raise EdgetttError(f"{path}: the worker stopped (simulated)")
         return timed(self, path, test)
 
-    monkeypatch.setattr(speed_module.Workers, "time", failing_in_the_second_repetition)
+    monkeypatch.setattr(parent.Workers, "time", failing_in_the_second_repetition)
     out, md = tmp_path / "s.json", tmp_path / "s.md"
     json_out, md_out = plan_outputs((out, "json", False, "--json"), (md, "markdown", False, "--markdown"))
     with pytest.raises(EdgetttError, match="simulated"):
@@ -108,3 +108,15 @@ def test_kept_workers_on_cuda_time_compiled_steps_and_reset_the_peak_per_test(tm
     by_test = {(r["path"], r["test"]): r.get("step_bytes") for r in data["rows"]}
     assert by_test[("llama:125m", "tg8@d4096")] - by_test[("llama:125m", "tg8@d0")] == cache - 9 * 12 * 2 * 768 * 2
     assert "% copy" in result.output and data["meta"]["copy_bandwidth_GBps"] > 1000
+
+
+def test_a_cpu_worker_timing_an_export_runs_without_torch():
+    """The worker and the export's engine import numpy and onnxruntime only: the peak memory a row reports
+    is the export's, not torch's."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import edgettt.benchmark.worker, edgettt.benchmark.onnx_engine, edgettt.benchmark.plan; "
+            "print('torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.strip() == "False", done.stderr

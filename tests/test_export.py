@@ -319,7 +319,10 @@ def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_p
 def test_speed_runs_every_sequence_of_a_batch_on_the_cpu_engines(exported, engine_kind):
     """`speed --batch 2` on the CPU: the prefill and each decode step take both sequences (the logits of
     the timed decode have two rows, and they differ: the sequences' random tokens differ)."""
-    from edgettt.benchmark import OnnxEngine, Test, TorchEngine, time_test
+    from edgettt.benchmark.onnx_engine import OnnxEngine
+    from edgettt.benchmark.plan import Test
+    from edgettt.benchmark.torch_engine import TorchEngine
+    from edgettt.benchmark.worker import time_test
 
     directory = exported["linear-fp32"][1]
     engine = OnnxEngine(str(directory), 1) if engine_kind == "onnxruntime" else TorchEngine(str(exported["linear-fp32"][0]), 1)

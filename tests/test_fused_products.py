@@ -34,7 +34,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     from edgettt.fused_products import use_fused_products
     from edgettt.mixer import fuse_input_projections
     from edgettt.quant import set_activations, stacked_projection
-    from edgettt.benchmark import _copy_state
+    from edgettt.benchmark import copy_state
 
     model = int4_model().eval()
     fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
@@ -43,7 +43,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     ids = torch.randint(0, 256, (batch, 22), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :20])
-        compiled_state = _copy_state(state)
+        compiled_state = copy_state(state)
         step, graphs = compiled_recording(model.step)
         for t in range(20, 22):
             want, state = model.step(ids[:, t], state)

@@ -1,6 +1,8 @@
 """The package's imports point one way: no cycles, the model never imports the checkpoint writer,
-and the kernels import only plain-torch math and the quantization leaves (storage layouts, the
-state formula), not the quantizer.
+the kernels import only plain-torch math and the quantization leaves (storage layouts, the
+state formula), not the quantizer; every module stands in a declared layer (`LAYERS`) and imports
+only from its own layer or those below; and few imports wait inside functions (outside the CLI,
+whose lazy imports keep `edgettt run` free of torch).
 
 Function-level imports count as much as module-level ones, and importing `a.b.c` imports the
 package `a.b` too (its __init__ runs first): a drawing of the imports has every arrow.
@@ -16,7 +18,28 @@ ROOT = Path(edgettt.__file__).parent
 PLAIN_TORCH_MATH = {"edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.ops", "edgettt.linear_attention",
                     "edgettt.errors"}
 LEAVES = ("edgettt.quant.layouts", "edgettt.quant.state_formats")  # import nothing of edgettt
-LAZY_PACKAGES = ("edgettt", "edgettt.quant")  # their names load on first use: no static import in __init__
+LAZY_PACKAGES = ("edgettt", "edgettt.quant", "edgettt.benchmark")  # their names load on first use: no static import in __init__
+
+
+# the layers, lowest first; a module belongs to the longest prefix that names it
+LAYERS = [
+    ("base", ["edgettt.errors", "edgettt.config", "edgettt.progress", "edgettt.outputs", "edgettt.tokenizer",
+              "edgettt.gpu_timing", "edgettt.cuda_graph", "edgettt.ort_schemas", "edgettt.metrics", "edgettt.data",
+              "edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.weights_io", "edgettt.onnx_files",
+              "edgettt.lact.config"]),
+    ("math: plain-torch operations and their kernels", ["edgettt.ops", "edgettt.linear_attention", "edgettt.kernels",
+                                                        "edgettt.fused_products", "edgettt.row_products"]),
+    ("quantized layers and formats", ["edgettt.quant"]),
+    ("models", ["edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.model", "edgettt.llama", "edgettt.lact",
+                "edgettt.random_init"]),
+    ("pipeline: what runs models on text and files", ["edgettt.conversion", "edgettt.checkpoint", "edgettt.evaluation",
+                                                     "edgettt.distill", "edgettt.quant.calibration", "edgettt.onnx",
+                                                     "edgettt.runner", "edgettt.reporting", "edgettt.fast_paths"]),
+    ("tools", ["edgettt.benchmark", "edgettt.api"]),
+    ("command line", ["edgettt.cli", "edgettt.__main__", "edgettt"]),
+]
+MAX_UPWARD = 3
+MAX_FUNCTION_LEVEL_IMPORTS = 40  # outside the CLI
 
 
 def modules() -> dict[str, Path]:
@@ -79,23 +102,65 @@ def test_the_model_does_not_import_the_checkpoint_writer_and_kernels_import_only
         assert graph[package] <= {"edgettt.errors"}, f"{package}/__init__.py imports {sorted(graph[package])}"
 
 
+def layer_of(module: str) -> int:
+    """The index in LAYERS of the longest prefix naming `module`."""
+    named = [(len(p), i) for i, (_, prefixes) in enumerate(LAYERS) for p in prefixes
+             if module == p or module.startswith(p + ".")]
+    assert named, f"{module} stands in no layer: add it to LAYERS"
+    return max(named)[1]
+
+
+def upward_imports() -> list[tuple[str, str]]:
+    """Imports from a module to one in a higher layer (a lazy package's own name aside: it loads nothing)."""
+    graph = import_graph()
+    return sorted((m, t) for m, targets in graph.items() for t in targets
+                  if t not in LAZY_PACKAGES and layer_of(t) > layer_of(m))
+
+
+def function_level_imports() -> list[str]:
+    """`file:line` of every import statement inside a function, outside the CLI."""
+    found = set()
+    for mod, file in modules().items():
+        if mod in ("edgettt.cli", "edgettt.__main__"):
+            continue
+        for fn in ast.walk(ast.parse(file.read_text())):
+            if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                found |= {f"{file.relative_to(ROOT.parent)}:{n.lineno}" for n in ast.walk(fn)
+                          if isinstance(n, (ast.Import, ast.ImportFrom))}
+    return sorted(found)
+
+
+def test_imports_run_down_the_layers():
+    up = upward_imports()
+    assert len(up) <= MAX_UPWARD, "imports into a higher layer: " + ", ".join(f"{m} -> {t}" for m, t in up)
+
+
+def test_few_imports_wait_inside_functions():
+    found = function_level_imports()
+    assert len(found) <= MAX_FUNCTION_LEVEL_IMPORTS, found
+
+
 def drawing() -> str:
-    """docs/imports.md: the import graph as a Mermaid flowchart (GitHub draws it), arrows from importer
-    to imported. Left out, to keep it legible: `errors` (a leaf nearly every module imports) and the
-    edges to a package's own __init__ that importing one of its modules implies."""
+    """docs/imports.md: the import graph as a Mermaid flowchart (GitHub draws it), one box a layer
+    (`LAYERS`, lowest at the bottom), arrows from importer to imported. Left out, to keep it legible:
+    `errors` (a leaf nearly every module imports) and the edges to a package's own __init__ that importing
+    one of its modules implies."""
     graph = import_graph()
     short = lambda m: m.removeprefix("edgettt.").replace(".", "_") if m != "edgettt" else "edgettt"  # noqa: E731
     lines = ["# edgettt's imports", "",
              "Generated by `python tests/test_imports.py > docs/imports.md`; `tests/test_imports.py` checks",
-             "that this file matches the code and that the graph has no cycle. Arrows go from importer to",
-             "imported; function-level imports count. Left out: `errors` (nearly every module imports it)",
-             "and the edges to a package that importing one of its modules implies.", "", "```mermaid",
-             "flowchart LR"]
+             "that this file matches the code, that the graph has no cycle and that imports run down the layers",
+             "(one box each, the lowest at the bottom). Arrows go from importer to imported; function-level",
+             "imports count. Left out: `errors` (nearly every module imports it) and the edges to a package that",
+             "importing one of its modules implies.", "", "```mermaid", "flowchart TB"]
+    for i, (name, _) in reversed(list(enumerate(LAYERS))):
+        lines.append(f'    subgraph layer{i}["{name}"]')
+        lines += [f"        {short(m)}[{m.removeprefix('edgettt.')}]" for m in sorted(graph) if layer_of(m) == i]
+        lines.append("    end")
     for module in sorted(graph):
         implied = {".".join(t.split(".")[:i]) for t in graph[module] for i in range(1, t.count(".") + 1)}
         for target in sorted(graph[module] - implied - {"edgettt.errors"}):
-            lines.append(f"    {short(module)}[{module.removeprefix('edgettt.')}] --> "
-                         f"{short(target)}[{target.removeprefix('edgettt.')}]")
+            lines.append(f"    {short(module)} --> {short(target)}")
     return "\n".join(lines + ["```", ""])
 
 

@@ -36,13 +36,13 @@ def build(kind: str, weights: str):
 
 def compiled_steps(model, batch: int, steps: int = 3):
     """(eager logits and state, compiled logits and state, dynamo's graphs) after a prefill of 10 tokens."""
-    from edgettt.benchmark import _copy_state
+    from edgettt.benchmark import copy_state
 
     llama = not hasattr(model, "form")
     ids = torch.randint(0, 100, (batch, 10 + steps), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         _, state = model.prefill(ids[:, :10], model.init_state(batch, 10 + steps) if llama else None)
-        other = _copy_state(state) if not llama else model.prefill(ids[:, :10], model.init_state(batch, 10 + steps))[1]
+        other = copy_state(state) if not llama else model.prefill(ids[:, :10], model.init_state(batch, 10 + steps))[1]
         step, graphs = compiled_recording(model.step)
         for t in range(10, 10 + steps):
             want, state = model.step(ids[:, t], state)

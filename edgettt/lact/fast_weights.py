@@ -27,6 +27,10 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._higher_order_ops.scan import scan
+
+from ..kernels.lact import chunk_count, padded_chunks
+from ..ops import exporting, segments
 
 # Newton-Schulz coefficients of the public code (from modded-nanogpt / Moonlight)
 NS_STEPS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),
@@ -128,8 +132,6 @@ def exact(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, start:
     state's rounding at each chunk end (position: tokens seen); `observer(st, count)`: calibration,
     called after each piece of `count` tokens with the state kept after it. Exported (ONNX), the loop
     over chunks is one Scan (`scanned`), for any length."""
-    from ..ops import exporting, segments
-
     if exporting():
         assert observer is None, "calibration does not run in an exported graph"
         return scanned(st, fixed, config, norms, q, k, v, lr, gates, start, rounding)
@@ -152,10 +154,6 @@ def scanned(st: dict, fixed: dict, config, norms: dict, q, k, v, lr, gates, star
     The text is padded to whole chunks with zero tokens (zero keys and rates add nothing to the sums);
     each chunk reads and adds, and commits where it is complete: the last one only if the text fills
     it, chosen with a 0/1 flag, so that one graph holds both cases."""
-    from torch._higher_order_ops.scan import scan
-
-    from ..kernels.lact import chunk_count, padded_chunks
-
     b = config.lact_chunk_size
     B, H, T = q.shape[:3]
     front = start % b

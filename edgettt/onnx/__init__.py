@@ -23,19 +23,23 @@ import logging
 import warnings
 from pathlib import Path
 
+import onnx
 import torch
 from torch import nn
 
+from ..checkpoint import model_fingerprint
 from ..errors import EdgetttError
-from ..mixer import fuse_input_projections, stacked_float_linear
+from ..mixer import fuse_input_projections
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
 from ..ops import onnx_export
+from ..outputs import as_output
 from ..progress import bar
-from ..quant.apply import set_module
-from ..quant.linear import QuantLinear, TiedEmbedding
+from ..quant.apply import set_module, weight_bits
+from ..quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
 from ..quant.state_formats import state_format
 from . import onnx_ops
+from .verify import verify
 
 EXPORT_FORMAT = 1
 DEFAULT_OPSET = 21  # QuantizeLinear / DequantizeLinear per axis, as ONNX Runtime >= 1.17 reads them
@@ -270,7 +274,6 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
                                f"{first}); nothing was written: an edgettt bug, please report it with the model's "
                                "config.json") from exc
     program.save(str(path), external_data=True)  # any size; `share_weights` gathers the data afterwards
-    import onnx
 
     written = {o.domain: o.version for o in onnx.load(str(path), load_external_data=False).opset_import}
     if written.get("", written.get("ai.onnx")) != opset:  # the exporter may pick another; the manifest must not lie
@@ -312,9 +315,6 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
 
 
 def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str = DEFAULT_ACTIVATIONS) -> dict:
-    from ..checkpoint import model_fingerprint
-    from ..quant.apply import weight_bits
-
     tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
         {"type": "tokenizer.json", "file": "tokenizer.json"}
     int8_graphs = int8_activations(model, activations)
@@ -355,9 +355,6 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out` (a
     path or a planned `outputs.Output`) atomically: a failed export or verification leaves nothing
     behind. Returns the manifest."""
-    from ..outputs import as_output
-    from .verify import verify
-
     out = as_output(out, "export", force)
     with out.write() as tmp:
         data = write_export(model, tmp, name, opset, log, activations)

@@ -16,6 +16,8 @@ import numpy as np
 from ..model import CausalLM
 from ..onnx_files import graph_bytes
 from ..progress import bar
+from ..runner import Runner
+from . import write_export
 
 
 def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
@@ -31,9 +33,6 @@ def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
 def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0,
                keep: Path | None = None) -> dict:
     """Export `model` (into `keep` when given, else a temporary folder) and time it in onnxruntime."""
-    from ..runner import Runner
-    from . import write_export
-
     with tempfile.TemporaryDirectory(prefix="edgettt-onnx-") as tmp:
         directory = Path(tmp) if keep is None else keep
         directory.mkdir(parents=True, exist_ok=True)

@@ -16,9 +16,16 @@ import copy
 
 import numpy as np
 import torch
+from torch import nn
 
+from ..evaluation import encode
 from ..metrics import kld, logit_error
 from ..model import CausalLM
+from ..quant.apply import set_module
+from ..quant.linear import QuantLinear
+from ..quant.state_formats import state_format
+from ..quant.weight_formats import WEIGHT_FORMATS
+from ..runner import Runner
 
 ROUNDING_FACTOR = 10  # two fp32 computations of one function differ by about sqrt(2) x floor; 10 leaves room
 FLOOR_MIN = 1e-7  # below this the floor itself is noise of the measurement
@@ -35,9 +42,6 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 
 def verify(model: CausalLM, directory, text, windows: int = 2, length: int | None = None) -> dict:
     """Run both graphs on `windows` windows of `text` and compare (see the module docstring)."""
-    from ..evaluation import encode
-    from ..runner import Runner
-
     b = model.config.mini_batch_size
     length = length or 4 * b + 5  # several commits and an unfinished mini-batch
     ids = torch.tensor(encode(model, text, "verify")[: windows * length]).reshape(windows, length)
@@ -76,9 +80,6 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
 def discontinuous(quantization: dict) -> bool:
     """Whether the quantized model rounds at run time (an int8 state at every commit, LLM.int8's
     activations), so that one ulp of difference can flip a rounding: then a KLD rule, not fp32's."""
-    from ..quant.state_formats import state_format
-    from ..quant.weight_formats import WEIGHT_FORMATS
-
     weights = WEIGHT_FORMATS.get(quantization.get("weights"))
     return state_format(quantization.get("state", "fp32")).rounds_at_run_time or (
         weights is not None and weights.rounds_at_run_time)
@@ -86,11 +87,6 @@ def discontinuous(quantization: dict) -> bool:
 
 def float64_copy(model: CausalLM) -> CausalLM:
     """The model in float64, quantized layers as plain linears holding their dequantized weights."""
-    from torch import nn
-
-    from ..quant.apply import set_module
-    from ..quant.linear import QuantLinear
-
     model = copy.deepcopy(model).float()
     for name, module in list(model.named_modules()):
         if isinstance(module, QuantLinear):

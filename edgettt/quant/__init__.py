@@ -6,7 +6,7 @@ quantizes a converted model completely, in place: weights, the decode state's fo
 of both in its config (`edgettt.quantize` does it on a copy). The package:
 
     layouts.py        int8 and int4 bytes and back (a leaf: the kernels' references read it)
-    state_formats.py  fp32 / fp16 / int8 / int8-tensor state, the one int8 state formula (a leaf)
+    state_formats.py  fp32 / fp16 / int12 / int8 / int8-tensor state formats and their formulas (a leaf)
     weight_formats.py the weight-format registry: quantize, store, dequantize, kernel, ONNX op
     gptq.py           GPTQ error feedback (int8 and int4 use it)
     config.py         QuantConfig, saved in a quantized model's config.json

@@ -22,6 +22,8 @@ import json
 from dataclasses import dataclass, field
 
 import torch
+from safetensors import SafetensorError, safe_open
+from safetensors.torch import save_file
 from torch import nn
 
 from .. import linear_attention as la
@@ -29,6 +31,7 @@ from ..checkpoint import model_fingerprint
 from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluation import encode
+from ..lact.fast_weights import learned
 from ..model import CausalLM
 from ..outputs import as_output
 from ..progress import bar
@@ -87,8 +90,6 @@ class Calibration:
 
     def save(self, path, force: bool = False) -> None:
         """Write the calibration file atomically; `path` is a path or a planned `outputs.Output`."""
-        from safetensors.torch import save_file
-
         tensors = {f"hessian/{k}": v for k, v in self.hessians.items()}
         tensors.update({f"state_scale/{k}": v for k, v in self.state_scales.items()})
         tensors.update({f"state_rowmax/{k}": v for k, v in self.state_rowmax.items()})
@@ -100,8 +101,6 @@ class Calibration:
 
     @classmethod
     def load(cls, path) -> "Calibration":
-        from safetensors import SafetensorError, safe_open
-
         try:
             with safe_open(str(path), framework="pt") as f:
                 meta = f.metadata() or {}
@@ -242,8 +241,6 @@ def _state_observer(layer: int, mixer, rowmax: dict):
 def _fast_weight_observer(layer: int, lact_layer, rowmax: dict):
     """LaCT: after each piece of `count` tokens, each (head, row)'s max |W - W_init| of the weights kept
     between chunks, once a token of the piece ([H, rows, count]; the weights change only at chunk ends)."""
-    from ..lact.fast_weights import learned
-
     c = lact_layer.config
     kept = "p" if c.ttt_prenorm and c.lact_weight_norm else "w"
 

@@ -109,9 +109,16 @@ def set_activations(model: nn.Module, activations: str, decode: bool = False) ->
     return len(taking)
 
 
+def stacked_float_linear(layers: list[nn.Module]) -> nn.Linear | None:
+    """One bias-free float linear layer with the rows of `layers` stacked, or None if any is not one."""
+    if not all(type(m) is nn.Linear and m.bias is None for m in layers):
+        return None
+    stacked = nn.Linear(layers[0].in_features, sum(m.out_features for m in layers), bias=False, device="meta")
+    stacked.weight = nn.Parameter(torch.cat([m.weight for m in layers]), requires_grad=False)
+    return stacked
+
+
 def stacked_projection(layers: list[nn.Module]) -> nn.Module | None:
     """`mixer.fuse_input_projections`' stack for torch: float layers, or quantized ones of one format."""
-    from ..mixer import stacked_float_linear
-
     stacked = stacked_float_linear(layers)
     return stacked if stacked is not None else QuantLinear.stacked(layers)

@@ -119,7 +119,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     (S rounded at the commit: the same grid, up to a rounding flipped by float noise, hence 1e-4)."""
     from edgettt import convert
     from edgettt.quant import apply_state_format
-    from edgettt.benchmark import _copy_state
+    from edgettt.benchmark import copy_state
 
     model = tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1)
     model = (convert(model, "parallel", decay=0.7) if form == "decayed" else convert(model, form)).eval()
@@ -130,7 +130,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     int8 = state_format == "int12"
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
-        other = _copy_state(state)
+        other = copy_state(state)
         assert use_token_kernel(model) == model.config.num_hidden_layers
         step, graphs = compiled_recording(model.step)
         for t in range(13, 24):
