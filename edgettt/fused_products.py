@@ -66,7 +66,7 @@ def use_fused_products(model: nn.Module) -> int:
     fused with their norm, activation and residual (`product`); a group the kernels do not take runs the op's
     reference, as its unfused product would. Nothing changes outside a compiled decode step. Returns the
     number of layers marked."""
-    layers = [m for m in model.modules() if getattr(m, "fmt", None) == "int4" and hasattr(m, "qweight")]
+    layers = [m for m in model.modules() if getattr(getattr(m, "format", None), "fused_decode_products", False)]
     for layer in layers:
         layer.fuse_prologues = True
     return len(layers)

@@ -32,8 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch._higher_order_ops.scan import scan
 
-from .kernels import kernels_enabled
-from .kernels.commits import two_level_commits
+from .kernels import commits, kernels_enabled
 from .ops import exporting, fused_decode, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 from .quant.state_formats import TwoLevelRounding
 from .row_products import row_product
@@ -151,7 +150,7 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
         return S0 + carries.to(U.dtype)[None, :, :, None, None] * (S[:, :, None] - S0) + eta_last * summed
     if _commits_kernel_applies(requant, S, U):
         # (a decay's S0 is the layer's initial state, the int12 format's offset)
-        return two_level_commits(S, requant.offset, U, eta_last, None if decay is None else decay.gamma)
+        return commits.two_level_commits(S, requant.offset, U, eta_last, None if decay is None else decay.gamma)
     if exporting():  # a graph of any length: the loop becomes one ONNX Scan
 
         if decay is not None:  # its S0 is also the int12 format's offset: a Scan's inputs may not alias

@@ -16,7 +16,7 @@ from torch import nn
 
 from .config import ModelConfig
 from .kernels import kernels_enabled, mini_batch_supported
-from .kernels.train import exact_train
+from .kernels import train as train_kernels
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, gelu_tanh_grad, layer_norm, ln_l2_grad, mini_batch_etas, segments
 
@@ -85,7 +85,7 @@ class TTTLayer(MixerBase):
 
     def _exact_kernel(self, st, q, k, v, lr, eta_tok):
         d = self.head_dim
-        out, S = exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
+        out, S = train_kernels.exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
                              self.ttt_norm_bias, eta_tok)
         st["W1"], st["b1"] = S[:, :, :d].to(st["W1"].dtype), S[:, :, d:].to(st["b1"].dtype)  # GW1, Gb1 stay 0
         return out

@@ -102,10 +102,10 @@ def set_activations(model: nn.Module, activations: str, decode: bool = False) ->
     layers that take it."""
     if activations not in ACTIVATIONS:
         raise ValueError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
-    taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.fmt in ("int8", "int4")]
+    taking = [m for m in model.modules() if isinstance(m, QuantLinear) and m.format.int8_activation_kernels]
     for m in taking:
         m.activations = activations
-        m.decode_a8 = decode and activations == "int8" and m.fmt == "int4"
+        m.decode_a8 = decode and activations == "int8" and m.format.int8_decode_kernel
     return len(taking)
 
 

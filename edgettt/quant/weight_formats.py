@@ -33,10 +33,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .. import ort_schemas
 from ..errors import EdgetttError
 from ..kernels import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS, kernels_enabled
 from . import layouts
-from .. import ort_schemas
 from .gptq import gptq
 
 LLM_INT8_THRESHOLD = 6.0
@@ -49,6 +49,9 @@ class WeightFormat:
     methods: tuple[str, ...] = ("rtn",)
     grouped = False  # groups (or blocks) of `group_size` along the input dim K: K must be a multiple
     rounds_at_run_time = False  # quantizes activations as it computes (then one ulp can flip a rounding)
+    int8_activation_kernels = False  # CUDA kernels that can take the activations in int8 (`set_activations`)
+    int8_decode_kernel = False  # ... in the one-token GEMV too (W4A8, dp4a)
+    fused_decode_products = False  # `fused_products`: its GEMV with the norm, activation and residual in one kernel
 
     def fits(self, in_features: int, group: int) -> bool:
         return not self.grouped or in_features % group == 0
@@ -131,6 +134,7 @@ def int4_a8(x: torch.Tensor, layer) -> bool:
 
 class Int8(WeightFormat):
     name, methods = "int8", ("rtn", "gptq")
+    int8_activation_kernels = True
 
     def quantize(self, w, group, method="rtn", hessian=None):
         return layouts.quantize_int8(w) if method == "rtn" else _int8_gptq(w, hessian)
@@ -203,6 +207,7 @@ def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor
 
 class Int4(WeightFormat):
     name, methods, grouped = "int4", ("rtn", "gptq"), True
+    int8_activation_kernels = int8_decode_kernel = fused_decode_products = True
 
     def quantize(self, w, group, method="rtn", hessian=None):
         if method == "gptq":
