@@ -86,7 +86,7 @@ class TTTLayer(MixerBase):
     def _exact_kernel(self, st, q, k, v, lr, eta_tok):
         d = self.head_dim
         out, S = train_kernels.exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
-                             self.ttt_norm_bias, eta_tok)
+                                           self.ttt_norm_bias, eta_tok)
         st["W1"], st["b1"] = S[:, :, :d].to(st["W1"].dtype), S[:, :, d:].to(st["b1"].dtype)  # GW1, Gb1 stay 0
         return out
 
