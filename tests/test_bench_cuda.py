@@ -69,8 +69,8 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
             assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
-@pytest.mark.parametrize("arch,form,state_format", [("linear", "parallel", "fp32"), ("linear", "parallel", "int8"),
-                                                    ("mlp", "parallel", "int8"), ("linear", "exact", "int8"),
+@pytest.mark.parametrize("arch,form,state_format", [("linear", "parallel", "fp32"), ("linear", "parallel", "int12"),
+                                                    ("mlp", "parallel", "int12"), ("linear", "exact", "int12"),
                                                     ("linear", "ttt", "fp32")])
 def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, arch, form,
                                                                       state_format):

@@ -177,13 +177,10 @@ def test_mixed_distill_saves_the_student_in_bfloat16_and_measures_what_it_saved(
 
 
 TRAIN_ALL = RECIPE.parent / "train_all.sh"
-RESULTS = RECIPE.parent.parent / "benchmarks" / "results"
-# the committed records of each shipped parallel form's distillation stages, in order (MODEL_CARD.md)
-DISTILL_RECORDS = {
-    "ttt-linear": ["mixed_distill_gpu_256x5_linB", "mixed_distill_gpu_256x5_linB2", "mixed_distill_cpu_256x5_lin_docs"],
-    "ttt-mlp": ["mixed_distill_gpu_256x5_mlpA", "mixed_distill_gpu_256x5_mlpB", "mixed_distill_cpu_256x5_mlp_docs",
-                "mixed_distill_gpu_256x5_docH"],
-}
+RECORDS = RECIPE.parent / "results" / "distill"
+# the committed records (mixed_distill.py's JSON) of each shipped parallel form's distillation stages, in order
+DISTILL_RECORDS = {"ttt-linear": [f"ttt-linear-tiny-parallel.stage{i}" for i in (1, 2, 3)],
+                   "ttt-mlp": [f"ttt-mlp-tiny-parallel.stage{i}" for i in (1, 2, 3, 4)]}
 
 
 @functools.cache
@@ -229,7 +226,7 @@ def test_train_all_distils_as_the_shipped_parallel_forms_were(arch):
             and option(a, "--teacher") == f"/w/{arch}"]
     assert len(runs) == len(DISTILL_RECORDS[arch])
     for args, name in zip(runs, DISTILL_RECORDS[arch]):
-        record = json.loads((RESULTS / f"{name}.json").read_text())
+        record = json.loads((RECORDS / f"{name}.json").read_text())
         made = record["args"]
         assert int(option(args, "--steps")) == record["steps_run"], name
         assert float(option(args, "--lr")) == made["lr"] and int(option(args, "--batch")) == made["batch"], name
