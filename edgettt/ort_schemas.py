@@ -9,10 +9,6 @@ A leaf: it imports nothing of edgettt, so the weight formats and the ONNX export
 
 from __future__ import annotations
 
-import onnx
-from onnx.defs import OpSchema
-from onnxscript import values
-
 FLOATS = ["tensor(float)", "tensor(float16)"]
 
 # name -> (inputs as (name, type variable), attributes as (name, "int" | "float"), type variables)
@@ -39,6 +35,9 @@ DEFAULT_DOMAIN_OPS = {
 
 
 def _register(domain: str, ops: dict) -> None:
+    import onnx
+    from onnx.defs import OpSchema
+
     kinds = {"int": OpSchema.AttrType.INT, "float": OpSchema.AttrType.FLOAT}
     for name, (inputs, attrs, types) in ops.items():
         try:
@@ -55,11 +54,15 @@ def _register(domain: str, ops: dict) -> None:
 
 def msft():
     """The com.microsoft opset (MatMulNBits, DynamicQuantizeMatMul, MatMulBnb4, GatherBlockQuantized, RotaryEmbedding)."""
+    from onnxscript import values
+
     _register("com.microsoft", MSFT_OPS)
     return values.Opset("com.microsoft", 1)
 
 
 def default_domain():
     """The default domain's opset with ONNX Runtime's SimplifiedLayerNormalization."""
+    from onnxscript import values
+
     _register("", DEFAULT_DOMAIN_OPS)
     return values.Opset("", 1)
