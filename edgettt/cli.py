@@ -220,14 +220,14 @@ def text_input(spec):
 @click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal, "
               "unless the environment sets EDGETTT_PROGRESS=always: then they are written as lines, for logs).")
 def cli(no_progress):
-    """Take TTT-KV language models (TTT-Linear, TTT-MLP) to the edge as linear attention.
+    """Take TTT-KV language models (TTT-Linear, TTT-MLP, LaCT) to the edge as linear attention.
 
     \b
     edgettt create OUT            a random TTT checkpoint, to try the pipeline
     edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
     edgettt eval MODEL            perplexity, bits per byte, drift against a reference
     edgettt calibrate MODEL OUT   statistics for quantization (layer inputs, the state)
-    edgettt quantize MODEL OUT    4/8-bit weights, int8/fp16 state
+    edgettt quantize MODEL OUT    4/8-bit weights, int12/int8/fp16 state
     edgettt report [MODEL] [OUT]  the whole chain: the accuracy-vs-bits table
     edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
     edgettt run EXPORT --prompt P generate with onnxruntime and numpy only (no torch)
