@@ -454,8 +454,10 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
               help="FORMAT[-METHOD][-gGROUP]: int8, int8-gptq, int4-rtn-g64, int4-gptq-g32 (gptq: error feedback, "
                    "needs --calib; g: the group along the input), nf4-b64, fp4-b64 (bitsandbytes' codebooks, "
                    "blocks of 64), bnb-int8 (LLM.int8), float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
-@click.option("--group-size", hidden=True, default=None, help="Old spelling: the group is part of --weights.")
-@click.option("--method", hidden=True, default=None, help="Old spelling: the method is part of --weights.")
+@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), hidden=True, default=None,
+              help="Old spelling: the group is part of --weights.")
+@click.option("--method", type=RegistryChoice(_names("weight_formats", "METHODS")), hidden=True, default=None,
+              help="Old spelling: the method is part of --weights.")
 @click.option("--state", type=StateFormatName(_names("state_formats", "STATE_FORMATS")), default="fp32",
               show_default=True,
               help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "

@@ -17,7 +17,7 @@ from html import escape
 from pathlib import Path
 
 import matplotlib
-import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 from . import metrics
 from .conversion import convert
@@ -208,11 +208,11 @@ def dodged(xs: list[float], ys: list[float], near_x: float = 0.02, near_decades:
 
 
 def plot(report: dict, out: Path) -> None:
-    """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text)."""
-    matplotlib.use("Agg")
-
+    """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text).
+    Figures without pyplot: nothing of a caller's matplotlib state (its backend, open figures) is touched."""
     rows, colours = report["rows"], variant_colours(report)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     ref = rows[0]  # the float model: KLD 0 against itself, which a log axis cannot show: a line at its size
     ax.axvline(ref["size_mb"], color="black", linestyle=":", linewidth=1)
     ax.text(ref["size_mb"], 0.98, f" {ref['variant']}: KLD 0 (the reference)", transform=ax.get_xaxis_transform(),
@@ -229,8 +229,8 @@ def plot(report: dict, out: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.savefig(out / "accuracy_vs_size.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
     for i, r in enumerate(rows[1:]):
         n = len(r["kld_by_position"])
         centres = [(b + 0.5) * report["ctx"] / n for b in range(n)]  # the bucket's middle token position
@@ -241,7 +241,6 @@ def plot(report: dict, out: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.savefig(out / "kld_by_position.png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
 
 
 def html(report: dict, out: Path) -> str:
