@@ -26,6 +26,8 @@ import click
 sys.path.insert(0, str(Path(__file__).parent))
 from registry import BENCHMARKS, benchmark, result_files  # noqa: E402  (beside this script)
 
+from edgettt.benchmark.plan import cpu_name  # noqa: E402  (plain Python)
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).resolve().parent / "results"
 PACKAGES = ("torch", "triton", "onnxruntime", "onnxruntime-genai", "bitsandbytes", "fla-core", "numpy")
@@ -52,10 +54,7 @@ def device_name(kind: str) -> str:
         except (OSError, subprocess.TimeoutExpired):
             pass
         return "no CUDA GPU found"
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() else \
-        platform.processor()
-    return f"{cpu}, {os.cpu_count()} cores" + (" (offline: compiled for sm_90a)" if kind == "offline" else "")
+    return f"{cpu_name()}, {os.cpu_count()} cores" + (" (offline: compiled for sm_90a)" if kind == "offline" else "")
 
 
 def markdown_table(rows: list[dict]) -> str:

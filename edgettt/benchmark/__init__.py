@@ -45,8 +45,9 @@ The names below load on first use.
 
 import importlib
 
-_LAZY = {**{name: "plan" for name in ("Test", "tests", "CudaOptions", "LLAMA_PREFIX", "dense_bf16_flops")},
-         **{name: "parent" for name in ("run", "table", "write", "footer", "count_nodes", "cpu_name")},
+_LAZY = {**{name: "plan" for name in ("Test", "tests", "CudaOptions", "LLAMA_PREFIX", "dense_bf16_flops",
+                                      "cpu_name")},
+         **{name: "parent" for name in ("run", "table", "write", "footer", "count_nodes")},
          **{name: "cuda" for name in ("capture_steps", "capture_prefill", "copy_state", "linear_parameters",
                                       "state_bytes", "weight_bytes", "llama_config")}}
 

@@ -22,7 +22,7 @@ from ..errors import EdgetttError
 from ..llama import Llama, LlamaConfig
 from ..onnx_files import graph_bytes
 from ..progress import bar
-from .plan import (GENAI_CONFIG, CudaOptions, Test, dense_bf16_flops, engine_name, is_export, is_genai, is_llama,
+from .plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, is_export, is_genai, is_llama,
                    llama_preset)
 from .worker import serve
 
@@ -263,17 +263,6 @@ def llama_facts(path: str) -> dict:
     with torch.device("meta"):
         params = sum(p.numel() for p in Llama(LlamaConfig.of_preset(llama_preset(path))).parameters())
     return {"bytes": 2 * params}
-
-
-def cpu_name() -> str:
-    """The CPU's model name (Linux), else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def table(result: dict) -> str:

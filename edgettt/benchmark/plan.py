@@ -4,6 +4,7 @@ the parent and every worker read it)."""
 from __future__ import annotations
 
 import dataclasses
+import platform
 from pathlib import Path
 
 LLAMA_PREFIX = "llama:"
@@ -75,3 +76,14 @@ ENGINES = {"onnxruntime": ("onnx_engine", "OnnxEngine"), "onnxruntime-genai": ("
 def dense_bf16_flops(gpu: str) -> float | None:
     """The GPU's dense bfloat16 tensor-core rate from its datasheet (FLOP/s), for the GPUs it is known for."""
     return 989.4e12 if any(name in gpu for name in ("H100", "H200")) else None  # SXM; H100 PCIe is lower
+
+
+def cpu_name() -> str:
+    """The CPU's model name (Linux), else what platform knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
