@@ -3,7 +3,7 @@ the shipped `int4_matmul` and by an earlier version of it, in turns in one proce
 reversed every other round; CUDA events; medians): what a change to int4_matmul's host path is worth where the
 host bounds the prefill.
 
-    git show 55b7d15:edgettt/kernels/int4.py > edgettt/kernels/int4_before.py   # the version to compare
+    git show 55b7d15:edgettt/kernels/int4.py > edgettt/ops/quantized/int4_before.py   # the version to compare
     python benchmarks/ab_int4_prefill.py --json out.json; rm edgettt/kernels/int4_before.py
 
 Random weights (`prefill_gpu.make`); the earlier module is loaded beside the shipped one and its int4_matmul
@@ -23,11 +23,11 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from prefill_gpu import make, prefill_seconds  # noqa: E402
 
-import edgettt.kernels.int4 as shipped  # noqa: E402
+import edgettt.ops.quantized.int4 as shipped  # noqa: E402
 
 
 def earlier_int4_matmul():
-    spec = importlib.util.spec_from_file_location("edgettt.kernels.int4_before", "edgettt/kernels/int4_before.py")
+    spec = importlib.util.spec_from_file_location("edgettt.ops.quantized.int4_before", "edgettt/ops/quantized/int4_before.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.int4_matmul

@@ -1,4 +1,4 @@
-"""Benchmark: the int4 GEMV of edgettt/kernels/int4.py alone, then the weight rows of `edgettt bench`
+"""Benchmark: the int4 GEMV of edgettt/ops/quantized/int4.py alone, then the weight rows of `edgettt bench`
 (bf16 cuBLAS, the int4 kernel, bitsandbytes NF4), on CUDA.
 
     python benchmarks/bench_gemv.py --json benchmarks/results/gemv_h200.json [--variants A,B] [--shapes NxK,...]
@@ -32,7 +32,8 @@ import triton.language as tl
 
 from kernel_bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, time_rotating_ms, weight_rows,
                            weight_variants)
-from edgettt.kernels import INTERPRETER, autotune_configs, int4
+from edgettt.ops.common import INTERPRETER, autotune_configs
+from edgettt.ops.quantized import int4
 from edgettt.quant.layouts import unpack_nibbles
 
 SHAPES = ((4096, 4096), (11008, 4096))

@@ -3,7 +3,7 @@
     python benchmarks/bench_parallel_variants.py --json benchmarks/results/variants_h200.json
     python benchmarks/bench_parallel_variants.py --configs --json benchmarks/results/configs_h200.json
 
-- default: edgettt/kernels/prefill.py's parallel form, bf16, B=4, H=16, d=64, T=32768 (the kernel
+- default: edgettt/ops/linear_attention/prefill.py's parallel form, bf16, B=4, H=16, d=64, T=32768 (the kernel
   issue's target shape): segments per (sequence, head) and tile sizes, pass 1 alone and both
   passes; the operator `prefill.parallel` eagerly and as a CUDA graph; a ragged length (T - 40: a
   ragged last tile and an unfinished mini-batch, the masked kernels); flash-linear-attention's
@@ -23,7 +23,7 @@ import json
 import torch
 
 from kernel_bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
-from edgettt.kernels import prefill
+from edgettt.ops.linear_attention import prefill
 
 B, H, d = 4, 16, 64  # the target shape (with T), bf16, mini-batch 16
 

@@ -3,10 +3,10 @@ torch mini-batch loop, and the bytes autograd saves for the backward (what limit
 
     python benchmarks/bench_train_step.py [--batch 4] [--ctx 512] [--compile] [--json FILE]
 
-Runs on CUDA when there is one (EDGETTT_KERNELS=0 keeps TTT-Linear on the loop, not the training
-kernel), else on the CPU. Saved bytes count every tensor autograd keeps for the backward, once per
+Runs on CUDA when there is one (TTT-Linear on the mini-batch loop; --kernels: through the training
+kernel, `edgettt.fast_paths.use_kernels`), else on the CPU. Saved bytes count every tensor autograd keeps for the backward, once per
 storage. Medians of --repeats steps after one warm-up step (which compiles, with --compile:
-`TTTLayer.compile_steps`).
+`edgettt.fast_paths.compile_ttt_steps`).
 """
 
 import argparse
@@ -51,17 +51,20 @@ def main():
     ap.add_argument("--ctx", type=int, default=512)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--compile", action="store_true", help="torch.compile the mini-batch steps first")
+    ap.add_argument("--kernels", action="store_true", help="TTT-Linear through its training kernel")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.compile:
-        from edgettt.ttt import TTTLayer
+        from edgettt.fast_paths import compile_ttt_steps
 
-        TTTLayer.compile_steps()
+        compile_ttt_steps()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     gen = torch.Generator().manual_seed(0)
     rows = []
     for name in args.models.split(","):
         model = edgettt.load(name).to(device).train()
+        if args.kernels:
+            edgettt.fast_paths.use_kernels(model)
         ids = torch.randint(0, 256, (args.batch, args.ctx + 1), generator=gen).to(device)
         step_seconds(model, ids, device)  # warm-up
         seconds = statistics.median(step_seconds(model, ids, device) for _ in range(args.repeats))

@@ -27,7 +27,7 @@ import torch
 def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
     from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.conversion import convert
-    from edgettt.llama import Llama
+    from edgettt.benchmark.llama import Llama
     from edgettt.random_init import random_model
     from edgettt.benchmark import LLAMA_PREFIX, llama_config
 
@@ -66,25 +66,23 @@ class Variant:
     if asked and captured as CUDA graphs. Variants are all prepared first, then timed in turns."""
 
     def __init__(self, kind: str, step: str, args):
-        from edgettt.kernels import kernels_off
         from edgettt.benchmark import capture_steps
-        from edgettt.fast_paths import compile_step
+        from edgettt.fast_paths import compile_step, use_compiled_decode, use_kernels
 
         self.kind, self.step, self.args, self.llama = kind, step, args, kind == "llama"
         torch.manual_seed(0)
         model = build(kind.partition(":")[0], args.preset, not args.separate_projections,
                       "none" if self.llama else weights_of(kind, args))
         compiled = step != "eager"
+        use_kernels(model)
+        if compiled:  # the tokens written for torch.compile; "-token": each converted layer's in one kernel
+            use_compiled_decode(model, token_kernel="-token" in step)
         if "-rows" in step:  # batch-1 weight products as products and sums inductor fuses
-            from edgettt.row_products import use_row_products
+            from edgettt.fast_paths.row_products import use_row_products
 
             use_row_products(model)
-        if "-token" in step:  # each converted layer's token in one kernel (TTT-Linear; float or int8 state)
-            from edgettt.kernels.decode_token import use_token_kernel
-
-            use_token_kernel(model)
         if "-fused" in step:  # int4 products with their norm, activation and residual, one GEMV launch each
-            from edgettt.fused_products import use_fused_products
+            from edgettt.fast_paths.fused_products import use_fused_products
 
             use_fused_products(model)
         if "-a8" in step:  # int8 activations, int4 layers' decode GEMVs in W4A8 too (dp4a; `weight_formats.int4_a8`)
@@ -92,10 +90,10 @@ class Variant:
 
             set_activations(model, "int8", decode=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-        from edgettt.kernels.decode_token import fixed_token_warps
+        from edgettt.ops.linear_attention.decode_token import fixed_token_warps
 
         warps = fixed_token_warps(8) if "-warps8" in step else contextlib.nullcontext()  # 8 warps at every head size, as before the choice by head size
-        with torch.no_grad(), (kernels_off() if compiled else contextlib.nullcontext()), warps:
+        with torch.no_grad(), warps:
             state = model.init_state(args.batch, args.depth + args.tokens) if self.llama else None
             _, state = model.prefill(self.ids[:, :args.depth], state)
             if compiled:
@@ -164,7 +162,7 @@ def main(argv=None) -> int:
                         "(none, int8, int4), e.g. parallel,parallel:int4 to time float and int4 weights in turns")
     parser.add_argument("--steps", default="eager,compile", help="among eager, compile, compile-rows (compiled, a "
                         "batch-1 step's weight products as products and sums: `row_products`), compile-token (each "
-                        "converted layer's token in one kernel: `kernels.decode_token`; with the int8 state, e.g. kind "
+                        "converted layer's token in one kernel: `ops.linear_attention.decode_token`; with the int8 state, e.g. kind "
                         "parallel-int8, `decode_token_int12`), compile-rows-token; -fused after any compiled step: int4 products "
                         "with their norm, activation and residual add in one GEMV launch (`fused_products`); -a8 after any step: int8 "
                         "activations, int4 decode GEMVs in W4A8 (`quant.set_activations(..., decode=True)`); -warps8 after a -token "

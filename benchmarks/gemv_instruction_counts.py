@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gemv  # noqa: E402
 from kernel_resources import NOT_MULTIPLE_OF_16, compiled_for_hopper  # noqa: E402
 
-from edgettt.kernels import int4  # noqa: E402
-from edgettt.kernels.int4 import _zero_points  # noqa: E402
+from edgettt.ops.quantized import int4  # noqa: E402
+from edgettt.ops.quantized.int4 import _zero_points  # noqa: E402
 
 
 @triton.jit

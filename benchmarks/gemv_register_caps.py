@@ -16,7 +16,7 @@ import torch
 import triton
 
 from kernel_bench import copies_for, time_rotating_ms, weight_variants
-from edgettt.kernels import int4
+from edgettt.ops.quantized import int4
 
 
 def main():

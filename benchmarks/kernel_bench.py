@@ -32,7 +32,8 @@ import torch
 
 from edgettt.cli import POSITIVE, int_list
 from edgettt.gpu_timing import copy_bandwidth, time_ms
-from edgettt.kernels import decode, int4, int8, kernels_off, prefill
+from edgettt.ops.linear_attention import decode, prefill
+from edgettt.ops.quantized import int4, int8
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -182,7 +183,7 @@ def prefill_rows(B, H, d, T, dtype, ceiling, b=16, references=True) -> list[dict
 
 def train_runs(B, H, T, d, b=16, device="cuda") -> dict:
     """name -> a function running one forward and backward (see train_rows)."""
-    from edgettt.kernels.train import exact_train
+    from edgettt.ops.linear_attention.train import exact_train
 
     inputs = prefill_inputs(B, H, T, d, b, torch.float32, device)
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
@@ -203,7 +204,7 @@ def train_runs(B, H, T, d, b=16, device="cuda") -> dict:
 
 def train_rows(B, H, T, d, ceiling, b=16) -> list[dict]:
     """One TTT-Linear layer operator, forward and backward, fp32 with tf32 dots (as
-    recipes/train_tiny.py trains): the exact-form kernel with its backward (kernels/train.py) against
+    recipes/train_tiny.py trains): the exact-form kernel with its backward (ops/linear_attention/train.py) against
     autograd through the original mini-batch scan and through the exact form in torch. Bytes: q, k, v
     read twice, lr and dout read, o, dq, dk, dv written (the least either way). All timed eagerly:
     the recipe captures its whole step in a CUDA graph, which takes the scan's launch gaps away, so
@@ -357,8 +358,8 @@ def load_public_lact(path):
 def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cuda", **shape) -> dict:
     """name -> a function computing the fast-weight operator of one 760M-shaped LaCT layer (or one
     of another `shape`: LaCTConfig keys, for tests)."""
-    from edgettt.kernels import lact as lact_kernels
-    from edgettt.lact import fast_weights, linear_attention
+    from edgettt.ops.lact import triton as lact_kernels
+    from edgettt.ops.lact import fast_weights, parallel as linear_attention
 
     config = lact_config(**shape)
     q, k, v, lr, gates, weights = lact_inputs(config, B, T, dtype, device)
@@ -371,7 +372,7 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
         return {"w1": w1, "g1": torch.zeros_like(w1), "m1": torch.zeros_like(w1), "gate": w1.new_zeros(B, H)}
 
     def parallel():
-        return linear_attention.chunk(state(), fixed, config, None, q, k, v, lr, gates, 0)
+        return lact_kernels.chunk(state(), fixed, config, None, q, k, v, lr, gates, 0)
 
     phi_q, keys = lact_kernels.features(q, fixed["0"], fixed["2"]), lact_kernels.features(k, fixed["0"], fixed["2"], lr[..., 1, :])
     m = torch.rand(B, H, lact_kernels.chunk_count(0, T, config.lact_chunk_size), device=device) * 0.9 + 0.05
@@ -379,13 +380,12 @@ def lact_runs(B: int, T: int, dtype, lact_code=None, references=True, device="cu
     runs = {"parallel kernels (W1-only)": parallel}  # (low-rank W0, W2 as their factors: the config's)
     if config.w0_w2_low_rank > 0:  # the same with the product formed: what a full-rank config costs
         runs["parallel kernels (W1-only), dense W0/W2"] = \
-            lambda: linear_attention.chunk(state(), fixed_dense, config, None, q, k, v, lr, gates, 0)
+            lambda: lact_kernels.chunk(state(), fixed_dense, config, None, q, k, v, lr, gates, 0)
     runs["parallel kernels, attention alone (features given)"] = \
         lambda: lact_kernels.chunk_attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"], m, config.lact_chunk_size)
     if references:
         def parallel_torch():
-            with kernels_off():
-                return linear_attention.chunk(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
+            return linear_attention.chunk(state(), fixed, config, None, q.float(), k.float(), v.float(), lr, gates, 0)
 
         def exact_torch():
             fixed32 = {i: w.float() for i, w in fixed_dense.items()}
@@ -473,7 +473,7 @@ def lact_decode_rows(B: int, dtype, ceiling) -> list[dict]:
     """One decode token of a 760M-shaped LaCT layer's fast-weight state for B sequences: the feature
     map of q and k, then the state step (W1 read, the chunk's running sums read and written; at the
     chunk's last token also the momentum buffer and W1 written). States rotate past L2."""
-    from edgettt.kernels import lact as lact_kernels
+    from edgettt.ops.lact import triton as lact_kernels
 
     config = lact_config()
     H, d, dh = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim

@@ -29,7 +29,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from edgettt.kernels import decode_token, int4, prefill
+from edgettt.ops.linear_attention import decode_token, prefill
+
+from edgettt.ops.quantized import int4
 
 warnings.filterwarnings("ignore")
 BF16, F32, U8 = "*bf16", "*fp32", "*u8"

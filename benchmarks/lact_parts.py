@@ -1,5 +1,5 @@
 """Where the LaCT parallel form's time goes at the public 760M layer shape: each part of
-`lact.linear_attention.chunk` timed alone on a CUDA GPU (triton's do_bench, L2 flushed, medians).
+`ops.lact.triton.chunk` timed alone on a CUDA GPU (triton's do_bench, L2 flushed, medians).
 
     python benchmarks/lact_parts.py [--seq-len 32768]
 
@@ -25,8 +25,7 @@ def main(argv=None) -> int:
     from triton.testing import do_bench
 
     import kernel_bench as bench
-    from edgettt.kernels import lact as K
-    from edgettt.lact import linear_attention
+    from edgettt.ops.lact import triton as K
 
     config = bench.lact_config()
     B, T, dtype, chunk = 1, args.seq_len, torch.bfloat16, config.lact_chunk_size
@@ -51,7 +50,7 @@ def main(argv=None) -> int:
         "out (Triton)": lambda: K._chunk_output(phi_q, Wc, dtype, chunk, 0),
         "out (cuBLAS bmm)": lambda: torch.bmm(phi_q.view(-1, chunk, DH), Wc.view(-1, DV, DH).transpose(1, 2)),
         "attention (as chunk_attention runs it)": lambda: K.chunk_attention(phi_q, keys, v, w1, zero, zero, m, chunk),
-        "whole chunk()": lambda: linear_attention.chunk(state(), {"0": w0, "2": w2}, config, None, q, k, v, lr, gates, 0),
+        "whole chunk()": lambda: K.chunk(state(), {"0": w0, "2": w2}, config, None, q, k, v, lr, gates, 0),
     }
     for name, fn in parts.items():
         print(f"{name:40s} {do_bench(fn, warmup=20, rep=200, return_mode='median'):.4f} ms", flush=True)

@@ -23,7 +23,9 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]  # the kernel tests and their conftest
 from test_int4 import packed  # noqa: E402
 
-from edgettt.kernels import cdiv, int4  # noqa: E402
+from edgettt.ops.common import cdiv  # noqa: E402
+
+from edgettt.ops.quantized import int4  # noqa: E402
 
 
 def host_us(fn, calls=2000) -> float:

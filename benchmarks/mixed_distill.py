@@ -100,7 +100,7 @@ def main():
 def floor_parallel_values(eps: float) -> None:
     """Every parallel-form layer's values (those taken at the initial state S0 [H, d+1, d], where the exact
     form's are at its per-sequence states) with `eps` in the LN-L2 gradient, for the rest of the process."""
-    import edgettt.linear_attention as la
+    from edgettt.ops.linear_attention import reference as la
     from edgettt.ops import ln_l2_grad
 
     values = la.linear_values
@@ -108,7 +108,7 @@ def floor_parallel_values(eps: float) -> None:
     def floored(ka, k, v, lr, S, gamma, beta):
         if S.dim() == 4:  # the exact form (the teacher): unchanged
             return values(ka, k, v, lr, S, gamma, beta)
-        return -lr[..., None] * ln_l2_grad(la.row_times(ka, S), v - k, gamma, beta, eps=eps)
+        return -lr[..., None] * ln_l2_grad(ka @ S, v - k, gamma, beta, eps=eps)
     la.linear_values = floored
 
 

@@ -8,7 +8,7 @@
 # (the exact form's quantized weights run the same GEMMs as the parallel form's: left out, for time)
 # Every model as `edgettt.prepare` makes it: decode steps compiled (the Llama's too) and replayed as CUDA
 # graphs, prefills timed as graph replays, the quantized layers weight-only. Then the original as
-# ttt-lm-pytorch runs it: plain torch (EDGETTT_KERNELS=0), eager steps (through the API's CudaOptions).
+# ttt-lm-pytorch runs it: plain torch (no kernels), eager steps (through the API's CudaOptions).
 #
 #   PRESET=125m BATCH=1 OUT=results bash benchmarks/model_speed_gpu.sh       (on a CUDA machine)
 #
@@ -44,7 +44,7 @@ done
 edgettt bench "${paths[@]}" $SPEED_OPTIONS --batch "$BATCH" $TESTS -r "$REPS" --force \
     --json "$OUT/$PRESET-b$BATCH.json" --markdown "$OUT/$PRESET-b$BATCH.md"
 if [ "${PLAIN:-1}" = 1 ]; then  # eager steps, eager prefill: a lab switch, so through the API
-    EDGETTT_KERNELS=0 python - "$M-original" "$OUT/$PRESET-b$BATCH-plain" "$BATCH" $TESTS -r "$REPS" <<'EOF'
+    python - "$M-original" "$OUT/$PRESET-b$BATCH-plain" "$BATCH" $TESTS -r "$REPS" <<'EOF'
 import sys
 from edgettt.benchmark import CudaOptions, run, table, tests, write
 from edgettt.cli import int_list
@@ -53,7 +53,7 @@ path, out, batch, args = sys.argv[1], sys.argv[2], int(sys.argv[3]), dict(zip(sy
 lists = [int_list(None, None, args[k], low=0 if k == "--depth" else 1) for k in ("--pp", "--tg", "--depth")]
 outs = plan_outputs((out + ".json", "json", True, "--json"), (out + ".md", "markdown", True, "--markdown"))
 result = run([path], tests(*lists), int(args["-r"]), device="cuda", batch=batch,
-             cuda=CudaOptions(compile=False, graph_prefill=False))
+             cuda=CudaOptions(kernels=False, compile=False, graph_prefill=False))
 write(result, *outs)
 print(table(result))
 EOF

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_gemv  # noqa: E402
 
 from kernel_bench import weight_variants  # noqa: E402
-from edgettt.kernels import int4  # noqa: E402
+from edgettt.ops.quantized import int4  # noqa: E402
 
 
 def main():

@@ -16,11 +16,11 @@ warm-up each; every repeat runs each variant once, in turn, and the median is re
     ttt            the original TTT-Linear through edgettt's exact-form kernel
     ttt-plain      the original as ttt-lm-pytorch runs it: plain torch, a mini-batch at a time
     parallel-int8  the parallel form with the int8 state (its commits rounded one mini-batch after another:
-                   the chain in one kernel, `kernels.commits`; the rest of the prefill in torch)
-    parallel-int8-plain  the same with edgettt's kernels off (the chain a loop in torch, as before the kernel)
+                   the chain in one kernel, `ops.linear_attention.commits`; the rest of the prefill in torch)
+    parallel-int8-plain  the same with the layers without their kernels (the chain a loop in torch, as before the kernel)
     exact          the exact form (edgettt's exact-form kernel)
     exact-int8     the exact form with the int8 state (the exact kernel rounding every commit,
-                   `prefill.exact(two_level=True)`); exact-int8-plain: kernels off (a mini-batch at a time in torch)
+                   `prefill.exact(two_level=True)`); exact-int8-plain: without the kernels (a mini-batch at a time in torch)
 With --graph, each prefill is captured once as a CUDA graph and its replays timed, in turns with the eager
 prefill (the host's launches out of the time: an eager 760m prefill launches ~2,200 kernels, and one H200 host took 77 ms for 51 ms of kernels).
 With --profile, also each kind's GPU kernels of one more prefill (torch.profiler): count, microseconds,
@@ -32,7 +32,6 @@ own state math not counted; `speed.linear_parameters`) as a fraction of the GPU'
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -53,6 +52,10 @@ def make(kind: str, preset: str):
     form, _, weights = kind.partition(":")
     weights, _, activations = weights.partition(":")
     model = build(form.removesuffix("-plain"), preset, True, weights or "none")
+    if not form.endswith("-plain"):  # the layers' kernels (`-plain`: the model as written, plain torch)
+        from edgettt.fast_paths import use_kernels
+
+        use_kernels(model)
     if activations == "a8":
         from edgettt.quant import set_activations
 
@@ -62,10 +65,7 @@ def make(kind: str, preset: str):
 
 def prefill_seconds(kind: str, model, ids, graph=None) -> float:
     """One prefill of `ids` timed with CUDA events: eager, or the replay of its captured `graph`."""
-    from edgettt.kernels import kernels_off
-
-    plain = kind.endswith("-plain")
-    with torch.no_grad(), (kernels_off() if plain else contextlib.nullcontext()):
+    with torch.no_grad():
         state = model.init_state(ids.shape[0], ids.shape[1]) if kind == "llama" and graph is None else None
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
@@ -79,12 +79,10 @@ def capture(kind: str, model, ids):
     """The prefill of `ids` as a CUDA graph (`speed.capture_prefill`, after the warm-up's eager prefill: kernels
     autotune first), so that a replay launches every kernel from the graph, without the host's Python; None,
     with a line on stderr, where the prefill cannot be captured (it then runs eagerly)."""
-    from edgettt.kernels import kernels_off
     from edgettt.benchmark import capture_prefill
 
     try:
-        with kernels_off() if kind.endswith("-plain") else contextlib.nullcontext():
-            return capture_prefill(model, ids)
+        return capture_prefill(model, ids)
     except Exception as exc:  # (a host sync inside the prefill, say)
         print(f"{kind}: not captured ({type(exc).__name__}: {str(exc)[:200]}); timed eagerly", file=sys.stderr)
         torch.cuda.synchronize()

@@ -65,7 +65,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "125m exports in ONNX Runtime on this CPU: int4 against float"),
     ("onnx_cpu", "cpu", "python benchmarks/bench_onnx_cpu.py --json {json}",
      "ttt-linear-tiny-parallel's exports (float, int8, int4, nf4) in ONNX Runtime, in alternation"),
-    ("train_step_cpu", "cpu", "EDGETTT_KERNELS=0 python benchmarks/bench_train_step.py --repeats 7 --json {json}",
+    ("train_step_cpu", "cpu", "python benchmarks/bench_train_step.py --repeats 7 --json {json}",
      "one training step of the shipped tiny models and the bytes autograd saves"),
     ("mixed_distill_cpu", "cpu",
      "python benchmarks/mixed_distill.py --teacher ttt-mlp-tiny --student ttt-mlp-tiny-parallel --lengths 512,2048,8192"

@@ -1,4 +1,4 @@
-"""The decode token kernels (`kernels.decode_token`: float state, int8 state) launched with different warps at a
+"""The decode token kernels (`ops.linear_attention.decode_token`: float state, int8 state) launched with different warps at a
 preset's heads: each launch's output against the first variant's, and microseconds a call, 24 layers' calls (each
 its own state) in a CUDA graph (`bench.time_rotating_ms`: the median of its replays), the variants in turns, the
 median of --rounds; `decode_token.token_warps` picks from these.
@@ -25,7 +25,8 @@ sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]  # the kernel tests and thei
 from test_decode_token import inputs, int8_state  # noqa: E402
 
 from kernel_bench import time_rotating_ms  # noqa: E402
-from edgettt.kernels import decode_token as dt, next_power_of_2  # noqa: E402
+from edgettt.ops.linear_attention import decode_token as dt  # noqa: E402
+from edgettt.ops.common import next_power_of_2  # noqa: E402
 
 LAYERS, SLOTS = 24, 16
 

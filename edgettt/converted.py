@@ -22,25 +22,25 @@ early keep the commits' rounding errors, which add up, small.
 Forms: `exact` takes each mini-batch's values at its boundary state (recurrent across mini-batches);
 `parallel` takes all values at the initial state (one chunked linear attention over the sequence).
 A decayed parallel form (`state_decay`) also decays each level's state towards its initial state by a
-learned gamma a head at every commit (`la.Decay`); on CUDA its kernels (the parallel prefill, the
-decode step, the one-operation decode token, the int12 state's commits) take the decay.
+learned gamma a head at every commit (`la.Decay`).
+
+This file is the plain math. `edgettt.prepare` makes a model fast on a GPU by giving its layers the
+subclasses of `fast_paths.layers`, which run the same computation through Triton kernels.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import linear_attention as la
 from .config import ModelConfig
-from .kernels import kernels_enabled, mini_batch_supported
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
-from .quant.state_formats import FLOAT32_STATE, TwoLevelRounding
+from .ops.linear_attention import reference as la
+from .quant.state_formats import FLOAT32_STATE
 from .quant.state_scales import StateScales
 
 OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
@@ -71,7 +71,6 @@ class LinearAttentionLayer(StateScales, MixerBase):
             self.decay_logit = nn.Parameter(torch.full((H,), decay_logit(DEFAULT_DECAY)))
         self.state_format = FLOAT32_STATE
         self.observer = None  # calibration: called as observer(level, ka, vh, S, A, start)
-        self.token_kernel = False  # a compiled decode token in one operation (`kernels.decode_token`)
 
     def initial_states(self) -> list[torch.Tensor]:
         return [self.state0_1, self.state0_2] if self.mlp else [self.state0]
@@ -106,56 +105,24 @@ class LinearAttentionLayer(StateScales, MixerBase):
         return float(self.mask_eta.detach()[-1])
 
     def learning_rates(self, x: torch.Tensor) -> torch.Tensor:
-        logits = la.token_linear(x, self.lr_proj.weight, self.lr_proj.bias)
+        logits = self.lr_proj(x)
         return self.lr_from_logits(logits, self.config.ttt_base_lr / self.head_dim)
 
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
         """The layer's output for x (a block's normed hidden state), plus `residual` if given."""
-        if decode and self.token_kernel and x.shape[1] == 1 and la.fused_decode() and self.token_kernel_applies():
-            return self._decode_token(x, state, start, residual)
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
-        attend = self._decode_attend if decode else la.chunk
-        if not decode and self._prefill_kernel_applies(x):
-            out = self._prefill_kernel(state, q, k, v, lr, start)
-        elif self.config.form == "parallel":
+        attend = self.recurrent if decode else self.chunk
+        if self.config.form == "parallel":
             out = self._mix(state, q, k, v, lr, start, self.initial_states(), attend)
-        elif not decode and self._two_level_kernel_applies(x):
-            out = self._exact_two_level(state, q, k, v, lr, start, attend)
         else:
             out = self._exact(state, q, k, v, lr, start, attend)
         return self.finish(x, out, residual)
 
-    def token_kernel_fits(self) -> bool:
-        """`kernels.decode_token` covers TTT-Linear (both forms) with q and k projected (not `share_qk`'s
-        convolutions)."""
-        return not self.mlp and not self.config.share_qk
-
-    def token_kernel_applies(self) -> bool:
-        """... with a state format the kernel rounds as (float, int12), outside calibration and autograd."""
-        return (self.token_kernel_fits() and self.state_format.token_kernel and self.observer is None
-                and not torch.is_grad_enabled())
-
-    def _token_inputs(self, x):
-        """q, k, v [B, H, d] (not rotated), lr [B, H] of one token."""
-        (q, k, v), lr = self.project_inputs(x), self.learning_rates(x)
-        return *(self.split_heads(t)[:, :, 0] for t in (q, k, v)), lr[:, :, 0]
-
-    def _decode_token(self, x, st, start, residual=None):
-        """One compiled token from the layer's input to its output, the heads' part in one operation."""
-        from .kernels import decode_token  # noqa: F401  (registers edgettt::decode_token, edgettt::decode_token_int12)
-
-        q, k, v, lr = self._token_inputs(x)
-        common = (q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias)
-        decay = self.decay(1)
-        place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact",
-                 None if decay is None else decay.gamma)
-        if self.keeps_keys_and_values():  # the int12 format: the open mini-batch's keys and values in slots
-            out = torch.ops.edgettt.decode_token_int12(*common, st["S1"], st["K1"], st["V1"], *place)
-        else:
-            out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
-        return self.finish(x, out[:, :, None], residual)
+    # the linear attention of a prefill and of a decode step (`la`'s signature)
+    chunk = staticmethod(la.chunk)
+    recurrent = staticmethod(la.recurrent)
 
     def _exact(self, state, q, k, v, lr, start, attend):
         """The exact form: values at each mini-batch's boundary state, so one mini-batch at a time."""
@@ -167,82 +134,13 @@ class LinearAttentionLayer(StateScales, MixerBase):
                                   start + offset, boundary, attend))
         return torch.cat(outs, dim=2)
 
-    def _two_level_kernel_applies(self, x: torch.Tensor) -> bool:
-        """The exact form of TTT-Linear with the int12 state prefills its whole mini-batches through the
-        exact kernel (`prefill.exact(two_level=True)`), under the prefill kernels' other conditions."""
-        return (self.config.form == "exact" and isinstance(self.requantizer(1), TwoLevelRounding)
-                and self._kernels_may_prefill(x))
-
-    def _exact_two_level(self, st, q, k, v, lr, start, attend):
-        """The tokens up to the first mini-batch boundary and after the last one through the torch path
-        (they fill the open mini-batch's buffers), the whole mini-batches between through the kernel
-        (from a boundary the buffers are empty, and stay so)."""
-        from .kernels import prefill
-
-        b, T = self.config.mini_batch_size, q.shape[2]
-        lead = min((-start) % b, T)
-        done = lead + (T - lead) // b * b
-        parts = [] if lead == 0 else [self._exact(st, q[:, :, :lead], k[:, :, :lead], v[:, :, :lead],
-                                                  lr[:, :, :lead], start, attend)]
-        if done > lead:
-            sl = slice(lead, done)
-            out, S, _ = prefill.exact(q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], self.state0,
-                                      self.value_norm.weight, self.value_norm.bias, self.mask_eta, start + lead,
-                                      st["S1"], None, two_level=True)
-            st["S1"] = S.to(st["S1"].dtype)
-            parts.append(out)
-        if done < T:
-            sl = slice(done, T)
-            parts.append(self._exact(st, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], start + done, attend))
-        return torch.cat(parts, dim=2)
-
-    def _prefill_kernel_applies(self, x: torch.Tensor) -> bool:
-        """The Triton prefill kernels (both forms) cover TTT-Linear with a float state."""
-        return self.state_format.is_float32 and self._kernels_may_prefill(x)
-
-    def _kernels_may_prefill(self, x: torch.Tensor) -> bool:
-        """What every prefill kernel needs: TTT-Linear, no autograd (the kernels have no backward:
-        distillation trains through the torch path), no calibration observer, a power-of-two
-        mini-batch size, kernels on for `x`."""
-        if self.mlp or self.observer is not None:
-            return False
-        if torch.is_grad_enabled() and self.state0.requires_grad:
-            return False
-        return mini_batch_supported(self.config.mini_batch_size) and kernels_enabled(x)
-
-    def _prefill_kernel(self, st, q, k, v, lr, start):
-        from .kernels import prefill
-
-        fn = prefill.parallel if self.config.form == "parallel" else prefill.exact
-        if self.config.state_decay:  # (a decayed form is a parallel one)
-            fn = functools.partial(prefill.parallel, decay=self.decay(1).gamma)
-        # at a mini-batch boundary A is zero in every state a model makes (each mini-batch's end commits)
-        A = None if start % self.config.mini_batch_size == 0 else st["A1"]
-        out, S, A = fn(q, k, v, lr, self.state0, self.value_norm.weight, self.value_norm.bias, self.mask_eta,
-                       start, st["S1"], A)
-        st["S1"], st["A1"] = S.to(st["S1"].dtype), A.to(st["A1"].dtype)
-        return out
-
-    @staticmethod
-    def _decode_attend(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
-        """`la.recurrent`, through the Triton decode-step kernel for one float token on CUDA."""
-        if requant is not None or qa.shape[2] != 1 or not kernels_enabled(qa) or S.requires_grad:
-            return la.recurrent(qa, ka, vh, S, A, eta_tok, start, requant, decay)
-        from .kernels.decode import decode_step
-
-        S, A = S.contiguous(), A.contiguous()  # the kernel updates them in place (the step owns the state)
-        decay = None if decay is None else (decay.gamma.detach(), decay.S0.detach().to(S.dtype))
-        zbar = decode_step(qa[:, :, 0].contiguous(), ka[:, :, 0].contiguous(), vh[:, :, 0].contiguous(), S, A,
-                           eta_tok.detach().contiguous(), start % eta_tok.shape[0], decay=decay)
-        return zbar[:, :, None], S, A
-
     def _mix(self, st, q, k, v, lr, start, value_states, attend):
         """Values at `value_states`, then the linear attention of each level. Returns [B, H, T, d]."""
         H, d = self.num_heads, self.head_dim
         gamma, beta = self.value_norm.weight.reshape(H, 1, d), self.value_norm.bias.reshape(H, 1, d)
         qa, ka = la.augment(q), la.augment(k)
         if not self.mlp:
-            vh = la.linear_values(ka, k, v, lr, value_states[0], gamma, beta)
+            vh = self._linear_values(ka, k, v, lr, value_states[0], gamma, beta)
             zbar = self._attend(attend, 1, st, qa, ka, vh, start)
         else:
             vh1, vh2, ka2 = la.mlp_values(ka, k, v, lr, value_states[0], value_states[1], gamma, beta)
@@ -250,13 +148,13 @@ class LinearAttentionLayer(StateScales, MixerBase):
             zbar = self._attend(attend, 2, st, qa2, ka2, vh2, start)
         return q + layer_norm(zbar, gamma, beta)
 
+    _linear_values = staticmethod(la.linear_values)
+
     def _attend(self, attend, level, st, qa, ka, vh, start):
         S = f"S{level}"
         kv = self.keeps_keys_and_values()
         if kv:  # every token's ka and vh as the buffer holds them, and A from the buffer
             ka, vh = ka.to(OPEN_DTYPE).to(qa.dtype), vh.to(OPEN_DTYPE).to(qa.dtype)
-            if qa.shape[2] == 1 and la.fused_decode() and self.observer is None:
-                return self._attend_open_token(level, st, qa, ka, vh, start)
             A = self._open_sum(st, level, start, qa.dtype)
         else:
             A = st[f"A{level}"]
@@ -267,20 +165,6 @@ class LinearAttentionLayer(StateScales, MixerBase):
             self._keep_open(st, level, ka, vh, start)
         else:
             st[f"A{level}"] = A
-        return zbar
-
-    def _attend_open_token(self, level, st, qa, ka, vh, start):
-        """One compiled decode token with the open mini-batch in the buffers (`la.open_token`): the
-        token's ka and vh written to its slot, A never formed; the buffers emptied at a commit."""
-        b = self.config.mini_batch_size
-        inner = start % b
-        K, V = self._write_slot(st[f"K{level}"], ka, inner), self._write_slot(st[f"V{level}"], vh, inner)
-        filled = (torch.arange(b, device=qa.device) <= inner).to(qa.dtype)
-        zbar, st[f"S{level}"] = la.open_token(qa, K.to(qa.dtype), V.to(qa.dtype), filled, st[f"S{level}"],
-                                              self.mask_eta, inner, self.requantizer(level), start + 1,
-                                              self.decay(level))
-        committed = inner == b - 1  # the next mini-batch starts with empty slots, as `_keep_open` leaves them
-        st[f"K{level}"], st[f"V{level}"] = (torch.zeros_like(K), torch.zeros_like(V)) if committed else (K, V)
         return zbar
 
     def _write_slot(self, buffer, new, inner):

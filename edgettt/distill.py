@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from .cuda_graph import graphed
 from .evaluation import best_device
+from .fast_paths import use_kernels
 from .model import CausalLM
 from .progress import bar
 
@@ -157,6 +158,8 @@ def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int 
     plan = window_plan(ctx, batch, data.numel())
     gen = torch.Generator().manual_seed(seed)
     teacher.to(device).eval()
+    if torch.device(device).type == "cuda":  # the original TTT-Linear teacher through its exact-form kernel
+        use_kernels(teacher)
     pools = teacher_pool(teacher, data, plan, pool, gen, device) if pool else None
     forward = None if pools else teacher_forward(teacher, device)
     student.to(device).train()

@@ -11,8 +11,29 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .fused_products import product
+import torch.nn.functional as F
+
 from .ops import causal_conv, gelu_tanh, rotary
+
+
+def product(layer: nn.Module, x: torch.Tensor, norm: nn.Module | None = None, up: torch.Tensor | None = None,
+            residual: torch.Tensor | None = None, glu: bool = False) -> torch.Tensor:
+    """residual + layer(x'), x' = norm(x) with a norm, silu(x) * up with `up`, else x (residual optional);
+    `glu`: layer is a stacked gate/up product, and the result silu(gate) * up of its two halves instead.
+    A layer that can compute all of it in one piece (`product_with`: what `edgettt.prepare` gives the int4
+    layers of a compiled decode step, `fast_paths.fused_products`) is handed it whole."""
+    whole = getattr(layer, "product_with", None)
+    if whole is not None and (y := whole(x, norm, up, residual, glu)) is not None:
+        return y
+    if norm is not None:
+        x = norm(x)
+    if up is not None:
+        x = F.silu(x) * up
+    y = layer(x)
+    if glu:
+        gate, up_half = y.chunk(2, dim=-1)
+        return F.silu(gate) * up_half
+    return y if residual is None else residual + y
 
 
 def depthwise_conv(channels: int, kernel: int) -> nn.Conv1d:

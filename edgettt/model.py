@@ -1,8 +1,8 @@
 """The language model around the sequence mixers (DESIGN 3.3), for every form.
 
     block: [h += dwconv(RMSNorm_conv(h))]; h += Mixer(RMSNorm_seq(h)); h += SwiGLU(RMSNorm_ffn(h))
-    (the residual adds, the MLP's norm and the mixer's output norm pass into `fused_products.product`,
-    which a compiled decode step may run with the product in one kernel)
+    (the residual adds, the MLP's norm and the mixer's output norm pass into `mixer.product`, which a
+    layer that can may compute in one piece)
     model: embed -> blocks -> RMSNorm -> lm_head
 
 The mixer is the original TTT layer (form "ttt") or the converted linear attention ("exact",
@@ -22,15 +22,14 @@ from torch import nn
 
 from .config import ModelConfig
 from .converted import LinearAttentionLayer
-from .fused_products import product
-from .mixer import FusableInputs, depthwise_conv
+from .mixer import FusableInputs, depthwise_conv, product
 from .ops import causal_conv, rms_norm, tokens_from
 from .quant.state_formats import state_format
 from .ttt import TTTLayer
 
 
 class RMSNorm(nn.Module):
-    norm_kind = "rms"  # (a norm a fused product applies: `fused_products.norm_kind`)
+    norm_kind = "rms"  # (what a layer that applies the norm itself computes: `fast_paths.fused_products`)
 
     def __init__(self, size: int, eps: float):
         super().__init__()
@@ -54,7 +53,7 @@ class SwiGLU(FusableInputs, nn.Module):
     def forward(self, x, norm: nn.Module | None = None, residual: torch.Tensor | None = None):
         """(residual +) the MLP of norm(x) (of x without a norm)."""
         stacked = getattr(getattr(self, "fused_inputs", None), "linear", None)
-        if getattr(stacked, "fuse_prologues", False):  # one int4 gate/up product: the activation as it stores
+        if hasattr(stacked, "product_with"):  # one gate/up layer that applies the activation as it stores
             return product(self.down_proj, product(stacked, x, norm, glu=True), residual=residual)
         gate, up = self.project_inputs(x, norm)
         return product(self.down_proj, gate, up=up, residual=residual)

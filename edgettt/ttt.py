@@ -6,7 +6,8 @@ taken at the mini-batch's boundary state. Inside a mini-batch the dual form is u
 `GW = sum lr_j k_j^T g_j` and `Gb = sum lr_j g_j` carry an unfinished mini-batch from one call to
 the next, so prefill can stop anywhere and decode (one token per call) continues exactly.
 
-Parameter names and shapes are those of the ttt-lm-pytorch checkpoints (DESIGN 3.2).
+Parameter names and shapes are those of the ttt-lm-pytorch checkpoints (DESIGN 3.2). The exact-form
+kernel with a backward that `edgettt.prepare` gives TTT-Linear is in `fast_paths.layers`.
 """
 
 from __future__ import annotations
@@ -15,8 +16,6 @@ import torch
 from torch import nn
 
 from .config import ModelConfig
-from .kernels import kernels_enabled, mini_batch_supported
-from .kernels import train as train_kernels
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, gelu_tanh_grad, layer_norm, ln_l2_grad, mini_batch_etas, segments
 
@@ -65,38 +64,12 @@ class TTTLayer(MixerBase):
         q, k, v = self.project(x, state, start)
         lr = self.learning_rates(x)
         eta_tok = mini_batch_etas(self.learnable_token_idx)
-        if self._kernel_applies(x, start):
-            return self.finish(x, self._exact_kernel(state, q, k, v, lr, eta_tok), residual)
         step = self._mlp_step if self.mlp else self._linear_step
         outs = []
         for offset, count, inner in segments(start, x.shape[1], self.config.mini_batch_size):
             sl = slice(offset, offset + count)
             outs.append(step(state, q[:, :, sl], k[:, :, sl], v[:, :, sl], lr[:, :, sl], eta_tok, inner))
         return self.finish(x, torch.cat(outs, dim=2), residual)
-
-    def _kernel_applies(self, x: torch.Tensor, start: int) -> bool:
-        """TTT-Linear on CUDA from the initial state over whole mini-batches: the exact-form kernel
-        with a backward (kernels/train.py) replaces the mini-batch loop, in training and in inference
-        (a distillation's teacher: one launch a layer instead of a dozen a mini-batch). Position 0
-        means the fresh state of `init_state`: the kernel starts from the parameters W1, b1."""
-        b = self.config.mini_batch_size
-        return (not self.mlp and start == 0 and x.shape[1] % b == 0 and mini_batch_supported(b)
-                and kernels_enabled(x))
-
-    def _exact_kernel(self, st, q, k, v, lr, eta_tok):
-        d = self.head_dim
-        out, S = train_kernels.exact_train(q, k, v, lr, torch.cat((self.W1, self.b1), dim=1), self.ttt_norm_weight,
-                                           self.ttt_norm_bias, eta_tok)
-        st["W1"], st["b1"] = S[:, :, :d].to(st["W1"].dtype), S[:, :, d:].to(st["b1"].dtype)  # GW1, Gb1 stay 0
-        return out
-
-    @classmethod
-    def compile_steps(cls) -> None:
-        """Compile the mini-batch steps with torch.compile, for every TTT layer from now on: inductor
-        fuses their chains of small elementwise operations (training TTT-MLP, which has no kernel).
-        The first call of each shape compiles (about a minute)."""
-        cls._linear_step = torch.compile(cls._linear_step, dynamic=False)
-        cls._mlp_step = torch.compile(cls._mlp_step, dynamic=False)
 
     def _ln_params(self):
         H, d = self.num_heads, self.head_dim

@@ -286,15 +286,19 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if args.compile:
-        from edgettt.ttt import TTTLayer
+        from edgettt.fast_paths import compile_ttt_steps
 
-        TTTLayer.compile_steps()
+        compile_ttt_steps()
     sizes = {k: v for k, v in (("hidden_size", args.hidden), ("intermediate_size", args.intermediate)) if v}
     model, config = build(args.arch, args.layers, args.seed, sizes)
     if args.init is not None:
         model = load_init(args.init, args.arch, model, config)
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
+    if device == "cuda":  # TTT-Linear trains through its exact-form kernel (it has a backward)
+        from edgettt.fast_paths import use_kernels
+
+        use_kernels(model)
     if args.dropout:
         print(f"dropout {args.dropout} on {add_dropout(model, args.dropout)} modules", flush=True)
     n_params = sum(p.numel() for p in model.parameters())

@@ -72,9 +72,9 @@ def tiny_model():
 def poison_kernel_outputs(monkeypatch):
     """Every kernel output starts as NaN (DESIGN section 8): an element a kernel fails to write stays
     NaN and fails the comparison with the reference."""
-    import edgettt.kernels
+    import edgettt.ops.common
 
-    monkeypatch.setattr(edgettt.kernels, "POISON_OUTPUTS", True)
+    monkeypatch.setattr(edgettt.ops.common, "POISON_OUTPUTS", True)
 
 
 # The slowest files first: with `pytest -n 2 --dist loadfile` (.ci/run) the workers take whole files in

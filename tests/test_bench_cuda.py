@@ -3,13 +3,13 @@
 
 import pytest
 import torch
-
 from conftest import compiled_recording, rel_err
+
 from edgettt.errors import EdgetttError
 
 
 def test_the_transformer_baseline_decodes_as_it_prefills():
-    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.benchmark.llama import Llama, LlamaConfig
 
     torch.manual_seed(0)
     model = Llama(LlamaConfig(64, 2, 4, 128, 100)).eval()
@@ -46,8 +46,8 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
     traced graph (on CUDA the kernel, here the reference), and the compiled step (AOT-traced with the op's
     fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
-    from edgettt.quant import QuantConfig, QuantLinear
     from edgettt.benchmark import copy_state
+    from edgettt.quant import QuantConfig, QuantLinear
 
     model = edgettt.quantize(edgettt.load("ttt-linear-tiny-parallel"), QuantConfig(weights, 64))
     op = getattr(torch.ops.edgettt, f"{weights}_linear").default
@@ -80,9 +80,9 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
     import functools
 
     from edgettt import convert
-    from edgettt.quant import apply_state_format
     from edgettt.benchmark import copy_state
     from edgettt.fast_paths import compile_step
+    from edgettt.quant import apply_state_format
 
     monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
     model = tiny_model(arch, seed=2, mini_batch_size=8)
@@ -118,18 +118,16 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
                                            ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True),
                                            ("parallel:int4+token+fused", True), ("parallel:int4+rows+fused", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
-    """Also with the step compiled (`speed --compile`: traced and captured with edgettt's kernels off), and
-    with batch-1 weight products as products and sums (`+rows`: `use_row_products`, one sequence) and with
-    each layer's token in one kernel (`+token`: `use_token_kernel`) and with int4 products fused with their
-    norms, activation and residual adds (`+fused`: `use_fused_products`)."""
-    import contextlib
-
+    """The layers with their kernels (`use_kernels`); also with the step compiled (`bench --device cuda`:
+    `use_compiled_decode`), and with batch-1 weight products as products and sums (`+rows`:
+    `use_row_products`, one sequence) and with each layer's token in one kernel (`+token`) and with int4
+    products fused with their norms, activation and residual adds (`+fused`: `use_fused_products`)."""
     from edgettt import convert
-    from edgettt.kernels import kernels_off
-    from edgettt.llama import Llama, LlamaConfig
-    from edgettt.row_products import use_row_products
     from edgettt.benchmark import capture_steps, copy_state
-    from edgettt.fast_paths import compile_step
+    from edgettt.fast_paths import compile_step, use_compiled_decode, use_kernels
+    from edgettt.fast_paths.fused_products import use_fused_products
+    from edgettt.fast_paths.row_products import use_row_products
+    from edgettt.benchmark.llama import Llama, LlamaConfig
 
     form, *extras = form.split("+")
     rows = "rows" in extras
@@ -153,16 +151,7 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
             model = quantize(model, QuantConfig(weights, 32))
         model = model.cuda()
     model = model.to(torch.bfloat16).eval()
-    if rows:
-        use_row_products(model)
-    if "token" in extras:
-        from edgettt.kernels.decode_token import use_token_kernel
-
-        assert use_token_kernel(model) > 0
-    if "fused" in extras:
-        from edgettt.fused_products import use_fused_products
-
-        assert use_fused_products(model) > 0
+    use_kernels(model)
     ids = torch.randint(0, 61, (batch, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():
         state = model.init_state(batch, 40) if form == "llama" else None
@@ -170,10 +159,14 @@ def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compi
         eager = copy_state(state)
         for t in range(13, 40):
             _, eager = model.step(ids[:, t], eager)
-        if compiled:
+        if compiled:  # (the eager steps above: the layers with their kernels, not yet compiled's forms)
+            assert use_compiled_decode(model, "token" in extras) > 0 or "token" not in extras
+            if rows:
+                use_row_products(model)
+            if "fused" in extras:
+                assert use_fused_products(model) > 0
             compile_step(model)
-        with kernels_off() if compiled else contextlib.nullcontext():
-            token, graphs = capture_steps(model, state, 13, batch=batch)
+        token, graphs = capture_steps(model, state, 13, batch=batch)
         for t in range(13, 40):
             token.copy_(ids[:, t])
             graphs[t % len(graphs)].replay()
@@ -206,8 +199,8 @@ def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form
     """`speed --graph-prefill`: the prefill recorded once (`capture_prefill`) and replayed on new ids leaves
     the state an eager prefill of those ids leaves (the transformer: its cache, made outside the graph)."""
     from edgettt import convert
-    from edgettt.llama import Llama, LlamaConfig
     from edgettt.benchmark import capture_prefill
+    from edgettt.benchmark.llama import Llama, LlamaConfig
 
     if form == "llama":
         with torch.device("cuda"):
@@ -247,8 +240,8 @@ def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_s
     """`speed.linear_parameters` (float and quantized layers alike; the head counted or not) and the CUDA
     table's last column: a decode row against the copy bandwidth, a prefill row against the dense bf16 rate."""
     import edgettt
-    from edgettt.quant import QuantConfig
     from edgettt.benchmark import dense_bf16_flops, linear_parameters, table
+    from edgettt.quant import QuantConfig
 
     model = edgettt.load("ttt-linear-tiny-parallel")
     c = model.config
@@ -274,8 +267,8 @@ def test_a_steps_state_bytes_are_its_tensors_as_held(tiny_model, state_format):
     it, every sequence's: for the float state what the stored format says too; for the int12 format more (its
     S is held on its grid in the model's float type, where the stored format keeps 1.5 bytes a value)."""
     from edgettt import convert
-    from edgettt.quant import apply_state_format
     from edgettt.benchmark import state_bytes
+    from edgettt.quant import apply_state_format
 
     model = convert(tiny_model("linear", seed=2, mini_batch_size=8), "parallel").eval()
     if state_format != "fp32":

@@ -6,7 +6,7 @@ import torch
 from conftest import ALL_OPTIONS, FP32_EXACT, option_id, rel_err
 import edgettt
 from edgettt import convert, load
-import edgettt.linear_attention as la
+from edgettt.ops.linear_attention import reference as la
 
 B_MINI = 8
 LENGTHS = [1, 7, B_MINI, 3 * B_MINI + 5, 200]

@@ -2,6 +2,8 @@
 op (`edgettt::int4_linear_fused`, the GEMV kernel on CUDA, its reference here): which products fuse, that the
 step gives the eager step's logits and state, and that nothing changes outside a compiled step."""
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -28,10 +30,10 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     """Each layer's output projection (with the mixer's LayerNorm and the residual), gate/up (with the MLP's
     RMSNorm, SwiGLU's activation applied to its halves as it stores) and down projection (with the residual)
     are one fused op each within the GEMV's rows (batch <= 8), none above; q/k/v stay `int4_linear` (the mixer's normed input also feeds
-    its learning rates). The compiled step (AOT autograd: the CPU's stand-in for inductor) gives the eager
-    step's logits and state; with int8 activations too (the fused products' W4A8 GEMV rounding the norm's
+    its learning rates). The compiled step (AOT autograd: the CPU's stand-in for inductor) gives the unfused
+    eager step's logits and state; with int8 activations too (the fused products' W4A8 GEMV rounding the norm's
     output as the eager int4 layer rounds it)."""
-    from edgettt.fused_products import use_fused_products
+    from edgettt.fast_paths.fused_products import use_fused_products
     from edgettt.mixer import fuse_input_projections
     from edgettt.quant import set_activations, stacked_projection
     from edgettt.benchmark import copy_state
@@ -39,6 +41,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     model = int4_model().eval()
     fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
     set_activations(model, activations, decode=True)  # (int8: the decode GEMVs in W4A8 too)
+    plain = copy.deepcopy(model)
     assert use_fused_products(model) > 0
     ids = torch.randint(0, 256, (batch, 22), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -46,7 +49,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
         compiled_state = copy_state(state)
         step, graphs = compiled_recording(model.step)
         for t in range(20, 22):
-            want, state = model.step(ids[:, t], state)
+            want, state = plain.step(ids[:, t], state)
             got, compiled_state = step(ids[:, t], compiled_state)
             assert rel_err(got, want) < 1e-5
     torch._dynamo.reset()
@@ -61,9 +64,9 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
             assert rel_err(b[name].float(), a[name].float()) < 1e-5, name
 
 
-def test_marked_layers_compute_as_before_outside_a_compiled_step():
-    """Eagerly (and in every export) `product` is the modules' composition: marking changes no bit."""
-    from edgettt.fused_products import use_fused_products
+def test_fused_layers_compute_as_before_above_the_gemv_rows():
+    """A prefill (more rows than a GEMV) is the modules' composition: fusing changes no bit."""
+    from edgettt.fast_paths.fused_products import use_fused_products
 
     model = int4_model().eval()
     ids = torch.randint(0, 256, (2, 40), generator=torch.Generator().manual_seed(1))
@@ -77,7 +80,7 @@ def test_marked_layers_compute_as_before_outside_a_compiled_step():
                                        (nn.LayerNorm(8, bias=False), None),
                                        (nn.LayerNorm(8, elementwise_affine=False), None), (nn.Identity(), None)])
 def test_the_norms_a_fused_product_applies(norm, kind):
-    from edgettt.fused_products import norm_kind
+    from edgettt.fast_paths.fused_products import norm_kind
     from edgettt.model import RMSNorm
 
     assert norm_kind(RMSNorm(8, 1e-6) if norm == "rms" else norm) == kind
@@ -88,7 +91,7 @@ def test_only_int4_layers_are_marked(weights, marked):
     """Every int4 layer (q, k, v, o, gate, up, down of the 5 layers; the tied head stays float), nothing of
     another format."""
     import edgettt
-    from edgettt.fused_products import use_fused_products
+    from edgettt.fast_paths.fused_products import use_fused_products
     from edgettt.quant import QuantConfig
 
     model = edgettt.load("ttt-linear-tiny-parallel")

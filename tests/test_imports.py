@@ -1,6 +1,7 @@
 """The package's imports point one way: no cycles, the model never imports the checkpoint writer,
-the kernels import only plain-torch math and the quantization leaves (storage layouts, the
-state formula), not the quantizer; every module stands in a declared layer (`LAYERS`) and imports
+the operations (their references and kernels, `edgettt.ops`) import only each other and the quantization
+leaves (storage layouts, the state formula), not the quantizer; the model files are plain math (no
+kernel, no fast path, no environment variable, no tracing check; loading a model loads no kernel); every module stands in a declared layer (`LAYERS`) and imports
 only from its own layer or those below; and few imports wait inside functions (outside the CLI,
 whose lazy imports keep `edgettt run` free of torch).
 
@@ -9,14 +10,23 @@ package `a.b` too (its __init__ runs first): a drawing of the imports has every 
 """
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import edgettt
 
 ROOT = Path(edgettt.__file__).parent
-# what a kernel may import besides other kernels: the references' plain-torch math and the storage layouts
-PLAIN_TORCH_MATH = {"edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.ops", "edgettt.linear_attention",
-                    "edgettt.errors"}
+# what an operation may import besides the other operations: the storage layouts and the state formula
+OPS_MAY_IMPORT = {"edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.errors"}
+# the model files, and what they may not import: kernels and the fast paths `edgettt.prepare` applies
+MODEL_FILES = ("edgettt.model", "edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.lact.model",
+               "edgettt.lact.window")
+KERNEL_MODULES = ("edgettt.ops.common", "edgettt.ops.linear_attention.prefill", "edgettt.ops.linear_attention.decode",
+                  "edgettt.ops.linear_attention.decode_token", "edgettt.ops.linear_attention.commits",
+                  "edgettt.ops.linear_attention.train", "edgettt.ops.lact.triton", "edgettt.ops.quantized",
+                  "edgettt.fast_paths")
+SPEED_HOOKS = {"environ", "getenv", "is_compiling", "is_exporting", "exporting", "kernels_enabled"}
 LEAVES = ("edgettt.quant.layouts", "edgettt.quant.state_formats")  # import nothing of edgettt
 LAZY_PACKAGES = ("edgettt", "edgettt.quant", "edgettt.benchmark")  # their names load on first use: no static import in __init__
 
@@ -27,10 +37,9 @@ LAYERS = [
               "edgettt.gpu_timing", "edgettt.cuda_graph", "edgettt.ort_schemas", "edgettt.metrics", "edgettt.data",
               "edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.weights_io", "edgettt.onnx_files",
               "edgettt.lact.config"]),
-    ("math: plain-torch operations and their kernels", ["edgettt.ops", "edgettt.linear_attention", "edgettt.kernels",
-                                                        "edgettt.fused_products", "edgettt.row_products"]),
+    ("math: the operations, their references and kernels", ["edgettt.ops"]),
     ("quantized layers and formats", ["edgettt.quant"]),
-    ("models", ["edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.model", "edgettt.llama", "edgettt.lact",
+    ("models", ["edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.model", "edgettt.lact",
                 "edgettt.random_init"]),
     ("pipeline: what runs models on text and files", ["edgettt.conversion", "edgettt.checkpoint", "edgettt.evaluation",
                                                      "edgettt.distill", "edgettt.quant.calibration", "edgettt.onnx",
@@ -92,14 +101,36 @@ def test_the_model_does_not_import_the_checkpoint_writer_and_kernels_import_only
     graph = import_graph()
     assert "edgettt.checkpoint" not in graph["edgettt.model"]
     for module, targets in graph.items():
-        if module.startswith("edgettt.kernels"):
-            outside = {t for t in targets if not t.startswith("edgettt.kernels")} - set(LAZY_PACKAGES)
-            assert outside <= PLAIN_TORCH_MATH, f"{module} imports {sorted(outside - PLAIN_TORCH_MATH)}"
-    assert "edgettt.quant.weight_formats" not in graph["edgettt.kernels.int4"]
+        if module.startswith("edgettt.ops"):
+            outside = {t for t in targets if not t.startswith("edgettt.ops")} - set(LAZY_PACKAGES)
+            assert outside <= OPS_MAY_IMPORT, f"{module} imports {sorted(outside - OPS_MAY_IMPORT)}"
+    assert "edgettt.quant.weight_formats" not in graph["edgettt.ops.quantized.int4"]
     for leaf in LEAVES:
         assert graph[leaf] <= set(LAZY_PACKAGES), f"{leaf} imports {sorted(graph[leaf])}"
     for package in LAZY_PACKAGES:
         assert graph[package] <= {"edgettt.errors"}, f"{package}/__init__.py imports {sorted(graph[package])}"
+
+
+def test_the_model_files_are_plain_math():
+    """No model file imports a kernel or a fast path, reads an environment variable or asks whether it is
+    being traced (compiled or exported); what makes a model fast is `edgettt.prepare`'s to apply."""
+    graph, mods = import_graph(), modules()
+    for module in MODEL_FILES:
+        kernels = {t for t in graph[module] if t.startswith(KERNEL_MODULES)}
+        assert not kernels, f"{module} imports {sorted(kernels)}"
+        tree = ast.parse(mods[module].read_text())
+        names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(tree)
+                 if isinstance(n, (ast.Attribute, ast.Name))}
+        assert not names & SPEED_HOOKS, f"{module} uses {sorted(names & SPEED_HOOKS)}"
+
+
+def test_loading_a_model_loads_no_kernel():
+    """(torch itself may load Triton: torch._dynamo looks for it.)"""
+    kernels = tuple(m for m in KERNEL_MODULES if m != "edgettt.ops.common")  # (common: launch arithmetic, no Triton)
+    code = ("import sys, edgettt; edgettt.load('ttt-linear-tiny-parallel'); edgettt.load('lact-w1-tiny'); "
+            f"print(sorted(m for m in sys.modules if m.startswith({kernels!r})))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", out
 
 
 def layer_of(module: str) -> int:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from edgettt.errors import EdgetttError
-from edgettt.lact import fast_weights, linear_attention
-from edgettt.kernels import lact as lact_kernels
+from edgettt.ops.lact import fast_weights, parallel as linear_attention
+from edgettt.ops.lact import triton as lact_kernels
 from edgettt.checkpoint import load_model as load_lact
 from edgettt.lact.config import LaCTConfig
 from edgettt.lact.model import LaCTForCausalLM

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import FP32_EXACT, rel_err
-import edgettt.linear_attention as la
+from edgettt.ops.linear_attention import reference as la
 
 
 def random_inputs(T, start, b=4, B=2, H=3, Dk=5, Dv=6, seed=0):

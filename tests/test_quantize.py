@@ -5,7 +5,7 @@ import torch
 
 import edgettt
 from edgettt import EdgetttError, convert
-from edgettt import linear_attention as la
+from edgettt.ops.linear_attention import reference as la
 from edgettt.data import read_text
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
 from edgettt.quant.calibration import Calibration, calibrate
@@ -471,7 +471,7 @@ def test_int8_activations_start_at_each_formats_row_count(name, decode, weight_o
     whole weight every call and was measured at half the speed of weight-only at 16-128 rows), and in the
     GEMV range when asked for (`decode_a8`: its W4A8 GEMV, dp4a). Elsewhere the product is the weight-only
     one, bit for bit; where it rounds, the rounding shows."""
-    from edgettt.kernels import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
+    from edgettt.ops.common import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
 
     assert (GEMV_MAX_ROWS, INT4_A8_MIN_ROWS) == (8, 2048)
     fmt = weight_format(name)

@@ -24,7 +24,7 @@ def format_op(weights: str) -> set:
 
 def build(kind: str, weights: str):
     import edgettt
-    from edgettt.llama import Llama, LlamaConfig
+    from edgettt.benchmark.llama import Llama, LlamaConfig
     from edgettt.quant import QuantConfig
 
     if kind == "llama":
@@ -54,7 +54,7 @@ def compiled_steps(model, batch: int, steps: int = 3):
 @pytest.mark.parametrize("kind,weights", [("parallel", "none"), ("parallel", "int8"), ("parallel", "int4"),
                                           ("llama", "none")])
 def test_one_row_multiplies_as_products_and_sums_and_steps_as_eager(kind, weights):
-    from edgettt.row_products import use_row_products
+    from edgettt.fast_paths.row_products import use_row_products
 
     from edgettt.quant import QuantLinear
 
@@ -73,7 +73,7 @@ def test_one_row_multiplies_as_products_and_sums_and_steps_as_eager(kind, weight
 
 
 def test_two_rows_keep_their_matmuls():
-    from edgettt.row_products import use_row_products
+    from edgettt.fast_paths.row_products import use_row_products
 
     model = build("parallel", "none")
     use_row_products(model)
@@ -83,7 +83,7 @@ def test_two_rows_keep_their_matmuls():
 
 def test_eager_and_saved_weights_are_unchanged(tmp_path):
     import edgettt
-    from edgettt.row_products import RowProductLinear, use_row_products
+    from edgettt.fast_paths.row_products import RowProductLinear, use_row_products
 
     model = build("parallel", "none")
     ids = torch.randint(0, 256, (1, 9), generator=torch.Generator().manual_seed(3))
@@ -102,7 +102,7 @@ def test_row_products_are_the_default_only_where_they_were_measured_to_pay():
     from types import SimpleNamespace
 
     from edgettt.config import PRESETS
-    from edgettt.row_products import row_products_pay
+    from edgettt.fast_paths.row_products import row_products_pay
     from edgettt.benchmark import CudaOptions
 
     assert CudaOptions().row_products is None

@@ -51,7 +51,8 @@ def test_gelu_tanh_grad_backward_matches_autograd_through_its_formula():
 
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor needs a C++ compiler on a CPU")
 def test_compiled_mini_batch_steps_train_the_same(tiny_model, monkeypatch):
-    """TTTLayer.compile_steps (recipes/train_tiny.py --compile): the same loss and gradients."""
+    """compile_ttt_steps (recipes/train_tiny.py --compile): the same loss and gradients."""
+    from edgettt.fast_paths import compile_ttt_steps
     from edgettt.ttt import TTTLayer
 
     model = tiny_model("mlp", seed=5)
@@ -66,7 +67,7 @@ def test_compiled_mini_batch_steps_train_the_same(tiny_model, monkeypatch):
     eager_loss, eager_grads = loss_and_grads()
     for name in ("_linear_step", "_mlp_step"):  # restored after the test
         monkeypatch.setattr(TTTLayer, name, getattr(TTTLayer, name))
-    TTTLayer.compile_steps()
+    compile_ttt_steps()
     loss, grads = loss_and_grads()
     assert torch.allclose(loss, eager_loss, rtol=1e-5)
     for g, e in zip(grads, eager_grads):

@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import bench_gemv  # noqa: E402
-from edgettt.kernels.int4 import int4_matmul_ref  # noqa: E402
+from edgettt.ops.quantized.int4 import int4_matmul_ref  # noqa: E402
 from edgettt.quant.weight_formats import weight_format  # noqa: E402
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

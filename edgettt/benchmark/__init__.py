@@ -26,7 +26,7 @@ the decode graph's nodes, for an export). Token ids are random: speed does not d
 With `--device cuda` (`CudaEngine`) models run through torch on the GPU as `edgettt.prepare` makes them
 (bfloat16, the fast paths of `fast_paths.py`, the decode step compiled), decode replays CUDA graphs
 (`capture_steps`) and a prefill is captured as one before it is timed; the peak is the GPU memory
-allocated, and `llama:<preset>` is the same-size transformer of `edgettt.llama`, prepared alike.
+allocated, and `llama:<preset>` is the same-size transformer of `benchmark.llama`, prepared alike.
 `CudaOptions` turns the fast paths off one by one, for the lab's studies.
 
 The package, each module importing what it needs at its top (a CPU worker timing an export loads

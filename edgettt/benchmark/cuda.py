@@ -1,11 +1,10 @@
-"""`bench --device cuda`: a model (or `llama:<preset>`, the same-size transformer of `edgettt.llama`)
+"""`bench --device cuda`: a model (or `llama:<preset>`, the same-size transformer of `benchmark.llama`)
 through torch on a CUDA GPU as `edgettt.prepare` makes it, decode steps replayed as CUDA graphs, a
 prefill captured as one; and what a row is set against: the bytes a step moves, a prefill's matmul
 FLOPs and the copy bandwidth."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import multiprocessing
 
@@ -15,8 +14,7 @@ from torch import nn
 from ..checkpoint import load_model
 from ..fast_paths import FastPaths, prepare, step_in_place
 from ..gpu_timing import copy_bandwidth
-from ..kernels import kernels_off
-from ..llama import KVCache, Llama, LlamaConfig
+from .llama import KVCache, Llama, LlamaConfig
 from ..model import State
 from ..quant.linear import QuantLinear
 from .plan import CudaOptions, is_llama, llama_preset
@@ -24,7 +22,7 @@ from .plan import CudaOptions, is_llama, llama_preset
 
 def fast_paths(options: CudaOptions) -> FastPaths:
     """The fast paths a run's `CudaOptions` ask for."""
-    return FastPaths(activations=options.activations, compile=options.compile, row_products=options.row_products,
+    return FastPaths(kernels=options.kernels, activations=options.activations, compile=options.compile, row_products=options.row_products,
                      token_kernel=options.token_kernel, fused_products=options.fused_products)
 
 
@@ -77,8 +75,7 @@ class CudaEngine:
     def ready(self, ids, start, state):
         """Capture the decode graphs on `state` (not timed), and put the ids on the GPU."""
         self.ids = torch.from_numpy(ids).cuda()
-        # compiled, the step is all inductor's: edgettt's kernels off while it is traced (and captured)
-        with torch.no_grad(), (kernels_off() if self.options.compile else contextlib.nullcontext()):
+        with torch.no_grad():
             self.graphs = capture_steps(self.model, state, start, ids.shape[0])
         torch.cuda.synchronize()
         self.step_bytes = decode_bytes(self.model, state)

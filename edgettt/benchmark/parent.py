@@ -19,7 +19,7 @@ import torch
 from ..checkpoint import resolve_model_path
 from ..config import PRESETS
 from ..errors import EdgetttError
-from ..llama import Llama, LlamaConfig
+from .llama import Llama, LlamaConfig
 from ..onnx_files import graph_bytes
 from ..progress import bar
 from .plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, is_export, is_genai, is_llama,

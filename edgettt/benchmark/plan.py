@@ -40,6 +40,7 @@ class CudaOptions:
     out of the time as in decode. The switches are for the lab's studies (benchmarks/); `edgettt bench`
     runs the defaults. (Plain data, not `FastPaths` itself: a CPU worker receives it and runs without torch.)"""
 
+    kernels: bool = True
     compile: bool = True
     activations: str = "float"
     row_products: bool | None = None

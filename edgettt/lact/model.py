@@ -25,11 +25,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels.lact import LowRank
 from ..model import LanguageModel, RMSNorm, State, SwiGLU
+from ..ops.lact import fast_weights as fw
+from ..ops.lact import parallel as linear_attention
+from ..ops.lact.reference import LowRank
 from ..quant.state_scales import StateScales
-from . import fast_weights as fw
-from . import linear_attention
 from .config import LaCTConfig
 from .window import rotate_half, window_attention
 
@@ -169,6 +169,8 @@ class LaCTLayer(StateScales, nn.Module):
         ttt = self._fast_weights(x, fast_q, fast_k, v, state, start, positions)
         return self.o_proj(attn + ttt)
 
+    chunk = staticmethod(linear_attention.chunk)  # the parallel form's prefill
+
     def _attention(self, q, k, v, state, start, positions):
         c = self.config
         q, k, v = (self._heads(t, c.num_attn_heads) for t in (q, k, v))
@@ -199,7 +201,7 @@ class LaCTLayer(StateScales, nn.Module):
         if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
             out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start, rounding)
         elif c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
-            out = linear_attention.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
+            out = self.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
         else:
             out = fw.exact(state, fixed, c, norms, q, k, v, lr, gates, start, rounding, self.observer)
         out = self.ttt_norm(out)

@@ -26,13 +26,13 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 from torch import nn
 
-from .. import linear_attention as la
 from ..checkpoint import model_fingerprint
 from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluation import encode
-from ..lact.fast_weights import learned
 from ..model import CausalLM
+from ..ops.lact.fast_weights import learned
+from ..ops.linear_attention import reference as la
 from ..outputs import as_output
 from ..progress import bar
 from .state_formats import STATE_CLIP

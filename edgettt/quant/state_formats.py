@@ -89,7 +89,7 @@ def two_level_round(S: torch.Tensor, S0: torch.Tensor) -> torch.Tensor:
 class TwoLevelRounding:
     """The int12 format's commit, (S, position) -> S on its grid around `offset` (S0). An object, not a
     lambda, so that a prefill's whole chain of commits can be handed to one kernel
-    (`linear_attention.committed_states`, `kernels.commits`), which needs the offset."""
+    (`linear_attention.committed_states`, `ops.linear_attention.commits`), which needs the offset."""
 
     def __init__(self, offset: torch.Tensor):
         self.offset = offset
@@ -124,7 +124,7 @@ class StateFormat:
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
     rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
-    token_kernel = True  # the decode token kernel (`kernels.decode_token`) rounds as this format does
+    token_kernel = True  # the decode token kernel (`ops.linear_attention.decode_token`) rounds as this format does
 
     @property
     def is_float32(self) -> bool:

@@ -2,10 +2,10 @@
 and dequantizes it, and names the kernel and the ONNX Runtime operator that compute with its bytes
 (DESIGN section 5). `WEIGHT_FORMATS` is the registry; `weight_format(name)` finds one.
 
-    int8      symmetric per output channel (layout in `layouts.py`); Triton kernel `kernels/int8.py`;
+    int8      symmetric per output channel (layout in `layouts.py`); Triton kernel `ops/quantized/int8.py`;
               ONNX: com.microsoft.MatMulNBits with 8 bits (the row's scale repeated per block)
     int4      asymmetric groups of g along K in ONNX Runtime's MatMulNBits layout (`layouts.py`);
-              Triton kernel `kernels/int4.py`; ONNX: com.microsoft.MatMulNBits
+              Triton kernel `ops/quantized/int4.py`; ONNX: com.microsoft.MatMulNBits
     nf4, fp4  bitsandbytes' blockwise 4-bit (absmax per block of g); ONNX: com.microsoft.MatMulBnb4
     bnb-int8  bitsandbytes' LLM.int8 (int8 rows, absmax SCB; at run time activation columns above the
               outlier threshold 6 go through fp16, the rest through an int8 matmul); ONNX: as int8
@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .. import ort_schemas
 from ..errors import EdgetttError
-from ..kernels import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS, kernels_enabled
+from ..ops.common import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
 from . import layouts
 from .gptq import gptq
 
@@ -150,7 +150,7 @@ class Int8(WeightFormat):
         if compiling(x):
             return torch.ops.edgettt.int8_linear(x, layer.qweight, layer.scales, a8)
         # the kernel reads the stored bytes (no float copy); autograd takes the dequantized weight
-        kernel = kernels_enabled(x) and (a8 or not x.requires_grad)
+        kernel = kernel_device(x) and (a8 or not x.requires_grad)
         return int8_product(x, layer.qweight, layer.scales, a8, kernel, lambda: layer.weight)
 
     def label(self, method, group):
@@ -228,9 +228,9 @@ class Int4(WeightFormat):
         a8 = int4_a8(x, layer)
         if compiling(x):
             return torch.ops.edgettt.int4_linear(x, *t, a8)
-        kernel = kernels_enabled(x) and (a8 or not x.requires_grad)
+        kernel = kernel_device(x) and (a8 or not x.requires_grad)
         if kernel:  # (Triton imported only where a kernel can run)
-            from ..kernels.int4 import kernel_supports
+            from ..ops.quantized.int4 import kernel_supports
 
             kernel = kernel_supports(layer.group_size)
         return int4_product(x, *t, a8, kernel, lambda: layer.weight)
@@ -284,7 +284,13 @@ def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch
 # Under torch.compile a QuantLinear multiplies through these opaque operations: inductor does not trace
 # into a Triton launch's host code (autotuning, shape choices), and without them a compiled step would run
 # the dequantized float weight. On CUDA they launch the format's kernel (which a captured CUDA graph then
-# replays), whatever `kernels_off` says; elsewhere they compute the format's reference.
+# replays); elsewhere they compute the format's reference.
+
+def kernel_device(x: torch.Tensor) -> bool:
+    """Whether a format's kernels run on `x`'s device (CUDA; the CPU tests switch them on under Triton's
+    interpreter)."""
+    return x.is_cuda
+
 
 def compiling(x: torch.Tensor) -> bool:
     """Whether torch.compile is tracing a product without autograd (the ops have no backward; edgettt's
@@ -295,7 +301,7 @@ def compiling(x: torch.Tensor) -> bool:
 def int8_product(x, qweight, scales, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
     """x @ W^T of an int8 weight, eager and compiled alike: with int8 activations (`a8`) the W8A8 kernel
     on the int8 tensor cores or its reference, else the weight-only kernel or the weight `dequantized()`."""
-    from ..kernels.int8 import int8_matmul, int8_matmul_a8_ref
+    from ..ops.quantized.int8 import int8_matmul, int8_matmul_a8_ref
 
     if a8:
         return int8_matmul(x, qweight, scales, gemm="a8") if kernel else int8_matmul_a8_ref(x, qweight, scales)
@@ -304,7 +310,7 @@ def int8_product(x, qweight, scales, a8: bool, kernel: bool, dequantized) -> tor
 
 def int4_product(x, qweight, scales, zero_points, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
     """x @ W^T of an int4 weight, as `int8_product` (W4A8: the weight rounded to int8 rows first)."""
-    from ..kernels.int4 import int4_matmul, int4_matmul_a8_ref
+    from ..ops.quantized.int4 import int4_matmul, int4_matmul_a8_ref
 
     t = (qweight, scales, zero_points)
     if a8:
@@ -326,7 +332,7 @@ def _(x, qweight, scales, a8):
 @torch.library.custom_op("edgettt::int4_linear", mutates_args=())
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                 a8: bool) -> torch.Tensor:
-    from ..kernels.int4 import kernel_supports
+    from ..ops.quantized.int4 import kernel_supports
 
     t = {"qweight": qweight, "scales": scales, "zero_points": zero_points}
     return int4_product(x, qweight, scales, zero_points, a8, x.is_cuda and kernel_supports(qweight.shape[2] * 2),
@@ -342,12 +348,12 @@ def _(x, qweight, scales, zero_points, a8):
 def int4_linear_fused(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                       norm: str, norm_weight: Optional[torch.Tensor], norm_bias: Optional[torch.Tensor], eps: float,
                       up: Optional[torch.Tensor], residual: Optional[torch.Tensor], a8: bool, glu: bool) -> torch.Tensor:
-    """(residual +) prologue(x) @ W^T of an int4 weight in one GEMV launch (`kernels.int4.int4_gemv`; its
+    """(residual +) prologue(x) @ W^T of an int4 weight in one GEMV launch (`ops.quantized.int4.int4_gemv`; its
     reference off CUDA): `norm` "none", "rms" or "layer" (with its weight, bias, eps), or `up` for SwiGLU's
     silu(x) * up; `a8`: the prologue's output rounded to int8 (W4A8); `glu`: the weight a stacked gate/up
     product, silu(gate) * up returned. A compiled decode step's product with its norm, activation and
     residual (`fused_products.product`)."""
-    from ..kernels.int4 import int4_gemv, int4_gemv_ref, kernel_supports
+    from ..ops.quantized.int4 import int4_gemv, int4_gemv_ref, kernel_supports
 
     spec = None if norm == "none" else (norm, norm_weight, norm_bias, eps)
     gemv = int4_gemv if x.is_cuda and kernel_supports(qweight.shape[2] * 2) else int4_gemv_ref

@@ -1,11 +1,11 @@
-"""The int8 state's chain of prefill commits (`kernels.commits`) against its plain-torch reference
+"""The int8 state's chain of prefill commits (`ops.linear_attention.commits`) against its plain-torch reference
 (CPU: Triton interpreter; GPU: compiled)."""
 
 import pytest
 import torch
 
 from conftest import rel_err
-from edgettt.kernels.commits import two_level_commits, two_level_commits_ref
+from edgettt.ops.linear_attention.commits import two_level_commits, two_level_commits_ref
 from edgettt.quant.state_formats import two_level_codes
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -29,7 +29,7 @@ def test_two_level_commits_match_the_reference(device, shape, decayed):
     ref = two_level_commits_ref(S, S0, U, eta, decay)
     got = two_level_commits(S, S0, U, eta, decay)
     if decayed:  # the decay matters, and the reference is the model's own loop (`la.committed_states`)
-        import edgettt.linear_attention as la
+        from edgettt.ops.linear_attention import reference as la
         from edgettt.quant.state_formats import TwoLevelRounding
 
         assert rel_err(ref, two_level_commits_ref(S, S0, U, eta)) > 1e-2

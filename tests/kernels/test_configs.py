@@ -7,8 +7,12 @@ with ragged edges, so a configuration that computes wrong results cannot be pick
 import pytest
 import torch
 
-from edgettt.kernels import int4, int8, lact, prefill
-from edgettt.kernels.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
+from edgettt.ops.quantized import int4, int8
+
+from edgettt.ops.lact import triton as lact
+
+from edgettt.ops.linear_attention import prefill
+from edgettt.ops.linear_attention.prefill import EXACT_CONFIGS, PARALLEL_CONFIGS
 from conftest import rel_err
 from edgettt.quant.weight_formats import weight_format
 from test_int4 import check_int4

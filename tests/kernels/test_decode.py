@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import rel_err
-from edgettt.kernels.decode import decode_step, decode_step_ref
+from edgettt.ops.linear_attention.decode import decode_step, decode_step_ref
 
 # on a CPU the kernels run in the Triton interpreter; with a GPU they run compiled (not on CPU tensors)
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
@@ -48,7 +48,7 @@ def test_decode_step_matches_reference(device, shape, inner):
 def test_a_decayed_commit_pulls_the_state_towards_s0_as_the_recurrence_does(device, shape):
     """With a decay (gamma a head, one of them 1) the commit is S0 + gamma (S - S0) + eta_b A, as
     `linear_attention.recurrent` commits; a token inside the mini-batch is unchanged by it."""
-    import edgettt.linear_attention as la
+    from edgettt.ops.linear_attention import reference as la
 
     B, H, DK, DV = shape
     qa, ka, vh, S, A = inputs(*shape, torch.float32, device)
@@ -103,7 +103,7 @@ def test_model_decode_with_the_kernel_equals_prefill_on_gpu(tiny_model, family):
 @pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 49, 48)])
 @pytest.mark.parametrize("inner", [1, 3])
 def test_int8_state_decode_step_matches_reference(device, shape, inner):
-    from edgettt.kernels.decode import decode_step_int8, decode_step_int8_ref
+    from edgettt.ops.linear_attention.decode import decode_step_int8, decode_step_int8_ref
 
     B, H, DK, DV = shape
     g = torch.Generator().manual_seed(1)
@@ -124,7 +124,7 @@ def test_int8_state_decode_step_matches_reference(device, shape, inner):
 
 
 def test_round_half_even_in_the_kernel_matches_torch():
-    from edgettt.kernels.decode import decode_step_int8, decode_step_int8_ref
+    from edgettt.ops.linear_attention.decode import decode_step_int8, decode_step_int8_ref
 
     # ka = 0 keeps A as given, S0 = 0 and scale 1: the commit rounds eta_b * A, which holds exact ties
     device = DEVICES[0]
@@ -158,7 +158,7 @@ def int8kv_state(B, H, DK, DV, b, device, seed=2):
 @pytest.mark.parametrize("shape", [(2, 3, 17, 16), (1, 2, 65, 64), (2, 1, 33, 6)])
 @pytest.mark.parametrize("inner", [0, 2, 3])  # 3 = the last of a mini-batch of 4: commit
 def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
-    from edgettt.kernels.decode import decode_step_int12, decode_step_int12_ref
+    from edgettt.ops.linear_attention.decode import decode_step_int12, decode_step_int12_ref
     from edgettt.quant.state_formats import two_level_values, unpack_fine
 
     B, H, DK, DV = shape
@@ -189,7 +189,7 @@ def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
 def test_int8kv_state_steps_through_a_mini_batch_as_the_model_rounds(device):
     """b steps from a fresh state through the kernel equal the model's own arithmetic: values at the
     float16 keys and values, and at the commit S rounded with `two_level_round`."""
-    from edgettt.kernels.decode import decode_step_int12
+    from edgettt.ops.linear_attention.decode import decode_step_int12
     from edgettt.quant.state_formats import two_level_round, two_level_values, unpack_fine
 
     B, H, DK, DV, b = 2, 2, 9, 8, 4

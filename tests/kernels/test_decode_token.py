@@ -1,12 +1,14 @@
-"""The whole-token decode kernel (`kernels.decode_token`) against its plain-torch reference, and the
+"""The whole-token decode kernel (`ops.linear_attention.decode_token`) against its plain-torch reference, and the
 reference against the converted layer's own decode (CPU: Triton interpreter; GPU: compiled)."""
+
+import copy
 
 import pytest
 import torch
 
 from conftest import compiled_recording, rel_err
-from edgettt.kernels.decode_token import (decode_token, decode_token_int12, decode_token_int12_ref, decode_token_ref,
-                                          fixed_token_warps, use_token_kernel)
+from edgettt.ops.linear_attention.decode_token import (decode_token, decode_token_int12, decode_token_int12_ref, decode_token_ref,
+                                          fixed_token_warps)
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
@@ -120,6 +122,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     from edgettt import convert
     from edgettt.quant import apply_state_format
     from edgettt.benchmark import copy_state
+    from edgettt.fast_paths.layers import use_compiled_decode
 
     model = tiny_model("linear", seed=3, mini_batch_size=8, use_gate=batch == 1)
     model = (convert(model, "parallel", decay=0.7) if form == "decayed" else convert(model, form)).eval()
@@ -131,10 +134,11 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         other = copy_state(state)
-        assert use_token_kernel(model) == model.config.num_hidden_layers
+        plain = copy.deepcopy(model)
+        assert use_compiled_decode(model) == model.config.num_hidden_layers
         step, graphs = compiled_recording(model.step)
         for t in range(13, 24):
-            want, state = model.step(ids[:, t], state)  # eager: the layer's torch path
+            want, state = plain.step(ids[:, t], state)  # eager: the layer as written
             got, other = step(ids[:, t], other)
             assert rel_err(got, want) < tol, t
     torch._dynamo.reset()
@@ -171,7 +175,7 @@ def test_token_kernels_match_their_references_at_every_warp_count(device, warps)
 def test_token_warps_follow_the_head_size_and_state():
     """The measured choice (compiled_decode_h200.md): 2 warps at d <= 64, 8 (float) / 4 (int8) at the
     128-wide tiles of d = 96, 8 at an int8 commit; `fixed_token_warps` overrides it within, and only within."""
-    from edgettt.kernels import decode_token as dt
+    from edgettt.ops.linear_attention import decode_token as dt
 
     assert [dt.token_warps(64, False, False), dt.token_warps(64, False, True), dt.token_warps(64, True, True)] == [2, 2, 8]
     assert [dt.token_warps(128, True, False), dt.token_warps(128, False, True), dt.token_warps(128, True, True)] == [8, 4, 8]

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from conftest import rel_err
-from edgettt.kernels.int8 import GEMV_MAX_ROWS, int8_matmul, int8_matmul_ref, int8_matmul_a8_ref
-from edgettt.kernels.act8 import quantize_activations, quantize_activations_ref
+from edgettt.ops.quantized.int8 import GEMV_MAX_ROWS, int8_matmul, int8_matmul_ref, int8_matmul_a8_ref
+from edgettt.ops.quantized.act8 import quantize_activations, quantize_activations_ref
 from edgettt.quant.weight_formats import weight_format
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

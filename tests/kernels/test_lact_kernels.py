@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from conftest import rel_err
-from edgettt.kernels import lact
+from edgettt.ops.lact import triton as lact
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 2e-2}
@@ -135,7 +135,9 @@ def test_exported_chunk_count_is_a_ceiling():
 @pytest.mark.parametrize("low_rank", [-1, 8])
 def test_the_parallel_form_through_the_kernels_equals_the_references_on_gpu(momentum, low_rank, monkeypatch):
     """A W1-only LaCT model's prefill in pieces (chunk boundaries inside pieces), kernels against
-    EDGETTT_KERNELS=0, fp32: outputs and the carried state."""
+    the model as written, fp32: outputs and the carried state."""
+    from edgettt.fast_paths import use_kernels
+
     import sys
     sys.path.insert(0, __file__.rsplit("/kernels/", 1)[0])
     from test_lact import W1_ONLY, random_model
@@ -151,9 +153,9 @@ def test_the_parallel_form_through_the_kernels_equals_the_references_on_gpu(mome
             b, state = model.prefill(ids[:, 30:], state)
         return torch.cat((a, b), dim=1), state
 
-    fast, st_fast = run()
-    monkeypatch.setenv("EDGETTT_KERNELS", "0")
     slow, st_slow = run()
+    use_kernels(model)
+    fast, st_fast = run()
     assert rel_err(fast, slow) < 1e-5
     for la, lb in zip(st_fast.layers, st_slow.layers):
         for name in la:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import rel_err
-from edgettt.kernels import prefill
+from edgettt.ops.linear_attention import prefill
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 # named tolerances (relative RMS error of outputs and states against the fp32 reference)
@@ -182,7 +182,7 @@ def test_host_launch_arithmetic_matches_triton():
     """The plain-Python cdiv and next_power_of_2 the wrappers use agree with Triton's."""
     import triton
 
-    from edgettt.kernels import cdiv, next_power_of_2
+    from edgettt.ops.common import cdiv, next_power_of_2
 
     for n in range(1, 300):
         assert next_power_of_2(n) == triton.next_power_of_2(n), n

@@ -1,12 +1,13 @@
-"""The exact-form layer with a backward (kernels/train.py) against torch autograd through exact_ref."""
+"""The exact-form layer with a backward (ops/linear_attention/train.py) against torch autograd through exact_ref."""
 
 import pytest
 import torch
-
 from conftest import rel_err
-from edgettt.kernels.prefill import exact_ref
-from edgettt.kernels.train import exact_train
 from test_prefill import layer_inputs
+
+from edgettt.fast_paths import use_kernels
+from edgettt.ops.linear_attention.prefill import exact_ref
+from edgettt.ops.linear_attention.train import exact_train
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 NAMES = ("q", "k", "v", "lr", "S0", "gamma", "beta", "eta_tok")
@@ -57,9 +58,10 @@ def test_training_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny_mod
     ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=torch.Generator().manual_seed(2)).to(device)
 
     def loss_and_grads(kernels: bool):
-        monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: kernels)
+        if kernels:
+            assert use_kernels(model) == model.config.num_hidden_layers
         calls = []
-        import edgettt.kernels.train as train
+        import edgettt.ops.linear_attention.train as train
 
         original = train.exact_train
         monkeypatch.setattr(train, "exact_train", lambda *a: calls.append(1) or original(*a))
@@ -82,12 +84,13 @@ def test_inference_of_a_ttt_linear_model_through_the_kernel_equals_the_loop(tiny
     model = tiny_model("linear", seed=6, mini_batch_size=8).to(device)
     ids = torch.randint(0, model.config.vocab_size, (2, 25), generator=torch.Generator().manual_seed(3)).to(device)
 
-    import edgettt.kernels.train as train
+    import edgettt.ops.linear_attention.train as train
 
     original = train.exact_train
 
     def prefill_then_step(kernels: bool):
-        monkeypatch.setattr("edgettt.ttt.kernels_enabled", lambda x: kernels)
+        if kernels:
+            use_kernels(model)
         calls = []
         monkeypatch.setattr(train, "exact_train", lambda *a: calls.append(1) or original(*a))
         with torch.no_grad():

@@ -14,9 +14,9 @@ is chunk l's mean momentum gate and D the momentum buffer carried in (the state'
 
 Two computations, one signature with `fast_weights.exact` (st: the decode state w1, g1, m1, gate,
 updated in place; fixed: {"0": W0, "2": W2}):
-- `chunk`: every chunk at once (`kernels.lact`: the feature map, then the chunk-exclusive attention,
-  as Triton kernels on CUDA without autograd, else their plain-torch references, which loop over
-  nothing: an exported graph keeps them);
+- `chunk`: every chunk at once (the feature map, then the chunk-exclusive attention; plain torch that
+  loops over nothing: an exported graph keeps it); `triton.chunk` the same through the Triton kernels
+  (what `edgettt.prepare` gives a LaCT layer);
 - `naive`: the whole-sequence masked matrix, for tests (outputs only, from a fresh state).
 """
 
@@ -25,28 +25,27 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..kernels import kernels_enabled
-from ..kernels import lact as kernels
-
-
-def _use_kernels(q, fixed, config) -> bool:
-    needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, fixed["0"], fixed["2"]))
-    return kernels_enabled(q) and not needs_grad and kernels.chunk_supported(config.lact_chunk_size)
+from . import reference as ref
 
 
 def chunk(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
+    return chunk_through((ref.features_ref, ref.chunk_attention_ref, ref.chunk_momenta_ref), True,
+                         st, fixed, config, q, k, v, lr, gates, start)
+
+
+def chunk_through(parts, traced: bool, st: dict, fixed: dict, config, q, k, v, lr, gates, start: int):
+    """`chunk` through `parts` (feature map, chunk attention, chunk momenta: the references or the kernels);
+    `traced`: whether the last chunk's completeness is chosen in the graph (an export keeps both cases) or
+    on the host."""
     T, b = q.shape[2], config.lact_chunk_size
     front = start % b
-    fast = _use_kernels(q, fixed, config)
-    feature_map = kernels.features if fast else kernels.features_ref
-    attention = kernels.chunk_attention if fast else kernels.chunk_attention_ref
-    momenta = kernels.chunk_momenta if fast else kernels.chunk_momenta_ref
+    feature_map, attention, momenta = parts
     phi_q = feature_map(q, fixed["0"], fixed["2"])
     keys = feature_map(k, fixed["0"], fixed["2"], lr[..., 1, :])
     momentum = config.use_momentum
     m, last_gate = momenta(gates, st["gate"], b, front) if momentum else (None, None)
     out, ends = attention(phi_q, keys, v, st["w1"], st["g1"], st["m1"] if momentum else None, m, b, front)
-    if fast:  # (not traced: the host knows whether the last chunk is complete)
+    if not traced:  # the host knows whether the last chunk is complete
         complete = (front + T) % b == 0
     else:  # a tensor, not a Python branch, so that an exported graph keeps both cases
         complete = F.pad(q.new_ones(T), (front, (-(front + T)) % b))[-1] > 0
@@ -73,12 +72,12 @@ def naive(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
     assert start == 0, "the whole-sequence form starts from a fresh state"
     B, H, T, d = q.shape
     b = config.lact_chunk_size
-    phi_q = kernels.features_ref(q, fixed["0"], fixed["2"])
-    phi_k = kernels.features_ref(k, fixed["0"], fixed["2"])
+    phi_q = ref.features_ref(q, fixed["0"], fixed["2"])
+    phi_k = ref.features_ref(k, fixed["0"], fixed["2"])
     chunk_of = torch.arange(T, device=q.device) // b
     N = int(chunk_of[-1]) + 1
     if config.use_momentum:
-        E, _ = kernels.momentum_coefficients(kernels.chunk_momenta_ref(gates, gates.new_zeros(B, H), b)[0])
+        E, _ = ref.momentum_coefficients(ref.chunk_momenta_ref(gates, gates.new_zeros(B, H), b)[0])
     else:
         E = torch.eye(N, dtype=q.dtype, device=q.device).expand(B, H, N, N)
     before = torch.tril(torch.ones(N, N, device=q.device, dtype=q.dtype), diagonal=-1).T  # [n, c]: n < c

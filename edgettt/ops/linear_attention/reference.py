@@ -18,7 +18,12 @@ mini-batch. Three computations share one signature (as in flash-linear-attention
 
 - `naive`: the whole-sequence matrix form `Qa S + ((Qa Ka^T) * M) Vh`, for tests;
 - `chunk`: parallel inside each mini-batch and across mini-batches (prefix sums of chunk states);
-- `recurrent`: one token at a time, the decode step.
+- `recurrent`: one token at a time, the decode step;
+- `recurrent_summed`: one token whose products are written as element-wise products and sums, which
+  torch.compile fuses with what makes and reads them (the compiled decode step `edgettt.prepare` sets up);
+- `open_token`: likewise, with the open mini-batch kept as its keys and values.
+The Triton kernels that compute these faster (`ops.linear_attention.prefill`, `ops.linear_attention.decode`, `ops.linear_attention.commits`) are
+chosen by `edgettt.prepare`, never here.
 
 The value maps (`linear_values`, `mlp_values`) turn (k, v, lr) into effective values at a given
 state: the closed-form LN-L2 gradient, negated and scaled by the learning rate.
@@ -32,10 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch._higher_order_ops.scan import scan
 
-from .kernels import commits, kernels_enabled
-from .ops import exporting, fused_decode, gelu_tanh, gelu_tanh_grad, ln_l2_grad
-from .quant.state_formats import TwoLevelRounding
-from .row_products import row_product
+from .. import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:
@@ -43,20 +45,10 @@ def augment(x: torch.Tensor) -> torch.Tensor:
     return F.pad(x, (0, 1), value=1.0)  # one Pad node in an exported graph
 
 
-def row_times(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
-    """q @ S ([..., T, Dk] @ [..., Dk, Dv]); one token's under `fused_decode` as a product and a sum."""
-    if q.shape[-2] == 1 and fused_decode():
-        return (q.transpose(-1, -2) * S).sum(-2, keepdim=True)
-    return q @ S
-
-
-def token_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) ([..., T, C] -> [..., T, N]); one token's under `fused_decode` as a
-    product and a sum, which inductor fuses with what reads the result (the learning-rate gate's small
-    product with a bias was a split-K GEMV, its reduction and a bias epilogue: 3 cuBLAS kernels a layer)."""
-    if x.shape[-2] == 1 and fused_decode():
-        return row_product(x, weight, bias)
-    return F.linear(x, weight, bias)
+def summed_times(q: torch.Tensor, S: torch.Tensor) -> torch.Tensor:
+    """q @ S for one token ([..., 1, Dk] @ [..., Dk, Dv]) as a product and a sum over Dk: a reduction that
+    inductor fuses with what makes q and reads the result, where a matmul is a cuBLAS GEMV of its own."""
+    return (q.transpose(-1, -2) * S).sum(-2, keepdim=True)
 
 
 class Decay(NamedTuple):
@@ -108,7 +100,8 @@ def naive(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
     return zbar, S_new, A_new
 
 
-def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
+def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None, states=None):
+    """`states`: what computes the chain of commits (`committed_states`, or a kernel with its signature)."""
     B, H, T, Dk = qa.shape
     b = eta_tok.shape[0]
     front = start % b
@@ -120,7 +113,7 @@ def chunk(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
     U = ka_.transpose(-1, -2) @ vh_  # [B, H, N, Dk, Dv]: each mini-batch's sum of ka^T vh
     U = torch.cat((U[:, :, :1] + A[:, :, None], U[:, :, 1:]), dim=2)  # the unfinished sum joins chunk 0
     ends = start - front + b * torch.arange(1, N + 1, device=U.device)  # position of each chunk's commit
-    S_after = committed_states(S, U, eta_tok[-1], requant, ends, decay)  # [B, H, N, Dk, Dv] state after each chunk
+    S_after = (states or committed_states)(S, U, eta_tok[-1], requant, ends, decay)  # [B, H, N, Dk, Dv]: after each chunk
     S_chunks = torch.cat((S[:, :, None], S_after[:, :, :-1]), dim=2)  # boundary state of each chunk
     scores = torch.tril(qa_ @ ka_.transpose(-1, -2))  # [B, H, N, b, b]
     zbar = qa_ @ S_chunks + eta_tok[:, None] * (scores @ vh_)
@@ -139,7 +132,7 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
     """S after each mini-batch n: S + eta_last * (U_0 + ... + U_n), a prefix sum; with `decay`, the
     decayed sum S0 + gamma^(n+1) (S - S0) + eta_last sum_m gamma^(n-m) U_m (one product with the lag
     weights); with `requant`, a loop that rounds S at every commit (`ends` [N]: the position of each
-    commit): for the int12 format on CUDA one kernel, in an exported graph one Scan."""
+    commit): in an exported graph one Scan."""
     if requant is None and decay is None:
         return S[:, :, None] + eta_last * torch.cumsum(U, dim=2)
     if requant is None:
@@ -148,9 +141,6 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
         summed = (lags.to(U.dtype) @ U.reshape(B, H, N, Dk * Dv)).reshape(B, H, N, Dk, Dv)
         S0 = decay.S0[None, :, None]
         return S0 + carries.to(U.dtype)[None, :, :, None, None] * (S[:, :, None] - S0) + eta_last * summed
-    if _commits_kernel_applies(requant, S, U):
-        # (a decay's S0 is the layer's initial state, the int12 format's offset)
-        return commits.two_level_commits(S, requant.offset, U, eta_last, None if decay is None else decay.gamma)
     if exporting():  # a graph of any length: the loop becomes one ONNX Scan
 
         if decay is not None:  # its S0 is also the int12 format's offset: a Scan's inputs may not alias
@@ -173,13 +163,6 @@ def committed_states(S, U, eta_last, requant=None, ends=None, decay=None):
 def _decayed(S, decay):
     """S as a commit leaves it before adding the mini-batch's sum: decayed towards S0, or as it is."""
     return S if decay is None else decay(S)
-
-
-def _commits_kernel_applies(requant, S, U) -> bool:
-    """The int8 format's chain of commits runs as one kernel (`kernels.commits`) on CUDA, outside
-    autograd (the kernel has no backward) and outside an exported graph (a Scan there)."""
-    return (isinstance(requant, TwoLevelRounding) and kernels_enabled(U) and not exporting()
-            and not (torch.is_grad_enabled() and (U.requires_grad or S.requires_grad)))
 
 
 def states_by_position(ka, vh, S, A, eta_tok, start, decay=None):
@@ -206,14 +189,10 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
     for t in range(T):
         inner = (start + t) % b
         q_t, k_t, v_t = (x if T == 1 else x[:, :, t:t + 1] for x in (qa, ka, vh))  # [B, H, 1, D]
-        if fused_decode():  # the update and the read as one reduction over the state (`fused_decode`)
-            A = A + k_t.transpose(-1, -2) * v_t
-            outputs.append(row_times(q_t, S + eta_tok[inner] * A))
-        else:
-            A = A + k_t.transpose(-1, -2) @ v_t  # the outer product ka^T vh
-            # q (S + eta A) without the sum of two states: in a decode graph each state-sized op costs
-            # as much as a small matmul
-            outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
+        A = A + k_t.transpose(-1, -2) @ v_t  # the outer product ka^T vh
+        # q (S + eta A) without the sum of two states: in a decode graph each state-sized op costs
+        # as much as a small matmul
+        outputs.append(q_t @ S + eta_tok[inner] * (q_t @ A))
         if torch.is_tensor(inner):  # a position given as a tensor (exported graph): no branch
             commit = (inner == b - 1).to(A.dtype)  # 1 at the mini-batch's last token, else 0
             if requant is None and decay is None:  # S + 0 * A is S, A * 1 is A: a select in fewer, lighter nodes
@@ -223,10 +202,25 @@ def recurrent(qa, ka, vh, S, A, eta_tok, start, requant=None, decay=None):
                 S_next = S_next if requant is None else requant(S_next, start + t + 1)
                 S, A = torch.where(commit > 0, S_next, S), A * (1 - commit)
         elif inner == b - 1:  # end of a mini-batch: commit
-            S, A = _decayed(S, decay) + eta_tok[-1] * A, torch.zeros_like(A)
-            if requant is not None:
-                S = requant(S, start + t + 1)
+            S, A = _commit(S, A, eta_tok, requant, start + t + 1, decay)
     return torch.cat(outputs, dim=2), S, A
+
+
+def _commit(S, A, eta_tok, requant, position: int, decay):
+    """The state after a mini-batch's last token at `position` (tokens seen): (S, A) -> (S', 0)."""
+    S = _decayed(S, decay) + eta_tok[-1] * A
+    return (S if requant is None else requant(S, position)), torch.zeros_like(A)
+
+
+def recurrent_summed(qa, ka, vh, S, A, eta_tok, start: int, requant=None, decay=None):
+    """`recurrent` for one token at an int position, the update and the read as one reduction over the
+    state each (`summed_times`): what a compiled decode step takes."""
+    inner = start % eta_tok.shape[0]
+    A = A + ka.transpose(-1, -2) * vh
+    zbar = summed_times(qa, S + eta_tok[inner] * A)
+    if inner == eta_tok.shape[0] - 1:  # end of a mini-batch: commit
+        S, A = _commit(S, A, eta_tok, requant, start + 1, decay)
+    return zbar, S, A
 
 
 def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position: int = 0, decay=None):
@@ -238,7 +232,7 @@ def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position:
     only b dot products; at the mini-batch's last token S + eta_last A is committed (after `decay`,
     then `requant` at `position`, the tokens seen after this one)."""
     scores = (qa * K).sum(-1, keepdim=True) * filled[:, None]  # [B, H, b, 1]
-    zbar = row_times(qa, S) + eta_tok[inner] * (scores * V).sum(-2, keepdim=True)
+    zbar = summed_times(qa, S) + eta_tok[inner] * (scores * V).sum(-2, keepdim=True)
     if inner == eta_tok.shape[0] - 1:  # end of a mini-batch: commit (every slot filled)
         S = _decayed(S, decay) + eta_tok[-1] * (K[..., :, None] * V[..., None, :]).sum(-3)
         if requant is not None:
@@ -246,13 +240,13 @@ def open_token(qa, K, V, filled, S, eta_tok, inner: int, requant=None, position:
     return zbar, S
 
 
-def linear_values(ka, k, v, lr, S, gamma, beta):
+def linear_values(ka, k, v, lr, S, gamma, beta, times=torch.matmul):
     """TTT-Linear effective values `vh = -lr * dloss/dZ` at state S.
 
     ka: [B, H, T, d+1]; k, v: [B, H, T, d]; lr: [B, H, T]; S: [B, H, d+1, d] or [H, d+1, d];
-    gamma, beta: [H, 1, d].
+    gamma, beta: [H, 1, d]; `times`: the product ka @ S (`summed_times` for one compiled token).
     """
-    g = ln_l2_grad(row_times(ka, S), v - k, gamma, beta)
+    g = ln_l2_grad(times(ka, S), v - k, gamma, beta)
     return -lr[..., None] * g
 
 

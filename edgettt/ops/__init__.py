@@ -1,7 +1,24 @@
-"""Plain-torch building blocks shared by the original TTT layers and the converted ones (DESIGN 3.3-3.4).
+"""The operations the models compute, one folder an operation, each folder holding the plain-torch
+reference beside its fast paths (Triton kernels) with one signature, as flash-linear-attention keeps them:
 
-Everything here is pointwise or per-row; the sequence mixing lives in `ttt.py` (the original
-mini-batch computation) and `linear_attention.py` (the converted form).
+    linear_attention/   a TTT layer as a learned linear attention (DESIGN section 4)
+        reference.py      naive / chunk / recurrent (and the compiled step's recurrent_summed, open_token),
+                          the value maps: the plain torch every model computes
+        prefill.py        parallel / exact: a whole prefill of TTT-Linear in one kernel a layer
+        decode.py         decode_step: one token's update and read of the state (float, int8, int12)
+        decode_token.py   decode_token: a converted TTT-Linear token from projections to output, one kernel
+        commits.py        two_level_commits: the int12 state's chain of rounded commits
+        train.py          exact_train: the original TTT-Linear's exact form with a backward (training)
+    lact/               LaCT (DESIGN section 4.1)
+        reference.py      the feature map, chunk attention and momenta, decode step: plain torch
+        parallel.py       chunk / naive: the W1-only parallel form
+        fast_weights.py   exact / step / scanned: the chunk-recurrent form of every variant
+        triton.py         the kernels of reference.py, and `chunk` through them
+    quantized/          the quantized weights' products: int4.py, int8.py (GEMV and GEMM), act8.py (activations)
+    common.py           what the kernels share (launch arithmetic, autotuning, the interpreter)
+
+A model computes the references; `edgettt.prepare` (`fast_paths`) gives its layers the fast paths.
+This module holds the pointwise and per-row building blocks of the models (DESIGN 3.3-3.4).
 
 While edgettt's ONNX export traces a model (`exporting()`), the norms and the rotary
 embedding are written as the ops ONNX Runtime fuses them into (`edgettt::rms_norm` and
@@ -25,15 +42,6 @@ def exporting() -> bool:
     `torch.compiler.is_exporting()`: that is true while torch.compile traces too (torch 2.11 on CUDA: a
     compiled bf16 decode step took the export-only ops, whose float32 statistics then met bf16 weights)."""
     return _onnx_export
-
-
-def fused_decode() -> bool:
-    """Whether torch.compile traces a decode step (not edgettt's ONNX export): the step's products with
-    the state (and, under `row_products`, with the weights) are then written as element-wise products and
-    sums, which inductor fuses with what makes and reads them into its own kernels, where a matmul would be
-    a cuBLAS GEMV each (a compiled decode step is bound by its count of kernels:
-    `benchmarks/results/compiled_decode_h200.md`)."""
-    return torch.compiler.is_compiling() and not exporting()
 
 
 @contextlib.contextmanager

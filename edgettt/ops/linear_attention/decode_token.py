@@ -15,7 +15,7 @@ bias row apart); same signature:
     theta: the rotary base;  at_state: the values at S (the exact form) instead of S0;  returns out [B, H, d]
     decay: gamma [H] of a decayed parallel form (the commit is S <- S0 + gamma (S - S0) + eta_b A), or None
 A compiled decode step runs it as one operation (`edgettt::decode_token`, on CUDA the kernel, elsewhere the
-reference), in place of the ~8 kernels inductor makes of these operations (`use_token_kernel` turns it on).
+reference), in place of the ~8 kernels inductor makes of these operations (`edgettt.prepare` turns it on: `fast_paths.layers`).
 
 `decode_token_int12` (`decode_token_int12_ref`, `edgettt::decode_token_int12`) is the same token with the int12 state
 format: A's place taken by the open mini-batch's keys and values in float16 slots K [B, H, b, d+1], V [B, H, b, d],
@@ -32,10 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ..linear_attention import augment, linear_values
-from ..ops import LN_EPS, layer_norm, rotary
-from . import fresh, next_power_of_2
+from ...quant.state_formats import FINE_STEPS, STATE_CLIP, two_level_round
+from .. import LN_EPS, layer_norm, rotary
+from ..common import fresh, next_power_of_2
 from .decode import _round_half_even, decode_step_ref
+from .reference import augment, linear_values
 
 
 def token_values_ref(q, k, v, lr, W, gamma, beta, inner: int, theta: float):
@@ -209,8 +210,6 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay
 
 def decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
                           at_state: bool = False, decay=None):
-    from ..quant.state_formats import two_level_round
-
     q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
     K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
     keys, values = K[:, :, :inner + 1].float(), V[:, :, :inner + 1].float()
@@ -306,8 +305,6 @@ def _decode_token_int12_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr
 
 def decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
                       at_state: bool = False, decay=None):
-    from ..quant.state_formats import FINE_STEPS, STATE_CLIP
-
     assert decay is None or not at_state, "a decayed form is a parallel one (values at S0)"
     B, H, D = q.shape
     q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
@@ -337,14 +334,3 @@ def decode_token_int12_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr:
 @decode_token_int12_op.register_fake
 def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay):
     return torch.empty_like(q)
-
-
-def use_token_kernel(model: torch.nn.Module) -> int:
-    """Every converted layer of `model` that can (`LinearAttentionLayer.token_kernel_fits`) to decode a compiled
-    token through `edgettt::decode_token` (float state) or `edgettt::decode_token_int12` (the int12 state
-    format). Returns the number of layers that will."""
-    layers = [m for m in model.modules() if hasattr(m, "token_kernel")]
-    for layer in layers:
-        layer.token_kernel = True
-    with torch.no_grad():  # as a decode runs: counted outside autograd whatever the caller's mode
-        return sum(layer.token_kernel_applies() for layer in layers)

@@ -24,8 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.state_formats import int8_state_codes, int8_state_values
-from . import cdiv, fresh, next_power_of_2
+from ...quant.state_formats import (int8_state_codes, int8_state_values, pack_fine, two_level_codes, two_level_values,
+                                     unpack_fine)
+from ..common import cdiv, fresh, next_power_of_2
 
 
 def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None, decay=None):
@@ -171,8 +172,6 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
 # A token reads S once at 1.5 bytes a value and the slots before it, and writes one slot.
 
 def decode_step_int12_ref(qa, ka, vh, C8, C4, step, S0, K, V, eta_tok, inner: int, out=None):
-    from ..quant.state_formats import pack_fine, two_level_codes, two_level_values, unpack_fine
-
     K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
     S = two_level_values(C8.float(), unpack_fine(C4), step[..., None], S0)
     A = K[:, :, :inner + 1].float().transpose(-1, -2) @ V[:, :, :inner + 1].float()

@@ -1,18 +1,17 @@
-"""Triton kernels, each beside a plain-torch reference with the same signature (DESIGN section 8).
+"""What the Triton kernels of `edgettt.ops` share (DESIGN section 8).
 
-Kernels are used on CUDA by default; `EDGETTT_KERNELS=0` forces the references. On a CPU, tests
-run the kernels under `TRITON_INTERPRET=1` (fp32/fp16 only), set before this package is imported.
+The model's layers take them where `edgettt.prepare` (`fast_paths.layers.use_kernels`) gives the layers
+their kernel subclasses; a quantized layer takes its format's kernel on CUDA. On a CPU, tests run the
+kernels under `TRITON_INTERPRET=1` (fp32/fp16 only), set before this package is imported.
 `EDGETTT_AUTOTUNE=0` (set by the tests) launches every kernel with the first of its configurations
 instead of timing them all on each new shape (which makes a test run far longer); one GPU test runs
 every configuration. The measurements behind the kernels' design are in `benchmarks/results/`
 (prefill_design.md for the prefill kernels).
 """
 
-import contextlib
 import os
 
 import torch
-
 
 GEMV_MAX_ROWS = 8  # the weight kernels' GEMV range (a decode step's rows); GEMMs above it
 # int4 layers asked for int8 activations take them only from here on, where W4A8 was measured to win (1.07x
@@ -52,22 +51,3 @@ def autotune_configs(configs: list, interpreter_configs: list) -> list:
 def mini_batch_supported(b: int) -> bool:
     """Mini-batch sizes the prefill and training kernels take: powers of two up to 64."""
     return b & (b - 1) == 0 and b <= 64
-
-
-def kernels_enabled(x: torch.Tensor) -> bool:
-    """Whether a kernel should handle a computation on tensor `x`."""
-    return x.is_cuda and os.environ.get("EDGETTT_KERNELS", "1") != "0"
-
-
-@contextlib.contextmanager
-def kernels_off():
-    """Within: the plain-torch references instead of the kernels (EDGETTT_KERNELS=0)."""
-    before = os.environ.get("EDGETTT_KERNELS")
-    os.environ["EDGETTT_KERNELS"] = "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            os.environ.pop("EDGETTT_KERNELS", None)
-        else:
-            os.environ["EDGETTT_KERNELS"] = before

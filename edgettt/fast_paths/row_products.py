@@ -1,13 +1,12 @@
-"""Batch-1 decode's weight products as element-wise products and sums (`use_row_products`), for a decode
-step that torch.compile traces on a GPU.
+"""Batch-1 decode's weight products as element-wise products and sums (`use_row_products`), for the
+decode step that `edgettt.prepare` compiles with torch.compile.
 
 At one row (one sequence, one token) a linear layer is a GEMV, and cuBLAS runs each as a kernel of its own
 (often split-K, then a reduction kernel and a bias epilogue) between the kernels inductor makes for the
 norms and activations around it: a compiled 125m step was ~220 kernels a token, bound by their count and
 not by its bytes (`benchmarks/results/compiled_decode_h200.md`). Written as `(x * W).sum(-1)`, the product
 is a reduction that inductor generates itself and fuses with what makes its input (a norm's scaling) and
-what reads its result (an activation, a residual add). Anywhere else (eager, the ONNX export, more than one
-row) the layers multiply as before. Quantized layers keep their GEMV kernels: their dequantization written
+what reads its result (an activation, a residual add). At more than one row the layers multiply as before. Quantized layers keep their GEMV kernels: their dequantization written
 into the same reduction measured no faster (125m, int4 g64: 1,761 against 1,744 tokens/s,
 `benchmarks/results/compiled_decode_h200.md`).
 """
@@ -18,13 +17,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .ops import fused_decode
-
-
-def one_compiled_row(x: torch.Tensor) -> bool:
-    """Whether `x` is a single row (batch 1, one token) of a decode step torch.compile traces."""
-    return x.numel() == x.shape[-1] and fused_decode()
-
 
 def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """F.linear(x, weight, bias) as a product and a sum over the input dimension ([..., K] x [N, K] -> [..., N])."""
@@ -33,10 +25,10 @@ def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
 
 
 class RowProductLinear(nn.Linear):
-    """nn.Linear whose single compiled row is a `row_product` (same parameters, same state dict)."""
+    """nn.Linear whose single row (batch 1, one token) is a `row_product` (same parameters, same state dict)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if one_compiled_row(x):
+        if x.numel() == x.shape[-1]:
             return row_product(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 

@@ -48,12 +48,11 @@ import torch
 import triton
 import triton.language as tl
 
-from .. import linear_attention as la
-from ..ops import layer_norm, segments
-from ..quant.state_formats import two_level_round
-from . import autotune_configs, cdiv, fresh, next_power_of_2
+from ...quant.state_formats import two_level_round
+from .. import layer_norm, segments
+from ..common import autotune_configs, cdiv, fresh, next_power_of_2
+from . import reference as la
 from .commits import _two_level_rows
-
 
 # ---- references -----------------------------------------------------------------------------------
 
@@ -507,7 +506,7 @@ def _exact_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, gamma_ptr, beta_ptr, eta_ptr, s_i
     """One (sequence, head): mini-batch after mini-batch, values at the boundary state (W, wb).
     A mini-batch is a tile of BM >= 16 rows (tl.dot's least), of which the first MB are real.
     With STORE_STATES every boundary state is written to states [B*H, T/MB, D+1, D] (for the
-    backward of kernels/train.py). With TWO_LEVEL the int12 state format: the keys and values that
+    backward of ops/linear_attention/train.py). With TWO_LEVEL the int12 state format: the keys and values that
     attend and commit rounded to float16 (its open mini-batch's buffers), and every commit's state
     rounded to the format's grid around S0 (s0_ptr [H, D+1, D]), a step a row."""
     bh = tl.program_id(0)

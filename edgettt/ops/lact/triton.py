@@ -1,6 +1,6 @@
 """Kernels of LaCT's W1-only parallel form (a linear attention with a learned feature map and a
-chunk-exclusive mask, DESIGN section 4.1) and of its decode step, each beside its plain-torch reference
-with the same signature.
+chunk-exclusive mask, DESIGN section 4.1) and of its decode step, each with its plain-torch reference
+(`reference.py`) of the same signature.
 
     features(x, w0, w2, rate)       phi = silu(x W0^T) * (x W2^T) * rate
         x [B, H, T, d] (last dim contiguous); w0, w2 [H, dh, d], or both `LowRank` (W = left right + I / 2,
@@ -36,122 +36,15 @@ hands the output pass are in the inputs' dtype (the tensor cores' input).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from . import autotune_configs, cdiv, fresh, next_power_of_2
-
-
-# ---- references ------------------------------------------------------------------------------------
-
-@dataclass
-class LowRank:
-    """A fast weight W = left @ right + IDENTITY * I (the rectangular identity), [H, rows, cols]: LaCT's
-    low-rank initial W0 and W2 (`w0_w2_low_rank`), kept as factors. left [H, rows, r], right [H, r, cols]."""
-
-    left: torch.Tensor
-    right: torch.Tensor
-    IDENTITY = 0.5
-
-    def dense(self) -> torch.Tensor:
-        W = self.left @ self.right
-        rows, cols = W.shape[-2:]
-        return W + self.IDENTITY * torch.eye(rows, cols, dtype=W.dtype, device=W.device)
-
-    def to(self, dtype) -> LowRank:
-        return LowRank(self.left.to(dtype), self.right.to(dtype))
-
-    @property
-    def requires_grad(self) -> bool:
-        return self.left.requires_grad or self.right.requires_grad
-
-    @property
-    def nbytes(self) -> int:
-        return self.left.nbytes + self.right.nbytes
-
-
-def project_ref(xf, w):
-    """x W^T for a dense W or a `LowRank` one (float32)."""
-    if not isinstance(w, LowRank):
-        return xf @ w.float().transpose(-1, -2)
-    rows, cols = w.left.shape[-2], xf.shape[-1]
-    own = xf[..., :rows] if rows <= cols else F.pad(xf, (0, rows - cols))  # x I^T (rows beyond cols: 0)
-    return (xf @ w.right.float().transpose(-1, -2)) @ w.left.float().transpose(-1, -2) + LowRank.IDENTITY * own
-
-
-def features_ref(x, w0, w2, rate=None):
-    xf = x.float()
-    phi = F.silu(project_ref(xf, w0)) * project_ref(xf, w2)
-    return (phi if rate is None else phi * rate.float()).to(x.dtype)
-
-
-def momentum_coefficients(m: torch.Tensor):
-    """E [.., i, n] = prod_{l=i+1}^{n} m_l for n >= i (else 0), P [.., n] = prod_{l=0}^{n} m_l, from the
-    chunks' momentum coefficients m [.., N] (in (0, 1): LaCT's mean sigmoid gates)."""
-    N = m.shape[-1]
-    logs = torch.cumsum(torch.log(m), dim=-1)  # Lambda_n = sum_{l<=n} log m_l
-    upper = torch.triu(torch.ones(N, N, dtype=torch.bool, device=m.device))  # n >= i
-    E = torch.where(upper, torch.exp((logs[..., None, :] - logs[..., :, None]).clamp(max=0)), 0.0)
-    return E, torch.exp(logs)
-
-
-def chunk_momenta_ref(gates, gate_in, chunk: int, front: int = 0):
-    B, H, T = gates.shape
-    N = chunk_count(front, T, chunk)
-    G = padded_chunks(gates.float(), front, N, chunk).sum(-1)
-    G = torch.cat((G[:, :, :1] + gate_in[:, :, None], G[:, :, 1:]), dim=2)
-    return G / chunk, G[:, :, -1]
-
-
-def chunk_count(front: int, T: int, chunk: int) -> int:
-    """Chunks that `front` empty slots and T tokens touch. Only positive operands: an exported graph
-    (torch.onnx, dynamo) turns a floor division of a negative length into ONNX's truncating Div,
-    which made -(-T // chunk) one chunk short."""
-    return (front + T + chunk - 1) // chunk
-
-
-def padded_chunks(x, front: int, N: int, chunk: int):
-    """[B, H, T, ...] -> [B, H, N, chunk, ...]: `front` zeros first, zeros after the last token."""
-    x = F.pad(x, [0, 0] * (x.dim() - 3) + [front, N * chunk - front - x.shape[2]])
-    return x.reshape(*x.shape[:2], N, chunk, *x.shape[3:])
-
-
-def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int = 0):
-    """Every chunk at once, no loop (an exported graph keeps this form): the momentum recurrence
-    unrolled into the coefficients E, P (`momentum_coefficients`)."""
-    B, H, T, _ = phi_q.shape
-    N = chunk_count(front, T, chunk)
-    U = padded_chunks(v.float(), front, N, chunk).transpose(-1, -2) @ padded_chunks(keys.float(), front, N, chunk)
-    U = torch.cat((U[:, :, :1] + u0[:, :, None], U[:, :, 1:]), dim=2)  # [B, H, N, dv, dh]
-    if m is None:
-        D, d_in = U, torch.zeros_like(w1)
-    else:
-        E, P = momentum_coefficients(m)
-        D = torch.einsum("bhin,bhixy->bhnxy", E, U) + P[..., None, None] * d_in[:, :, None]
-    W = w1[:, :, None] + (torch.cumsum(D, dim=2) - D)  # W_c: what chunk c's tokens read
-    out = padded_chunks(phi_q.float(), front, N, chunk) @ W.transpose(-1, -2)
-    out = out.reshape(B, H, N * chunk, -1)[:, :, front:front + T].to(v.dtype)
-    d_prev = torch.cat((d_in[:, :, None], D), dim=2)[:, :, -2]
-    ends = {"w": W[:, :, -1] + D[:, :, -1], "w_open": W[:, :, -1], "u": U[:, :, -1], "d": D[:, :, -1],
-            "d_prev": d_prev}
-    return out, ends
-
-
-def decode_step_ref(phi_q, key, v, w1, g1, d, m, commit: bool):
-    out = (w1 @ phi_q.float()[..., None])[..., 0].to(v.dtype)
-    g1 += v.float()[..., :, None] * key.float()[..., None, :]
-    if commit:
-        D = g1 if m is None else g1 + m[..., None, None] * d
-        if d is not None:
-            d.copy_(D)
-        w1 += D
-        g1.zero_()
-    return out
-
+from ..common import autotune_configs, cdiv, fresh, next_power_of_2
+from . import parallel
+from .reference import (LowRank, chunk_attention_ref, chunk_count,  # noqa: F401 (beside their kernels)
+                        chunk_momenta_ref, decode_step_ref, features_ref, momentum_coefficients, padded_chunks,
+                        project_ref)
 
 # ---- kernels ------------------------------------------------------------------------------------------
 
@@ -549,3 +442,13 @@ def decode_step(phi_q, key, v, w1, g1, d, m, commit: bool):
     _decode_step_kernel[(B * H, cdiv(DV, bv))](phi_q, key, v, w1, g1, d if momentum else g1, m if momentum else g1,
                                                out, DV, DH, COMMIT=commit, MOMENTUM=momentum, BV=bv, BK=bk)
     return out
+
+
+def chunk(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):
+    """`parallel.chunk` through the kernels above (the references where autograd needs them, or a chunk size
+    the kernels do not take)."""
+    if (torch.is_grad_enabled() and any(t.requires_grad for t in (q, fixed["0"], fixed["2"]))
+            or not chunk_supported(config.lact_chunk_size)):
+        return parallel.chunk(st, fixed, config, norms, q, k, v, lr, gates, start)
+    return parallel.chunk_through((features, chunk_attention, chunk_momenta), False, st, fixed, config, q, k, v, lr,
+                                  gates, start)

@@ -24,8 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..quant.state_formats import two_level_round
-from . import cdiv, fresh, next_power_of_2
+from ...quant.state_formats import two_level_round
+from ..common import cdiv, fresh, next_power_of_2
 from .decode import _round_half_even
 
 
