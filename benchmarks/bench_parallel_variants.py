@@ -22,7 +22,7 @@ import json
 
 import torch
 
-from kernel_bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
+from lab.kernel_bench import copy_bandwidth, prefill_inputs, time_ms, warm_up
 from edgettt.ops.linear_attention import prefill
 
 B, H, d = 4, 16, 64  # the issue's target shape (with T), bf16, mini-batch 16
@@ -52,7 +52,7 @@ def row(fields, ms, moved_bytes, ceiling):
 
 def fla_run(q, k, v):
     """flash-linear-attention's chunk_linear_attn on the same inputs, or None when not installed."""
-    from kernel_bench import fla_functions
+    from lab.kernel_bench import fla_functions
 
     if (fla := fla_functions()) is None:
         return None

@@ -189,7 +189,7 @@ def main(argv=None) -> int:
     for setting in filter(None, args.inductor.split(",")):
         key, value = setting.split("=")
         setattr(torch._inductor.config, key, {"True": True, "False": False}.get(value, value))
-    from kernel_bench import copy_bandwidth
+    from lab.kernel_bench import copy_bandwidth
 
     ceiling = copy_bandwidth()
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "args": vars(args),

@@ -15,7 +15,7 @@ import json
 import torch
 import triton
 
-from kernel_bench import copies_for, time_rotating_ms, weight_variants
+from lab.kernel_bench import copies_for, time_rotating_ms, weight_variants
 from edgettt.ops.quantized import int4
 
 

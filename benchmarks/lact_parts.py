@@ -24,7 +24,7 @@ def main(argv=None) -> int:
         return 2
     from triton.testing import do_bench
 
-    import kernel_bench as bench
+    from lab import kernel_bench as bench
     from edgettt.ops.lact import triton as K
 
     config = bench.lact_config()

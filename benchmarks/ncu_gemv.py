@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_gemv  # noqa: E402
+from lab import bench_gemv  # noqa: E402
 
-from kernel_bench import weight_variants  # noqa: E402
+from lab.kernel_bench import weight_variants  # noqa: E402
 from edgettt.ops.quantized import int4  # noqa: E402
 
 

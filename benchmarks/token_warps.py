@@ -24,7 +24,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]  # the kernel tests and their conftest
 from test_decode_token import inputs, int8_state  # noqa: E402
 
-from kernel_bench import time_rotating_ms  # noqa: E402
+from lab.kernel_bench import time_rotating_ms  # noqa: E402
 from edgettt.ops.linear_attention import decode_token as dt  # noqa: E402
 from edgettt.ops.common import next_power_of_2  # noqa: E402
 

@@ -4,14 +4,14 @@ import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's library (`lab`); the core tests' helpers (conftest)
 
 from conftest import rel_err  # noqa: E402  (first: it sets up torch and Triton for the tests)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
-import bench_gemv  # noqa: E402
+from lab import bench_gemv  # noqa: E402
 from edgettt.ops.quantized.int4 import int4_matmul_ref  # noqa: E402
 from edgettt.quant.weight_formats import weight_format  # noqa: E402
 

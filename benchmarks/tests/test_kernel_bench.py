@@ -4,7 +4,7 @@ import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's library (`lab`); the core tests' helpers (conftest)
 
 from conftest import rel_err  # noqa: E402  (first: it sets up torch and Triton for the tests)
 
@@ -12,7 +12,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
-import kernel_bench as bench  # noqa: E402
+from lab import kernel_bench as bench  # noqa: E402
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

@@ -7,14 +7,14 @@ import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's library (`lab`); the core tests' helpers (conftest)
 
 import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the tests)
 
 import pytest  # noqa: E402
 
-import gemv_instruction_counts  # noqa: E402
-import kernel_resources  # noqa: E402
+from lab import gemv_instruction_counts  # noqa: E402
+from lab import kernel_resources  # noqa: E402
 
 ENTRIES = [(name, kernel, pointers, ints, consts) for name, (kernel, pointers, ints, consts) in
            kernel_resources.KERNELS.items()]

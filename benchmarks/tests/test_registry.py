@@ -55,3 +55,17 @@ def test_the_runner_writes_a_result_with_its_device_versions_and_command(tmp_pat
 def test_an_unknown_benchmark_is_a_one_line_error(name, tmp_path):
     done = runner("run", name, "--results", str(tmp_path))
     assert done.returncode == 2 and "not in the registry" in done.stderr and not any(tmp_path.iterdir())
+
+
+def test_no_test_imports_a_benchmark_script():
+    """Tests (the core's and the lab's) import the lab's library (`lab`), never a script: a script is a command."""
+    import ast
+
+    scripts = {p.stem for p in BENCHMARKS.glob("*.py")} - {"registry"}
+    found = []
+    for test in [*BENCHMARKS.parent.glob("tests/**/*.py"), *BENCHMARKS.glob("tests/*.py")]:
+        for node in ast.walk(ast.parse(test.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module and not node.level else [])
+            found += [f"{test.name}: {n}" for n in names if n.split(".")[0] in scripts]
+    assert found == []

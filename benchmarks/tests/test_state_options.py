@@ -5,13 +5,13 @@ import sys
 from pathlib import Path
 
 LAB = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's scripts; the core tests' helpers (conftest)
+sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's library (`lab`); the core tests' helpers (conftest)
 
 import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the tests)
 
 import torch  # noqa: E402
 
-import state_options  # noqa: E402
+from lab import state_options  # noqa: E402
 
 from edgettt.quant.state_formats import requantize_int8_state  # noqa: E402
 

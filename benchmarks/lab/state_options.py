@@ -1,0 +1,222 @@
+"""Ways to keep TTT's accumulated state S in 8 bits, measured against each other on one model.
+
+Each option is a rounding applied at every mini-batch commit in place of the int8 state's (the
+layers' `requantizer`), on the exact form of a shipped model calibrated as `edgettt calibrate` does,
+against the float state's logits on held-out text: KLD mean, KLD in the last eighth of the window, and
+the decode state's bytes a sequence (everything kept between tokens) against the float state's. Some
+options keep memory across commits (a rounding residual): it lives in the option's closure, reset for
+each window (windows run one at a time from a fresh state).
+
+    python benchmarks/state_options.py --model ttt-linear-tiny --ctx 8192 --max-tokens 32768 \
+        --json benchmarks/results/state_options.json --markdown benchmarks/results/state_options.md
+
+Options (S0 the learned initial state; `step` the calibrated int8 row step of the position's bucket):
+    int8              round((S - S0) / step), the current `--state int8`
+    int8-stochastic   the same with stochastic rounding (unbiased; fixed seed)
+    int8-dynamic      the row step recomputed at each commit from the state itself (max |S - S0| / 127)
+    int8-every-4      rounded at every 4th commit only, float between (the float S is then kept too)
+    int8-ef-float     error feedback: the rounding residual added back before the next rounding, the
+                      residual kept in float32 (an upper bound on what feedback gives)
+    int8-ef-int4      error feedback with the residual itself in 4 bits (steps of step / 16)
+    int8-dynamic-2level  the dynamic row step, the residual in 4 bits kept and read: S = S0 + step (c8 + c4 / 16),
+                      a 12-bit grid in two codes (no memory beside S: the rounding of S itself)
+    fp8-e4m3          (S - S0) / (row max / 448) as float8 e4m3, per-row calibrated scales
+    fp16              S in half precision (2 bytes)
+A suffix `+kv-bf16` keeps the open mini-batch's keys and values (b x (Dk + Dv) a head) in bfloat16 in
+place of the float32 running sum A (the int12 format's layout), simulated by rounding ka and vh to bfloat16
+where the layer's linear attention reads them: the sum inside the mini-batch and the commit then see
+exactly what such a buffer holds. `int8-dynamic-ef-int4` combines the dynamic row step with the 4-bit
+feedback; `int8-ef-int2` feeds back a 2-bit residual.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+import torch
+
+import edgettt
+from edgettt import metrics
+from edgettt.data import read_text, token_windows
+from edgettt.evaluation import collect_logits, encode
+from edgettt.quant.apply import apply_state_format
+from edgettt.quant.state_formats import STATE_CLIP
+
+
+def rows_steps(step_rows, S0):
+    return step_rows[..., None].expand(S0.shape)
+
+
+def int8_round(x, step, rounding=torch.round):
+    return torch.clamp(rounding(x / step), -STATE_CLIP, STATE_CLIP) * step
+
+
+def option(name: str, S0, scale_of, memory: dict, key):
+    """(S, position) -> S as the option keeps it; `memory[key]`: what the option carries across commits."""
+    gen = torch.Generator().manual_seed(0)
+
+    def stochastic(x):
+        return torch.floor(x + torch.rand(x.shape, generator=gen))
+
+    def fn(S, position):
+        step = rows_steps(scale_of(position), S0)
+        d = S - S0
+        if name == "int8-dynamic-2level":  # two levels, both read: S0 + step (c8 + c4 / 16), step = row max / 127
+            dyn = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12).expand_as(d)
+            coarse = int8_round(d, dyn)
+            return S0 + coarse + torch.clamp(torch.round((d - coarse) / (dyn / 16)), -8, 7) * (dyn / 16)
+        if name.startswith("int8-dynamic-ef"):
+            d = d + memory.get(key, torch.zeros_like(d))
+            dyn = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12).expand_as(d)
+            kept = int8_round(d, dyn)
+            memory[key] = torch.clamp(torch.round((d - kept) / (dyn / 16)), -8, 7) * (dyn / 16)
+            return S0 + kept
+        if name == "fp32":
+            return S
+        if name == "int8":
+            return S0 + int8_round(d, step)
+        if name == "int8-stochastic":
+            return S0 + int8_round(d, step, stochastic)
+        if name == "int8-dynamic":
+            dyn = (d.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12)
+            return S0 + int8_round(d, dyn.expand_as(d))
+        if name == "int8-every-4":
+            memory[key] = memory.get(key, 0) + 1
+            return S0 + int8_round(d, step) if memory[key] % 4 == 0 else S
+        if name.startswith("int8-ef"):
+            d = d + memory.get(key, torch.zeros_like(d))
+            kept = int8_round(d, step)
+            residual = d - kept
+            if name == "int8-ef-int4":
+                residual = torch.clamp(torch.round(residual / (step / 16)), -8, 7) * (step / 16)
+            if name == "int8-ef-int2":
+                residual = torch.clamp(torch.round(residual / (step / 4)), -2, 1) * (step / 4)
+            memory[key] = residual
+            return S0 + kept
+        if name == "fp8-e4m3":
+            row = step * STATE_CLIP / 448.0  # the calibrated row maximum over fp8's largest value
+            return S0 + (d / row).to(torch.float8_e4m3fn).float() * row
+        if name == "fp16":
+            return S.half().float()
+        raise ValueError(name)
+    return fn
+
+
+# bytes of S a state element kept between tokens, and the extra an option keeps (per element of S)
+S_BYTES = {"fp32": 4, "int8": 1, "int8-stochastic": 1, "int8-dynamic": 1, "int8-every-4": 4,
+           "int8-ef-float": 1 + 4, "int8-ef-int4": 1.5, "int8-ef-int2": 1.25, "int8-dynamic-ef-int4": 1.5,
+           "int8-dynamic-2level": 1.5,
+           "fp8-e4m3": 1, "fp16": 2}
+
+
+def state_bytes(model, name: str) -> dict:
+    """A sequence's decode state: S at the option's bytes, the rest (A, conv tails) in float32; and with
+    the mini-batch's keys and values kept in place of A (b x (Dk + Dv) floats, the int12 format's layout)."""
+    layers = model.init_state(1).layers
+    s_elems = sum(t.numel() for layer in layers for k, t in layer.items() if k.startswith("S"))
+    a_elems = sum(t.numel() for layer in layers for k, t in layer.items() if k.startswith("A"))
+    other = sum(t.numel() for layer in layers for k, t in layer.items() if not k.startswith(("S", "A")))
+    b = model.config.mini_batch_size
+    kv = sum(b * (t.shape[-2] + t.shape[-1]) * t.shape[1] for layer in layers for k, t in layer.items()
+             if k.startswith("A"))
+    base, _, kv_kind = name.partition("+")
+    extra = sum(4 * t.shape[1] * t.shape[2] for layer in layers for k, t in layer.items() if k.startswith("S")) \
+        if "dynamic" in base else 0  # its row scales (a [H, Dk] table a level)
+    fp32 = 4 * (s_elems + a_elems + other)
+    kv_bytes = 2 if kv_kind == "kv-bf16" else 4
+    with_a = S_BYTES[base] * s_elems + 4 * (a_elems + other) + extra
+    with_kv = S_BYTES[base] * s_elems + kv_bytes * kv + 4 * other + extra
+    return {"bytes": with_a, "of_fp32": with_a / fp32, "bytes_kv": with_kv, "of_fp32_kv": with_kv / fp32,
+            "fp32_bytes": fp32}
+
+
+def bf16_keys_and_values(layer):
+    """The layer's linear attention reading ka and vh rounded to bfloat16 (a bf16 K/V buffer)."""
+    attend = type(layer)._attend
+
+    def rounded(self, fn, level, st, qa, ka, vh, start):
+        return attend(self, fn, level, st, qa, ka.bfloat16().float(), vh.bfloat16().float(), start)
+    return rounded.__get__(layer)
+
+
+def run(args) -> dict:
+    model = edgettt.load(args.model)
+    model = edgettt.convert(model, "exact") if model.form == "ttt" else model
+    text = read_text(args.data)
+    windows = token_windows(encode(model, text), args.ctx, args.max_tokens)
+    ref = collect_logits(model, windows, batch_size=1, desc="fp32 state")
+    cal = edgettt.calibrate(model, args.calib_data, seq_len=args.ctx, samples=args.samples)
+    apply_state_format(model, "int8", cal)
+    layers = [layer for _, layer in model.state_layers()]
+    rows = []
+    for name in args.options:
+        memory: dict = {}
+        base, _, kv_kind = name.partition("+")
+        for layer in layers:
+            def requantizer(level, layer=layer, base=base):
+                S0 = layer.initial_states()[level - 1].detach()
+                return option(base, S0, lambda p: layer.state_scale(level, p), memory, (id(layer), level))
+            layer.requantizer = requantizer
+            layer._attend = bf16_keys_and_values(layer) if kv_kind == "kv-bf16" else type(layer)._attend.__get__(layer)
+        t0 = time.perf_counter()
+        logits = []
+        for w in windows:  # one window at a time: the options' memory is per sequence
+            memory.clear()
+            logits.append(collect_logits(model, w[None], batch_size=1, desc=name))
+        logits = torch.cat(logits)
+        kld = metrics.kld(ref, logits)  # [windows, T]
+        eighth = kld.shape[1] // 8
+        rows.append({"option": name, "kld_mean": kld.mean().item(), "kld_last_eighth": kld[:, -eighth:].mean().item(),
+                     "kld_first_eighth": kld[:, :eighth].mean().item(), **state_bytes(model, name),
+                     "seconds": time.perf_counter() - t0})
+        print(f"{name:16s} KLD {rows[-1]['kld_mean']:.5f}  last eighth {rows[-1]['kld_last_eighth']:.5f}  "
+              f"state {rows[-1]['of_fp32']:.0%} of fp32 ({rows[-1]['of_fp32_kv']:.0%} with K/V in place of A)", flush=True)
+    meta = {"model": args.model, "form": model.form, "ctx": args.ctx, "windows": int(windows.shape[0]),
+            "text": text.fingerprint(), "calibration": {"text": args.calib_data, "samples": args.samples,
+                                                        "seq_len": args.ctx},
+            "torch": torch.__version__, "python": platform.python_version(), "machine": platform.processor()}
+    return {"meta": meta, "rows": rows}
+
+
+def markdown(result: dict) -> str:
+    m = result["meta"]
+    lines = [f"{m['model']} ({m['form']} form), {m['windows']} windows of {m['ctx']} tokens of {m['text']['name']}; "
+             f"int8 scales calibrated on {m['calibration']['text']} ({m['calibration']['samples']} x {m['ctx']})", "",
+             "| option | KLD mean | KLD first eighth | KLD last eighth | decode state, of fp32 | with K/V in place of A |",
+             "|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        lines.append(f"| {r['option']} | {r['kld_mean']:.5f} | {r['kld_first_eighth']:.5f} | {r['kld_last_eighth']:.5f} | "
+                     f"{int(r['bytes']):,} B ({r['of_fp32']:.0%}) | {int(r['bytes_kv']):,} B ({r['of_fp32_kv']:.0%}) |")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="ttt-linear-tiny")
+    p.add_argument("--data", default="python-docs:test")
+    p.add_argument("--calib-data", default="python-docs:train")
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--ctx", type=int, default=8192)
+    p.add_argument("--max-tokens", type=int, default=32768)
+    p.add_argument("--options", nargs="+", default=[
+        "int8", "int8-stochastic", "int8-dynamic", "int8-every-4", "int8-ef-float", "int8-ef-int4", "int8-ef-int2",
+        "int8-dynamic-ef-int4", "fp8-e4m3", "fp16", "fp32+kv-bf16", "int8-ef-int4+kv-bf16",
+        "int8-dynamic-ef-int4+kv-bf16", "int8-ef-int2+kv-bf16"])
+    p.add_argument("--json")
+    p.add_argument("--markdown")
+    args = p.parse_args()
+    result = run(args)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=2)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
