@@ -1,5 +1,7 @@
 """Quantizers: exact packing, statistical error bounds, GPTQ against rounding, quantized state."""
 
+import json
+
 import pytest
 import torch
 
@@ -8,6 +10,7 @@ from edgettt import EdgetttError, convert
 from edgettt.ops.linear_attention import reference as la
 from edgettt.data import read_text
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
+from edgettt.quant.linear import QuantState
 from edgettt.quant.calibration import Calibration, calibrate
 from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
 from edgettt.quant.weight_formats import Int8, WeightFormat
@@ -314,7 +317,10 @@ def test_layers_a_format_cannot_take_fall_back_per_layer_and_load_again(tmp_path
     assert model.config.quantization["overrides"] == config.overrides
     edgettt.save(model, tmp_path / "q")
     again = edgettt.load(tmp_path / "q")
-    assert getattr(again.get_submodule(up), "fmt", "float") == fallback and again.get_submodule(down).fmt == "int4"
+    for name in (up, down):  # the same layer, as its `QuantState` says (none: float)
+        assert getattr(again.get_submodule(name), "quant_state", None) == getattr(model.get_submodule(name),
+                                                                                 "quant_state", None)
+    assert again.get_submodule(down).quant_state == QuantState("int4", 128, 512, 192)
     ids = torch.randint(0, 256, (1, 40))
     assert torch.allclose(again(ids), model(ids), atol=1e-5)
 
@@ -423,7 +429,7 @@ def test_a_format_added_to_the_registry_alone_goes_through_every_command(tmp_pat
     assert result.exit_code == 0, result.output
     model, again = edgettt.load(tmp_path / "la"), edgettt.load(tmp_path / "q")
     layer = again.get_submodule("model.layers.0.mlp.up_proj")
-    assert isinstance(layer, QuantLinear) and layer.fmt == fmt.name and layer.scale.shape == (1,)
+    assert isinstance(layer, QuantLinear) and layer.format is fmt and layer.scale.shape == (1,)
     assert 7 < weight_bits(again)["bits_per_weight"] < weight_bits(model)["bits_per_weight"]
     ids = torch.randint(0, 256, (1, 64), generator=torch.Generator().manual_seed(3))
     with torch.no_grad():
@@ -488,3 +494,26 @@ def test_int8_activations_start_at_each_formats_row_count(name, decode, weight_o
                 assert torch.equal(got, weight_only), rows
             else:
                 assert 0 < ((got - weight_only).norm() / weight_only.norm()).item() < 0.02, rows
+
+
+def test_a_quant_state_saves_and_loads_itself_and_makes_the_layer_its_tensors_load_into():
+    """`QuantState` (bitsandbytes' QuantState for edgettt's formats): as a dict and back, and the empty layer
+    a saved layer's tensors load into computes as the layer did."""
+    w = torch.randn(48, 128, generator=torch.Generator().manual_seed(0))
+    layer = QuantLinear(128, 48, "int4", 64, weight_format("int4").quantize(w, 64))
+    again = QuantState.from_dict(json.loads(json.dumps(layer.quant_state.as_dict())))
+    assert again == layer.quant_state == QuantState("int4", 64, 128, 48)
+    empty = again.empty_layer()
+    empty.load_state_dict(layer.state_dict(), assign=True)
+    x = torch.randn(3, 128)
+    assert torch.equal(empty(x), layer(x))
+
+
+@pytest.mark.parametrize("raw", [{"format": "int4", "group_size": 64, "in_features": 128},
+                                 {"format": "int5", "group_size": 64, "in_features": 128, "out_features": 48},
+                                 {"format": "int4", "group_size": 0, "in_features": 128, "out_features": 48},
+                                 {"format": "int4", "group_size": True, "in_features": 128, "out_features": 48},
+                                 ["int4", 64, 128, 48]])
+def test_a_malformed_quant_state_is_a_one_line_error(raw):
+    with pytest.raises(EdgetttError, match="quantize the model again"):
+        QuantState.from_dict(raw, "m/config.json")

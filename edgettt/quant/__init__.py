@@ -24,7 +24,7 @@ _LAZY = {
     "QuantConfig": "config", "GROUP_SIZES": "config", "FALLBACKS": "config", "DEFAULT_SKIP": "config",
     "WEIGHT_FORMATS": "weight_formats", "METHODS": "weight_formats", "weight_format": "weight_formats",
     "STATE_FORMATS": "state_formats", "state_format": "state_formats",
-    "QuantLinear": "linear", "set_activations": "linear", "stacked_projection": "linear",
+    "QuantLinear": "linear", "QuantState": "linear", "set_activations": "linear", "stacked_projection": "linear",
     **{name: "apply" for name in ("quantize_model", "quantize_", "prepare_quantized", "apply_state_format",
                                   "layer_formats", "quantizable_linears", "skip_patterns",
                                   "check_calibration_covers", "weight_bits", "set_module")},

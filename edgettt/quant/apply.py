@@ -12,8 +12,8 @@ from torch import nn
 
 from ..errors import EdgetttError
 from .config import DEFAULT_SKIP, QuantConfig
-from .linear import QuantLinear, TiedEmbedding
-from .state_formats import state_format
+from .linear import QuantLinear, QuantState, TiedEmbedding
+from .state_formats import saved_state_format, state_format
 from .weight_formats import stored_tensor_names, weight_format
 
 
@@ -147,8 +147,7 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
     """Shape a freshly built model like the quantized one whose `weights` (read from the directory
     `source`) will be loaded into it."""
     config = QuantConfig.from_dict(model.config.quantization, f"{source}/config.json")
-    if config.state == "int8" and not any(".state_scale_" in k for k in weights):
-        config.state = "int12"  # an older file: "int8" named the 12-bit format, which keeps no scales
+    config.state = saved_state_format(config.state, weights).name
     model.config.quantization["state"] = config.state  # (an old name read as today's)
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
@@ -156,19 +155,13 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             if fmt in ("float", "none") or (fmt == config.weights and not config.fits(module.in_features)):
                 raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {config.group_size}; "
                                    "quantize the model again")
-            storage = weight_format(fmt).storage(module.out_features, module.in_features, config.group_size)
-            # on the meta device: load_state_dict(assign=True) puts the file's tensors in their place
-            tensors = {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in storage.items()}
-            set_module(model, name, QuantLinear(module.in_features, module.out_features, fmt,
-                                                config.group_size, tensors))
+            state = QuantState(fmt, config.group_size, module.in_features, module.out_features)
+            set_module(model, name, state.empty_layer())
     tie_quantized_embedding(model)
+    fmt = state_format(config.state)
     for i, (layer_name, layer) in enumerate(model.state_layers()):
-        prefix = f"{layer_name}.state_scale_"
-        scales = [weights[k] for k in sorted(weights) if k.startswith(prefix)]
-        bucket_tokens = weights.get(f"{layer_name}.state_bucket_tokens", torch.tensor(0))
         try:
-            layer.set_state_format(
-                config.state, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
+            fmt.load(layer, weights, f"{layer_name}.")
         except EdgetttError as exc:
             raise EdgetttError(f"{source}: layer {i}: {exc}") from None
 

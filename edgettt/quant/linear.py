@@ -2,22 +2,63 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
 
-from .weight_formats import weight_format
+from ..errors import EdgetttError
+from .weight_formats import WEIGHT_FORMATS, weight_format
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantState:
+    """What a quantized weight is beside its tensors, as bitsandbytes' QuantState: its format (by name),
+    group size and shape. It saves itself as a dict (`as_dict`) and loads back from one (`from_dict`,
+    checked), and makes the empty layer that a saved model's tensors load into (`empty_layer`)."""
+
+    format: str
+    group_size: int
+    in_features: int
+    out_features: int
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict, source: str = "config.json") -> "QuantState":
+        if not isinstance(raw, dict) or set(raw) != {f.name for f in dataclasses.fields(cls)}:
+            raise EdgetttError(f"{source}: a quantized weight's state {raw!r}: expected format, group_size, "
+                               "in_features and out_features; quantize the model again")
+        if raw["format"] not in WEIGHT_FORMATS or not all(
+                isinstance(raw[k], int) and not isinstance(raw[k], bool) and raw[k] > 0
+                for k in ("group_size", "in_features", "out_features")):
+            raise EdgetttError(f"{source}: a quantized weight's state {raw!r}: expected a weight format and "
+                               "positive sizes; quantize the model again")
+        return cls(**raw)
+
+    def storage(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Shapes and dtypes of the tensors the format stores for this weight."""
+        return weight_format(self.format).storage(self.out_features, self.in_features, self.group_size)
+
+    def empty_layer(self) -> "QuantLinear":
+        """The layer with its tensors on the meta device: `load_state_dict(assign=True)` puts a saved
+        model's in their place."""
+        tensors = {k: torch.empty(shape, dtype=dtype, device="meta") for k, (shape, dtype) in self.storage().items()}
+        return QuantLinear(self.in_features, self.out_features, self.format, self.group_size, tensors)
 
 
 class QuantLinear(nn.Module):
     """Holds the format's tensors as buffers (saved as they are) and computes as the format says:
     through its kernel where one serves it, else with the dequantized weight (what the integer
-    kernels and ONNX Runtime compute, up to float rounding)."""
+    kernels and ONNX Runtime compute, up to float rounding). `quant_state` says what it is."""
 
     def __init__(self, in_features: int, out_features: int, fmt: str, group_size: int,
                  tensors: dict[str, torch.Tensor]):
         super().__init__()
-        self.in_features, self.out_features, self.fmt, self.group_size = in_features, out_features, fmt, group_size
+        self.in_features, self.out_features, self.group_size = in_features, out_features, group_size
         self.format = weight_format(fmt)
+        self.quant_state = QuantState(self.format.name, group_size, in_features, out_features)
         for name, tensor in tensors.items():
             self.register_buffer(name, tensor)
         self._weight = None
@@ -49,8 +90,8 @@ class QuantLinear(nn.Module):
         """Whether `layers` (of one input) can be one layer with their rows stacked: all quantized in one
         format whose tensors have one row per output (`rows_first`), with one group size."""
         first = layers[0]
-        return all(isinstance(m, QuantLinear) and (m.fmt, m.group_size, m.in_features) ==
-                   (first.fmt, first.group_size, first.in_features) for m in layers) and first.format.rows_first
+        return all(isinstance(m, QuantLinear) and (m.format, m.group_size, m.in_features) ==
+                   (first.format, first.group_size, first.in_features) for m in layers) and first.format.rows_first
 
     @classmethod
     def stacked(cls, layers: list[QuantLinear]) -> QuantLinear | None:
@@ -60,7 +101,8 @@ class QuantLinear(nn.Module):
             return None
         first = layers[0]
         tensors = {name: torch.cat([m.tensors()[name] for m in layers]) for name in first.tensors()}
-        stacked = cls(first.in_features, sum(m.out_features for m in layers), first.fmt, first.group_size, tensors)
+        stacked = cls(first.in_features, sum(m.out_features for m in layers), first.format.name, first.group_size,
+                      tensors)
         stacked.activations, stacked.decode_a8 = first.activations, first.decode_a8
         return stacked
 
@@ -68,7 +110,7 @@ class QuantLinear(nn.Module):
         return sum(t.numel() * t.element_size() for t in self.tensors().values())
 
     def extra_repr(self):
-        return f"{self.in_features} -> {self.out_features}, {self.fmt}, group {self.group_size}, {self.activations} activations"
+        return f"{self.in_features} -> {self.out_features}, {self.format.name}, group {self.group_size}, {self.activations} activations"
 
 
 class TiedEmbedding(nn.Module):

@@ -115,7 +115,8 @@ def unpack_fine(packed: torch.Tensor) -> torch.Tensor:
 
 class StateFormat:
     """One way to keep S. `requantizer` gives the function applied at every mini-batch commit. A layer
-    holds its format object (`StateScales.state_format`); the model's config.json names it."""
+    holds its format object (`StateScales.state_format`); the model's config.json names it, and the format
+    loads itself into a layer from what a saved model holds (`load`, `saved_state_format`)."""
 
     name = "fp32"
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
@@ -147,6 +148,13 @@ class StateFormat:
     def describe(self) -> dict:
         """The manifest's words on an exported state tensor of this format."""
         return {"format": self.name}
+
+    def load(self, layer, saved: dict[str, torch.Tensor], prefix: str) -> None:
+        """Give `layer` (a `StateScales` layer) this format as a saved model holds it: its scales, one
+        `{prefix}state_scale_<level>` a level, and their bucket width `{prefix}state_bucket_tokens`."""
+        scales = [saved[k] for k in sorted(saved) if k.startswith(prefix + "state_scale_")]
+        bucket_tokens = saved.get(prefix + "state_bucket_tokens", torch.tensor(0))
+        layer.set_state_format(self, scales, int(bucket_tokens.reshape(-1)[0]) if bucket_tokens.numel() == 1 else -1)
 
 
 class Float16State(StateFormat):
@@ -216,6 +224,14 @@ def state_format(name: "str | StateFormat") -> StateFormat:
     if isinstance(name, StateFormat):
         return name
     return STATE_FORMATS[RENAMED.get(name, name)]
+
+
+def saved_state_format(name: str, saved: dict[str, torch.Tensor]) -> StateFormat:
+    """The format a saved model's config names, read as today's: a file saying "int8" without calibrated
+    scales is an older one, whose "int8" named the 12-bit format (int12, which keeps no scales)."""
+    if RENAMED.get(name, name) == "int8" and not any(".state_scale_" in k for k in saved):
+        return STATE_FORMATS["int12"]
+    return state_format(name)
 
 
 def renamed_note(name: str) -> str | None:
