@@ -90,7 +90,7 @@ class Variant:
 
             set_activations(model, "int8", decode=True)
         self.ids = torch.randint(0, model.config.vocab_size, (args.batch, args.depth + args.tokens), device="cuda")
-        from edgettt.ops.linear_attention.decode_token import fixed_token_warps
+        from lab.launch import fixed_token_warps
 
         warps = fixed_token_warps(8) if "-warps8" in step else contextlib.nullcontext()  # 8 warps at every head size, as before the choice by head size
         with torch.no_grad(), warps:

@@ -25,6 +25,7 @@ sys.path[:0] = [str(TESTS / "kernels"), str(TESTS)]  # the kernel tests and thei
 from test_decode_token import inputs, int8_state  # noqa: E402
 
 from lab.kernel_bench import time_rotating_ms  # noqa: E402
+from lab.launch import fixed_token_warps  # noqa: E402
 from edgettt.ops.linear_attention import decode_token as dt  # noqa: E402
 from edgettt.ops.common import next_power_of_2  # noqa: E402
 
@@ -32,12 +33,12 @@ LAYERS, SLOTS = 24, 16
 
 
 def launch_float(args, eta, inner, warps):
-    with dt.fixed_token_warps(warps):
+    with fixed_token_warps(warps):
         return dt.decode_token(*args, eta, inner, 10000.0)
 
 
 def launch_int8(args, eta, inner, warps):
-    with dt.fixed_token_warps(warps):
+    with fixed_token_warps(warps):
         return dt.decode_token_int12(*args, eta, inner, 10000.0)
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 
 from conftest import compiled_recording, rel_err
-from edgettt.ops.linear_attention.decode_token import (decode_token, decode_token_int12, decode_token_int12_ref, decode_token_ref,
-                                          fixed_token_warps)
+from edgettt.ops.linear_attention import decode_token as dt
+from edgettt.ops.linear_attention.decode_token import (decode_token, decode_token_int12, decode_token_int12_ref,
+                                                       decode_token_ref)
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 TOL = {torch.float32: 1e-5, torch.float16: 3e-3, torch.bfloat16: 3e-2}
@@ -152,33 +153,28 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("warps", [2, 4, 8])
-def test_token_kernels_match_their_references_at_every_warp_count(device, warps):
+def test_token_kernels_match_their_references_at_every_warp_count(device, warps, monkeypatch):
     """`decode_token.token_warps` picks 2, 4 or 8 warps by head size and state format: each count
-    (`fixed_token_warps`) gives the reference's token (a d = 64 head: a 125m layer's), inside a mini-batch and at
+    (forced: `token_warps` replaced) gives the reference's token (a d = 64 head: a 125m layer's), inside a mini-batch and at
     its commit."""
     eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
+    monkeypatch.setattr(dt, "token_warps", lambda block_d, commit, int8: warps)
     for inner in (1, 3):
         q, k, v, lr, S0, gamma, beta, S, A = inputs(1, 2, 64, torch.float32, device)
         S_ref, A_ref = S.clone(), A.clone()
         want = decode_token_ref(q, k, v, lr, S0, gamma, beta, S_ref, A_ref, eta, inner, 10000.0)
-        with fixed_token_warps(warps):
-            got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0)
+        got = decode_token(q, k, v, lr, S0, gamma, beta, S, A, eta, inner, 10000.0)
         assert rel_err(got, want) < 1e-5 and rel_err(S, S_ref) < 1e-5
         S8, K, V = int8_state(1, 2, 64, 4, inner, S0, device)
         S8_ref, K_ref, V_ref = S8.clone(), K.clone(), V.clone()
         want = decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S8_ref, K_ref, V_ref, eta, inner, 10000.0)
-        with fixed_token_warps(warps):
-            got = decode_token_int12(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
+        got = decode_token_int12(q, k, v, lr, S0, gamma, beta, S8, K, V, eta, inner, 10000.0)
         assert rel_err(got, want) < 3e-4
 
 
 def test_token_warps_follow_the_head_size_and_state():
     """The measured choice (compiled_decode_h200.md): 2 warps at d <= 64, 8 (float) / 4 (int8) at the
-    128-wide tiles of d = 96, 8 at an int8 commit; `fixed_token_warps` overrides it within, and only within."""
-    from edgettt.ops.linear_attention import decode_token as dt
-
+    128-wide tiles of d = 96, 8 at an int8 commit."""
     assert [dt.token_warps(64, False, False), dt.token_warps(64, False, True), dt.token_warps(64, True, True)] == [2, 2, 8]
     assert [dt.token_warps(128, True, False), dt.token_warps(128, False, True), dt.token_warps(128, True, True)] == [8, 4, 8]
-    with fixed_token_warps(16):
-        assert dt.token_warps(64, False, False) == dt.token_warps(128, True, True) == 16
-    assert dt.token_warps(64, False, False) == 2
+

@@ -24,7 +24,6 @@ and S rounded to the format's grid at the commit (`quant.state_formats.two_level
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import Optional
 
@@ -145,27 +144,9 @@ def _decode_token_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_pt
 # state 3.55 us against 4.27 with 8; int12 state 3.45 against 4.97), at the 760m heads (d = 96, tiles of 128) the
 # float state's 8 (7.56 against 8.50 with 4; 2 spill: 47) and the int12 state's 4 (5.85 against 10.64 with 8);
 # the int12 state's commit 8 at both (9.16 against 10.70 with 4 at d = 64; 32.7 against 126 at d = 96).
-# WARPS_OVERRIDE: one count for every launch (`fixed_token_warps`: benchmarks time the choice against a fixed one
-# in turns), else None.
-WARPS_OVERRIDE = None
-
-
-@contextlib.contextmanager
-def fixed_token_warps(warps: int):
-    """Within: every token kernel launched with `warps`, not `token_warps`' choice (for CUDA graphs, those
-    captured within)."""
-    global WARPS_OVERRIDE
-    before, WARPS_OVERRIDE = WARPS_OVERRIDE, warps
-    try:
-        yield
-    finally:
-        WARPS_OVERRIDE = before
-
-
+# (The lab times the choice against a fixed count by replacing this function: `benchmarks/lab/launch.py`.)
 def token_warps(block_d: int, commit: bool, int8: bool) -> int:
     """Warps for a token kernel launch: its tile size (`BLOCK_D`), whether it commits, its state format."""
-    if WARPS_OVERRIDE is not None:
-        return WARPS_OVERRIDE
     if int8 and commit:
         return 8
     if block_d <= 64:
