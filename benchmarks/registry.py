@@ -71,6 +71,11 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "python benchmarks/mixed_distill.py --teacher ttt-mlp-tiny --student ttt-mlp-tiny-parallel --lengths 512,2048,8192"
      " --steps 36 --lr 1e-4 --json {json}",
      "distillation at mixed lengths, bits per byte at each length before and after (report: mixed_distill_gpu.md)"),
+    ("jax_convert_memory_1b_cpu", "cpu",
+     "PYTHONPATH=$TTT_LM_JAX $JAX_PYTHON tests/jax_fixtures/make_jax_fixtures.py --full-size 1b-TTT {tmp}/ckpt"
+     " && python benchmarks/jax_convert_memory.py {tmp}/ckpt --json {json}",
+     "peak memory of converting a ttt-lm-jax checkpoint of the 1.3b shape (random weights saved by the JAX code; "
+     "TTT_LM_JAX: its checkout, JAX_PYTHON: a Python with its pinned JAX and flax)"),
     # ---- kernels
     ("bench_h200", "cuda", "python benchmarks/kernel_bench.py --json {json} --markdown {md}",
      "every Triton kernel against its references: prefill, decode state step, GEMV/GEMM, LaCT, training"),

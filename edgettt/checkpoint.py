@@ -18,6 +18,7 @@ import torch
 
 from .config import ModelConfig
 from .errors import EdgetttError
+from .jax_checkpoint import find_checkpoint, load_jax_checkpoint
 from .lact.checkpoint import check_lact_sizes
 from .lact.config import LACT_MODEL_TYPE, LaCTConfig
 from .lact.model import LaCTForCausalLM
@@ -46,33 +47,54 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     return path
 
 
-def load_model(path: str | os.PathLike, dtype: torch.dtype | None = None) -> CausalLM:
-    """Load an original TTT checkpoint, a LaCT checkpoint (public layout), an edgettt model directory,
-    or a shipped model by name."""
+def load_model(path: str | os.PathLike, dtype: torch.dtype | str | None = None) -> CausalLM:
+    """Load an original TTT checkpoint (ttt-lm-pytorch's layout, or a ttt-lm-jax checkpoint file or
+    its folder), a LaCT checkpoint (public layout), an edgettt model directory, or a shipped model by name.
+    It computes in float32 whatever the file's precision; `dtype` casts it instead, or "stored" keeps each
+    tensor as stored (for converting and saving, not for computing)."""
     path = resolve_model_path(path)
+    if path.exists() and os.access(path, os.R_OK):
+        jax_file = find_checkpoint(path)
+        if jax_file is not None:
+            return load_jax_model(jax_file, dtype)
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
         names = ", ".join(shipped_models())
-        raise EdgetttError(f"{path}: {what}; give a model directory with config.json and model.safetensors"
-                           + (f", or a shipped model ({names})" if names else ""))
+        raise EdgetttError(f"{path}: {what}; give a model directory with config.json and model.safetensors, "
+                           "a ttt-lm-jax checkpoint" + (f", or a shipped model ({names})" if names else ""))
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
     config_class, check_config_sizes, model_class = family_classes(model_type(path / "config.json"))
     config = read_config(path)
     check_config_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
-    weights = read_weights(path)
+    return _built(model_class, config, read_weights(path), path, dtype)
+
+
+def load_jax_model(checkpoint: Path, dtype: torch.dtype | str | None = None) -> CausalLM:
+    """The TTT model of a ttt-lm-jax checkpoint file (`jax_checkpoint`), with the tokenizer.json beside it."""
+    config, weights, checkpoint = load_jax_checkpoint(checkpoint)
+    return _built(CausalLM, config, weights, checkpoint, dtype, tokenizer_dir=checkpoint.parent)
+
+
+def _built(model_class, config, weights: dict[str, torch.Tensor], source: Path, dtype,
+           tokenizer_dir: Path | None = None):
+    """A model of `config` holding `weights` (checked against it): computing in float32 (dtype None), in
+    `dtype`, or, dtype "stored", holding each tensor as the file stores it (to convert and save without
+    computing, with no second copy). `model.stored_dtype` is the precision of the file's float matrices."""
+    stored = next((t.dtype for t in weights.values() if t.is_floating_point() and t.dim() >= 2), None)
     if dtype is None and not config.quantization:
         weights = upcast_16bit(weights)
     with torch.device("meta"):
         model = model_class(config)
     if config.quantization:
-        prepare_quantized(model, weights, str(path))
-    check_weights(model, weights, path)
+        prepare_quantized(model, weights, str(source))
+    check_weights(model, weights, source)
     model.load_state_dict(weights, strict=False, assign=True)
     model.tie_weights()
-    if dtype is not None:
+    if dtype not in (None, "stored"):
         model.to(dtype)
-    model.tokenizer = load_tokenizer(path, config.vocab_size)
+    model.tokenizer = load_tokenizer(tokenizer_dir or source, config.vocab_size)
+    model.stored_dtype = stored
     return model.eval()
 
 
@@ -163,6 +185,16 @@ def stored_matrices(t: torch.Tensor, store: torch.dtype | None) -> torch.Tensor:
     return t.to(store)
 
 
+def source_card(config) -> str:
+    """MODEL_CARD.md of a model whose weights came from elsewhere (`config.extra["source"]`, e.g. a
+    ttt-lm-jax checkpoint): where from, what its authors say of them, and what the model is."""
+    form = {"ttt": "the original mini-batch TTT computation"}.get(config.form, f"edgettt's {config.form} form")
+    return (f"# {config.family}, {config.hidden_size} wide, {config.num_hidden_layers} layers\n\n"
+            f"{config.extra['source']}\n\n"
+            f"Checkpoint: `{config.extra.get('source_file', 'unknown')}`. Form: {form}. Vocabulary "
+            f"{config.vocab_size:,}; TTT base learning rate {config.ttt_base_lr}, mini-batch {config.mini_batch_size}.\n")
+
+
 def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str, str] | None = None,
                weights_format: str = "safetensors", max_shard_bytes: int = MAX_SHARD_BYTES,
                store: torch.dtype | None = None) -> None:
@@ -179,5 +211,8 @@ def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str
         write_weights(tensors, tmp, weights_format, max_shard_bytes)
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
-        for name, text in (extra_files or {}).items():
+        extra_files = dict(extra_files or {})
+        if model.config.extra.get("source") and "MODEL_CARD.md" not in extra_files:
+            extra_files["MODEL_CARD.md"] = source_card(model.config)
+        for name, text in extra_files.items():
             (tmp / name).write_text(text)

@@ -21,7 +21,6 @@ import click
 
 from .errors import EdgetttError
 
-
 RENAMED_COMMANDS = {"speed": "bench"}  # old name -> new: the old one still runs, with a note
 MOVED_OPTIONS = {  # an option that left a command -> where its setting went (said beside click's error)
     "--steps": "--distill steps=N", "--lr": "--distill lr=X", "--batch": "--distill batch=N",
@@ -313,33 +312,47 @@ def create(out, family, preset, settings, seed, weights_format, force):
                    "in turn, e.g. 512/2048 [--ctx]), minutes (also stop after), hard_weight (share of the plain "
                    "next-token loss, 0), pool (the original's logits of this many batches a length reused, 0: "
                    "for a slow original); e.g. --distill steps=3000,lr=3e-4,ctx=512/2048.")
+@click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="A tokenizer.json to measure with and write with the model (a ttt-lm-jax checkpoint carries "
+                   "none; the public ones use Llama 2's) [default: SRC's].")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spec, no_report, as_json, force):
-    """Convert the TTT checkpoint SRC (a directory or a shipped model's name) into a linear-attention
-    model in OUT.
+def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spec, tokenizer_file, no_report, as_json,
+            force):
+    """Convert the TTT checkpoint SRC (a directory, a shipped model's name, or a ttt-lm-jax checkpoint:
+    its streaming_params or streaming_train_state file, or the folder holding it) into a
+    linear-attention model in OUT.
 
     The report (printed, and saved as OUT/convert_report.json) gives, for the exact form, the
     error of logits against SRC; for the parallel form, the drift: perplexity of both, KL
     divergence and top-1 agreement. With --distill, the drift before and after distillation.
     """
+    import torch
+
     from . import convert as convert_model
     from . import load
     from .checkpoint import save_model
     from .data import read_text
     from .evaluation import conversion_report, encode
     from .outputs import Output
+    from .tokenizer import JsonTokenizer
 
     if decay is not None and form != "parallel":
         raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
     distill = distill_spec is not None
     settings = distill_settings(distill_spec) if distill else None
-    out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data)])
+    out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data),
+                                                    tokenizer_file and Path(tokenizer_file)])
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
-    original = load(src)
-    converted = convert_model(original, form, decay)
+    tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
+    measured = not no_report or distill
+    # unmeasured, the model is never run: its tensors stay as stored and are re-labelled, not copied
+    original = load(src) if measured else load(src, dtype="stored")
+    if tokenizer is not None:
+        original.tokenizer = tokenizer.check_fits(original.config.vocab_size)
+    converted = convert_model(original, form, decay, copy=measured)
     report = {}
     if not no_report:
         report = conversion_report(original, converted, measure_text, ctx, max_tokens)
@@ -364,7 +377,10 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     if report:
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
-    save_model(converted, out, extra_files=extra)
+    # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
+    store = original.stored_dtype if original.stored_dtype in (torch.bfloat16, torch.float16) and not distill \
+        else None
+    save_model(converted, out, extra_files=extra, store=store)
     if as_json:
         click.echo(json.dumps(report, indent=2))
         return
@@ -429,9 +445,9 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     along the positions (LaCT: how far the fast weights kept between chunks move from their initial
     values), with the chosen int8 state scales."""
     from . import load
-    from .quant.calibration import calibrate as run_calibration
     from .data import read_text
     from .outputs import Output
+    from .quant.calibration import calibrate as run_calibration
 
     out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)])
     text = read_text(data)

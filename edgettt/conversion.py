@@ -27,9 +27,11 @@ from .ops import mini_batch_etas
 MIXER = "seq_modeling_block."
 
 
-def convert(model: CausalLM, form: str = "exact", decay: float | None = None) -> CausalLM:
+def convert(model: CausalLM, form: str = "exact", decay: float | None = None, copy: bool = True) -> CausalLM:
     """A new model in linear-attention form `form` ("exact" or "parallel") with the same weights; with
-    `decay` (0 < decay < 1, form "parallel"), a decayed parallel form starting at that gamma."""
+    `decay` (0 < decay < 1, form "parallel"), a decayed parallel form starting at that gamma. With
+    `copy=False` the new model shares the weights' memory with `model` (which is then not to be used:
+    for converting a model too large to hold twice)."""
     _check_decay(model, form, decay)
     if model.config.family == "lact" and form in ("exact", "lact", "parallel"):  # "exact" is LaCT's own
 
@@ -47,7 +49,8 @@ def convert(model: CausalLM, form: str = "exact", decay: float | None = None) ->
         logit = decay_logit(decay)
         weights = {**weights, **{name: torch.full(p.shape, logit, dtype=param.dtype, device=param.device)
                                  for name, p in converted.named_parameters() if name.endswith(".decay_logit")}}
-    converted.load_state_dict({k: v.detach().clone() for k, v in weights.items()}, strict=False, assign=True)
+    converted.load_state_dict({k: v.detach().clone() if copy else v.detach() for k, v in weights.items()},
+                              strict=False, assign=True)
     converted.tie_weights()
     converted.to(param.device)
     converted.tokenizer = model.tokenizer
@@ -82,7 +85,7 @@ def _relabel(sd: dict[str, torch.Tensor], mlp: bool) -> dict[str, torch.Tensor]:
         elif leaf == "ttt_norm_bias":
             out[p + "value_norm.bias"] = tensor
         elif leaf == "learnable_token_idx":
-            out[p + "mask_eta"] = mini_batch_etas(tensor)
+            out[p + "mask_eta"] = mini_batch_etas(tensor.float())  # computed: float32 from a 16-bit file too
         elif leaf == "W1":
             out[p + ("state0_1" if mlp else "state0")] = torch.cat((tensor, sd[p + "b1"]), dim=1)
         elif leaf == "W2":

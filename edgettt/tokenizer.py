@@ -50,7 +50,19 @@ class JsonTokenizer:
         try:
             self._tok = Tokenizer.from_file(str(file))
         except Exception as exc:  # the library raises plain Exception on bad files
-            raise EdgetttError(f"{file}: not a readable tokenizer.json ({exc})") from None
+            raise EdgetttError(f"{file}: not a readable tokenizer.json ({exc}); give a Hugging Face tokenizer.json") from None
+
+    @property
+    def vocab_size(self) -> int:
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    def check_fits(self, vocab_size: int) -> "JsonTokenizer":
+        """This tokenizer, if every id it makes has a row in a model of `vocab_size` tokens."""
+        if self.vocab_size > vocab_size:
+            raise EdgetttError(f"{self.file}: the tokenizer has {self.vocab_size:,} tokens, the model's vocabulary "
+                               f"{vocab_size:,}: ids from {vocab_size:,} on would have no embedding; give the "
+                               "tokenizer the model was trained with")
+        return self
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

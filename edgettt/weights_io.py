@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from .errors import EdgetttError
 
@@ -141,6 +141,33 @@ def _load_pickle(file: Path):
             return torch.load(file, map_location="cpu", weights_only=True)
 
 
+SAFETENSORS_NAMES = {**{dtype: name for name, dtype in SAFETENSORS_DTYPES.items()},
+                     torch.int16: "I16", torch.int32: "I32", torch.bool: "BOOL"}
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], file: Path, metadata: dict[str, str] | None = None) -> None:
+    """A safetensors file written tensor by tensor from the tensors' own memory: no second copy of the
+    weights is made (safetensors' `save_file` builds the whole file in memory first, twice a model's bytes)."""
+    header, offset = {}, 0
+    for name in sorted(tensors):
+        t = tensors[name]
+        nbytes = t.numel() * t.element_size()
+        header[name] = {"dtype": SAFETENSORS_NAMES[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes it
+    with open(file, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for name in sorted(tensors):
+            t = tensors[name].detach().cpu().contiguous()
+            if t.numel():
+                f.write(t.reshape(-1).view(torch.uint8).numpy().data)
+
+
 def write_weights(tensors: dict[str, torch.Tensor], directory: Path, weights_format: str = "safetensors",
                   max_shard_bytes: int = MAX_SHARD_BYTES) -> list[str]:
     """Write `tensors` into `directory`: one file, or safetensors shards and their index above
@@ -151,7 +178,7 @@ def write_weights(tensors: dict[str, torch.Tensor], directory: Path, weights_for
         return [PICKLE_FILE]
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     if total <= max_shard_bytes:
-        save_file(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
+        save_safetensors(tensors, directory / WEIGHTS_FILE, metadata={"format": "pt"})
         return [WEIGHTS_FILE]
     groups, size = [[]], 0
     for name in sorted(tensors):
@@ -164,7 +191,7 @@ def write_weights(tensors: dict[str, torch.Tensor], directory: Path, weights_for
     weight_map, names = {}, []
     for i, group in enumerate(groups, start=1):
         shard = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
-        save_file({k: tensors[k] for k in group}, directory / shard, metadata={"format": "pt"})
+        save_safetensors({k: tensors[k] for k in group}, directory / shard, metadata={"format": "pt"})
         weight_map.update(dict.fromkeys(group, shard))
         names.append(shard)
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import msgpack
 import pytest
 import torch
 from click.testing import CliRunner
@@ -58,6 +59,7 @@ def world(tmp_path_factory) -> Path:
     ok("export", w / "par", w / "export", "--no-verify")
     (w / "notes.txt").write_text("my notes, not edgettt's\n")
     (w / "blob.bin").write_bytes(bytes(range(256)) * 4)
+    shutil.copytree(Path(__file__).parent / "jax_fixtures" / "ttt-linear", w / "jax")
     (w / "mine").mkdir()
     (w / "mine" / "keep.txt").write_text("mine")
     return w
@@ -137,6 +139,38 @@ def set_path(data: dict, dotted: str, value):
         data[int(last)] = value
     else:
         data[last] = value
+
+
+def jax_records(w: Path) -> list:
+    """The (key path, flax bytes) records of the world's ttt-lm-jax checkpoint."""
+    with open(w / "jax" / "streaming_params", "rb") as f:
+        return [tuple(item) for item in msgpack.Unpacker(f, raw=False)]
+
+
+def write_jax(w: Path, records, name="streaming_params") -> None:
+    (w / "jax" / name).write_bytes(b"".join(msgpack.packb(r) for r in records))
+
+
+def flax_array(shape, dtype: str, raw: bytes) -> bytes:
+    return msgpack.packb(msgpack.ExtType(1, msgpack.packb((list(shape), dtype, raw))))
+
+
+def jax_edit(change: Callable[[list], list]):
+    return lambda w: write_jax(w, change(jax_records(w)))
+
+
+class Unpickled:
+    """What a pickle in disguise would run if it were unpickled: it would create `pwned` in the world."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (Path.touch, (self.target,))
+
+
+def jax_pickle(w: Path) -> None:
+    (w / "jax" / "streaming_params").write_bytes(pickle.dumps(Unpickled(w / "pwned")))
 
 
 # ---- the cases ----------------------------------------------------------------------------------------
@@ -517,6 +551,54 @@ CASES = [
     c("bench-gemm-rows-zero", lambda w: ["bench", "--gemm-rows", "16,0"], USAGE, "--gemm-rows"),
     c("bench-batch-zero", lambda w: ["bench", "--batch", 0], USAGE, "--batch"),
     c("unknown-option", lambda w: ["info", w / "ttt", "--colour"], USAGE, "--colour"),
+    # ---- ttt-lm-jax checkpoints: read as data, every record checked, nothing executed
+    c("jax-truncated", lambda w: ["convert", w / "jax", w / "out"], ONE, "streaming_params",
+      lambda w: (w / "jax" / "streaming_params").write_bytes((w / "jax" / "streaming_params").read_bytes()[:5000])),
+    c("jax-empty", lambda w: ["convert", w / "jax", w / "out"], ONE, "not a ttt-lm-jax streaming checkpoint",
+      lambda w: (w / "jax" / "streaming_params").write_bytes(b"")),
+    c("jax-pickle-in-disguise", lambda w: ["convert", w / "jax", w / "out"], ONE, "not a ttt-lm-jax streaming checkpoint",
+      jax_pickle),
+    c("jax-pickle-given-as-file", lambda w: ["convert", w / "jax" / "streaming_params", w / "out"], ONE,
+      "ttt-lm-jax checkpoint", jax_pickle),
+    c("jax-record-not-a-pair", lambda w: ["convert", w / "jax", w / "out"], ONE, "not (key path, bytes)",
+      jax_edit(lambda r: r[:3] + [{"weights": [1, 2, 3]}])),
+    c("jax-foreign-msgpack", lambda w: ["convert", w / "jax", w / "out"], ONE, "not a ttt-lm-jax streaming",
+      lambda w: (w / "jax" / "streaming_params").write_bytes(msgpack.packb({"weights": [1, 2, 3]}))),
+    c("jax-object-dtype", lambda w: ["convert", w / "jax", w / "out"], ONE, "dtype 'object'",
+      jax_edit(lambda r: [(r[0][0], flax_array([2], "object", b"\0" * 16))] + r[1:])),
+    c("jax-bytes-short-of-shape", lambda w: ["convert", w / "jax", w / "out"], ONE, "needs 400 bytes",
+      jax_edit(lambda r: [(r[0][0], flax_array([10, 10], "float32", b"\0" * 40))] + r[1:])),
+    c("jax-unknown-extension", lambda w: ["convert", w / "jax", w / "out"], ONE, "is not an array",
+      jax_edit(lambda r: [(r[0][0], msgpack.packb(msgpack.ExtType(42, b"x")))] + r[1:])),
+    c("jax-stray-tensor", lambda w: ["convert", w / "jax", w / "out"], ONE, "wk/kernel is not a parameter",
+      jax_edit(lambda r: r + [(["model", "h", "0", "seq_modeling_block", "wk", "kernel"],
+                               flax_array([32, 32], "float32", b"\0" * 4096))])),
+    c("jax-attention-block", lambda w: ["convert", w / "jax", w / "out"], ONE, "ttt_norm/scale missing",
+      jax_edit(lambda r: [x for x in r if x[0][-1] != "ttt_norm/scale"])),
+    c("jax-mis-shaped-layer", lambda w: ["convert", w / "jax", w / "out"], ONE, "mis-shaped",
+      jax_edit(lambda r: [(k, flax_array([32, 16], "float32", b"\0" * 2048)) if k[-2:] == ["wo", "kernel"]
+                          and k[2] == "1" else (k, v) for k, v in r])),
+    c("jax-non-finite", lambda w: ["convert", w / "jax", w / "out"], ONE, "streaming_params",
+      jax_edit(lambda r: [(k, flax_array([32], "float32", b"\0\0\xc0\x7f" * 32)) if k[-2:] == ["ln_f", "kernel"]
+                          else (k, v) for k, v in r])),
+    c("jax-two-checkpoints", lambda w: ["convert", w / "jax", w / "out"], ONE, "several ttt-lm-jax checkpoints",
+      lambda w: write_jax(w, jax_records(w), "streaming_train_state")),
+    c("jax-config-beside-disagrees", lambda w: ["convert", w / "jax", w / "out"], ONE,
+      "num_attention_heads 4 disagrees",
+      lambda w: (w / "jax" / "model_config.json").write_text(json.dumps(
+          {"seq_modeling_block": "ttt_linear", "num_attention_heads": 4}))),
+    c("jax-config-beside-other-block", lambda w: ["convert", w / "jax", w / "out"], ONE,
+      "seq_modeling_block 'ttt_mlp' disagrees",
+      lambda w: (w / "jax" / "model_config.json").write_text(json.dumps({"seq_modeling_block": "ttt_mlp"}))),
+    c("jax-config-beside-bad-lr", lambda w: ["convert", w / "jax", w / "out"], ONE, "ttt_base_lr",
+      lambda w: (w / "jax" / "model_config.json").write_text(json.dumps(
+          {"seq_modeling_block": "ttt_linear", "ttt_base_lr": -1}))),
+    c("jax-tokenizer-missing", lambda w: ["convert", w / "jax", w / "out", "--tokenizer", w / "nope.json"], ONE,
+      "nope.json"),
+    c("jax-tokenizer-not-json", lambda w: ["convert", w / "jax", w / "out", "--tokenizer", w / "blob.bin"], ONE,
+      "blob.bin"),
+    c("jax-out-is-tokenizer", lambda w: ["convert", w / "jax", w / "text.txt", "--tokenizer", w / "text.txt",
+                                          "--force"], ONE, "is the input"),
     c("unknown-command", lambda w: ["compress", w / "ttt"], USAGE, "compress"),
     c("missing-argument", lambda w: ["convert", w / "ttt"], USAGE, "OUT"),
 ]

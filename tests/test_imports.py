@@ -36,7 +36,7 @@ LAYERS = [
     ("base", ["edgettt.errors", "edgettt.config", "edgettt.progress", "edgettt.outputs", "edgettt.tokenizer",
               "edgettt.gpu_timing", "edgettt.cuda_graph", "edgettt.ort_schemas", "edgettt.metrics", "edgettt.data",
               "edgettt.quant.layouts", "edgettt.quant.state_formats", "edgettt.weights_io", "edgettt.onnx_files",
-              "edgettt.lact.config"]),
+              "edgettt.lact.config", "edgettt.jax_checkpoint"]),
     ("math: the operations, their references and kernels", ["edgettt.ops"]),
     ("quantized layers and formats", ["edgettt.quant"]),
     ("models", ["edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.model", "edgettt.lact",
