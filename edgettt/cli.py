@@ -258,19 +258,26 @@ def cli(no_progress):
               help="A config.json key (repeatable), shown at its default: " + ", ".join(
                   f"{k}={str(v).lower() if v is not None else '2.75 x hidden_size'}" for k, v in CREATE_DEFAULTS.items())
                    + " (vocab_size 256: byte-level).")
+@click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="A tokenizer.json to write with the model; without --preset or --set vocab_size, the "
+                   "vocabulary is its size [default: byte-level, ids 0-255].")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def create(out, family, preset, settings, seed, weights_format, force):
+def create(out, family, preset, settings, tokenizer_file, seed, weights_format, force):
     """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT: a small one
     (--set to size it), or a published size (--preset)."""
     from .checkpoint import save_model
     from .config import PRESET_VOCAB, PRESETS, ModelConfig
     from .outputs import Output
     from .random_init import random_model
+    from .tokenizer import JsonTokenizer
 
     sizes = {**CREATE_DEFAULTS, **settings}
+    tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
+    if tokenizer is not None and "vocab_size" not in settings:
+        sizes["vocab_size"] = tokenizer.vocab_size
     if preset:
         given = sorted(set(settings) & {*PRESETS[preset], "vocab_size"})
         if given:
@@ -278,11 +285,17 @@ def create(out, family, preset, settings, seed, weights_format, force):
         sizes.update(PRESETS[preset], vocab_size=PRESET_VOCAB)
     if sizes["intermediate_size"] is None:
         sizes["intermediate_size"] = int(2.75 * sizes["hidden_size"])
-    out = Output.plan(out, "model", force)
+    out = Output.plan(out, "model", force, inputs=[tokenizer_file and Path(tokenizer_file)])
     config = ModelConfig(**sizes, ttt_layer_type=family)
     config.validate("--options")
     config.check_memory("--options")
+    if tokenizer is not None:
+        tokenizer.check_fits(config.vocab_size)
+    elif config.vocab_size > 256:
+        click.echo(f"note: a vocabulary of {config.vocab_size:,} with the byte-level tokenizer: text uses ids 0-255 "
+                   "only, and generated ids from 256 on decode to nothing; give the model's --tokenizer", err=True)
     model = random_model(config, seed)
+    model.tokenizer = tokenizer or model.tokenizer
     save_model(model, out, weights_format=weights_format)
     click.echo(f"wrote {out.path}: random {config.family}, {model.num_parameters():,} parameters"
                + (f" (preset {preset}: random weights, for speed and size)" if preset else ""))
@@ -355,7 +368,10 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     converted = convert_model(original, form, decay, copy=measured)
     report = {}
     if not no_report:
+        started = time.perf_counter()
         report = conversion_report(original, converted, measure_text, ctx, max_tokens)
+        if not distill and (note := drift_note(report, time.perf_counter() - started)):
+            click.echo(note, err=True)
     if distill:
         from .distill import distill as run_distill
 
@@ -394,6 +410,39 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
                    f"{distilled['loss_last']:.4f}):")
     if "form" in report:
         click.echo(format_conversion_report(report))
+
+
+def check_exportable_form(model_path) -> None:
+    """Before any work: a converted model given to `report --onnx` must be the parallel form."""
+    from .checkpoint import read_config, resolve_model_path
+
+    path = resolve_model_path(model_path)
+    if not (path / "config.json").is_file():
+        return  # an original checkpoint (converted to the parallel form), or an error the loader names
+    form = getattr(read_config(path), "form", "ttt")
+    if form not in ("ttt", "parallel"):
+        raise EdgetttError(f"{model_path}: --onnx exports the parallel form, this model is the {form} form; give "
+                           "the original checkpoint or a parallel-form model")
+
+
+LARGE_DRIFT = 1.10  # a parallel form's perplexity this far above the original's gets a note
+
+
+def drift_note(report: dict, seconds: float) -> str | None:
+    """One line for a parallel form that drifts far: by how much, and what --distill would take here,
+    estimated from the report's own speed (its forwards of both models over its tokens; a distillation
+    step is a forward of each and the student's backward, about four forwards, on a batch of windows)."""
+    ratio = report.get("ppl_ratio")
+    if report.get("form") != "parallel" or ratio is None or ratio < LARGE_DRIFT:
+        return None
+    from .distill import DistillSettings
+
+    settings = DistillSettings()
+    per_token = seconds / (2 * report["windows"] * report["ctx"])
+    minutes = settings.steps * settings.batch * report["ctx"] * 4 * per_token / 60
+    return (f"note: the parallel form's perplexity is {100 * (ratio - 1):.0f}% above the original's: tune it "
+            f"towards the original with --distill ({settings.steps} steps at --ctx {report['ctx']}, an estimated "
+            f"{minutes:.0f} min on this machine from this run's speed), or keep --form exact, which does not drift")
 
 
 def distill_settings(spec: str):
@@ -491,8 +540,10 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def quantize(model_path, out, weights, group_size, method, state, calib, skip, quantize_lm_head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
+    import torch
+
     from . import load
-    from .checkpoint import save_model
+    from .checkpoint import resolve_model_path, save_model
     from .outputs import Output
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
@@ -522,10 +573,24 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     if misfits:
         click.echo(f"{misfits} layers cannot be {config.variant} (input size not a multiple of {group}): "
                    f"kept in {fallback} (--fallback)", err=True)
-    save_model(model, out)
-    after = weight_bits(model)
+    # float weights keep the file's precision (bfloat16 in, bfloat16 out); a quantized format's scales stay as made
+    keep = model.stored_dtype if config.weights == "none" and model.stored_dtype in (torch.bfloat16, torch.float16) \
+        else None
+    save_model(model, out, store=keep)
+    before, after = on_disk(before, resolve_model_path(model_path)), on_disk(weight_bits(model), out.path)
     click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
                f"{after['bits_per_weight']:.2f} bits per weight ({config.variant}); state {state}")
+
+
+def on_disk(bits: dict, directory: Path) -> dict:
+    """`weight_bits` with the size as the directory's files store it (a bfloat16 file: half the float32 the
+    model computes in), when its headers say."""
+    from .weights_io import stored_bytes
+
+    n_bytes = stored_bytes(directory) if directory.is_dir() else None
+    if n_bytes is None:
+        return bits
+    return {**bits, "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / bits["weights"]}
 
 
 @cli.command()
@@ -539,8 +604,9 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
                                       "them (int4-gptq-g32, fp4-b128, ...).")
 @click.option("--state", "state_list", default="int12,int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
-@click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
-              help="Form to convert a TTT checkpoint to.")
+@click.option("--form", type=click.Choice(["exact", "parallel"]), default=None,
+              help="Form to convert a TTT checkpoint to [default: exact; with --onnx parallel, the form an export "
+                   "takes].")
 @click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
               help="Tokens per evaluation window; also the calibration's sequence length.")
 @click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE,
@@ -567,9 +633,15 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     for w in names:
         weight_variant(w)
     states = [state_format_name(s.strip()) for s in state_list.split(",") if s.strip()]
+    if onnx and form == "exact":
+        raise EdgetttError("--onnx exports the parallel form, not --form exact; drop --form exact (--onnx picks the "
+                           "parallel form)")
+    form = form or ("parallel" if onnx else "exact")
     out = Output.plan(output, "report", force,
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
     text, calib_text = read_text(data), read_text(calib_data)
+    if onnx and model_path is not None:
+        check_exportable_form(model_path)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
@@ -607,10 +679,13 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
 def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
     """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
     the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position). With several
-    --ctx lengths, one row per context (the whole text in windows of each length; JSON: "contexts")."""
+    --ctx lengths, one row per context (the whole text in windows of each length; JSON: "contexts").
+
+    MODEL may be an export (`edgettt export`'s folder): its prefill graph runs in ONNX Runtime, so the
+    numbers are the deployed files' own; e.g. `edgettt eval EXPORT --ref MODEL`."""
     from . import load
     from .data import read_text
-    from .evaluation import evaluate, save_reference
+    from .evaluation import ExportLogits, evaluate, is_export, save_reference
     from .outputs import plan_outputs
 
     if ref_path and ref_logits:
@@ -623,11 +698,13 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
         (save_logits, "logits", force, "--save-logits"), (json_path, "json", force, "--json"),
         inputs=[model_input(model_path), model_input(ref_path), ref_logits, text_input(data)])
     text = read_text(data)
-    model = load(model_path)
+    export = is_export(model_path)
+    model = ExportLogits(model_path) if export else load(model_path)
     ref = load(ref_path) if ref_path else None
+    distilled = model.source.get("distilled_ctx") if export else model.config.extra.get("distilled_ctx")
     reports = []
     for length in ctx:
-        warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), length)
+        warn_beyond_distillation(model_path, distilled, length)
         report, logits, windows = evaluate(model, str(model_path), text, length, max_tokens, ref, ref_path, ref_logits)
         reports.append(report)
     if logits_out:
@@ -666,7 +743,9 @@ def warn_beyond_distillation(name, distilled_ctx: int | None, tokens: int) -> No
 def format_eval_report(r: dict) -> str:
     m, t = r["model"], r["text"]
     lines = [
-        f"model  {m['name']}: {m['family']}, form {m['form']}, {m['parameters']:,} parameters, "
+        f"model  {m['name']}: {m['family']}, form {m['form']}"
+        + (", an export run by ONNX Runtime" if m.get("runtime") == "onnxruntime" else "")
+        + f", {m['parameters']:,} parameters, "
         f"{m['size_mb']:.2f} MB, {m['bits_per_weight']:.2f} bits per weight",
         f"text   {t['name']} ({t['bytes']:,} bytes, sha256 {t['sha256']}): {r['windows']} windows x {r['ctx']} tokens",
         "====== Perplexity statistics ======",
@@ -707,9 +786,11 @@ def info(model_path, as_json):
     mini-batch)."""
     from . import load
     from .checkpoint import resolve_model_path
-    from .evaluation import model_facts
+    from .evaluation import is_export, model_facts
     from .weights_io import stored_bytes
 
+    if is_export(model_path):
+        return export_info(Path(model_path), as_json)
     model = load(model_path)
     c = model.config
     state = model.init_state(1)
@@ -754,6 +835,35 @@ def info(model_path, as_json):
           if facts["distilled_ctx"] else []),
         *([decay_line(facts["state_decay"])] if facts["state_decay"] else []),
         *never_commit_line(facts["commit_weights"], getattr(c, "mini_batch_size", None)),
+    ]))
+
+
+def export_info(directory: Path, as_json: bool) -> None:
+    """`info` of an export: what its manifest says of the model, and its files' bytes on disk."""
+    import numpy as np
+
+    from .runner import load_manifest
+
+    m = load_manifest(directory)
+    source = m.get("source", {})
+    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.suffix in (".onnx", ".bin")}
+    state_bytes = sum(math.prod(s["shape"]) * np.dtype(s["dtype"]).itemsize for s in m["state"])
+    facts = {"path": str(directory), "export": True, "family": source.get("family"), "form": source.get("form"),
+             "model": source.get("model"), "vocab_size": m["vocab_size"], "parameters": source.get("weights"),
+             "files_bytes": files, "weights_bytes": sum(files.values()), "activations": m.get("activations"),
+             "quantization": source.get("quantization"), "decode_state_bytes_per_sequence": state_bytes,
+             "tokenizer": m["tokenizer"]["type"], "opset": m.get("opset"), "distilled_ctx": source.get("distilled_ctx")}
+    if as_json:
+        click.echo(json.dumps(facts, indent=2))
+        return
+    bits = 8 * facts["weights_bytes"] / facts["parameters"] if facts["parameters"] else float("nan")
+    click.echo("\n".join([
+        f"{directory}: an export of {facts['model']} ({facts['family']}, form {facts['form']}), opset {facts['opset']}",
+        f"  vocab {facts['vocab_size']}; tokenizer: {facts['tokenizer']}; activations {facts['activations']}",
+        "  files: " + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in files.items())
+        + f" ({facts['weights_bytes'] / 1e6:.2f} MB, {bits:.2f} bits per weight)"
+        + (f"; quantized: {json.dumps(facts['quantization'])}" if facts["quantization"] else ""),
+        f"  decode state: {state_bytes:,} bytes per sequence",
     ]))
 
 

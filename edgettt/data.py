@@ -121,7 +121,22 @@ def read_text(spec: str | None) -> Text:
         data, name = _read_path(Path(spec)), spec
     if not data:
         raise EdgetttError(f"{name}: the text is empty; give a text with some content")
+    _check_is_text(data, name)
     return Text(name, data)
+
+
+def _check_is_text(data: bytes, name: str, probe: int = 1 << 16) -> None:
+    """Refuse a binary file given as text (an executable, an archive, a weights file), judged by its first
+    64 KiB: a NUL byte, or more than 5% control characters. Bytes that are not UTF-8 are fine: a
+    byte-level model reads any text (Latin-1 too). Measured on a binary, a model gives a meaningless number."""
+    head = data[:probe]
+    nul = head.find(b"\0")
+    if nul >= 0:
+        raise EdgetttError(f"{name}: a binary file, not text (a NUL byte at offset {nul}); give a text file")
+    controls = sum(head.count(bytes([c])) for c in range(1, 32) if c not in (9, 10, 12, 13))
+    if controls > 0.05 * len(head):
+        raise EdgetttError(f"{name}: a binary file, not text ({100 * controls / len(head):.0f}% control "
+                           "characters); give a text file")
 
 
 def text_path(spec: str | None) -> Path | None:

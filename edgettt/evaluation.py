@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
@@ -15,6 +17,7 @@ from .model import CausalLM
 from .outputs import as_output
 from .progress import bar
 from .quant.apply import weight_bits
+from .runner import Runner
 
 
 def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
@@ -65,7 +68,42 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
     return report
 
 
-def model_facts(model: CausalLM, name: str) -> dict:
+class ExportLogits:
+    """An export in a model's place for `evaluate`: its prefill graph, run by ONNX Runtime, gives the logits,
+    so what is measured is the deployed file itself (as llama.cpp's perplexity runs on the GGUF)."""
+
+    def __init__(self, directory, threads: int | None = None):
+        self.directory = Path(directory)
+        self.runner = Runner(self.directory, threads)
+        self.tokenizer = self.runner.tokenizer
+        self.vocab_size = self.runner.manifest["vocab_size"]
+        self.source = self.runner.manifest.get("source", {})
+
+    def to(self, device):
+        return self  # ONNX Runtime on the CPU
+
+    def __call__(self, ids: torch.Tensor) -> torch.Tensor:
+        logits, _ = self.runner.run_prefill(ids.cpu().numpy())
+        return torch.from_numpy(np.ascontiguousarray(logits, dtype=np.float32))
+
+    def facts(self, name: str) -> dict:
+        """What `model_facts` says of a model, for the export: its size is its files' bytes on disk."""
+        on_disk = sum(f.stat().st_size for f in self.directory.iterdir() if f.suffix in (".onnx", ".bin"))
+        weights = self.source.get("weights")
+        return {"name": name, "family": self.source.get("family"), "form": self.source.get("form"),
+                "runtime": "onnxruntime", "parameters": weights, "size_mb": on_disk / 1e6,
+                "bits_per_weight": 8 * on_disk / weights if weights else None,
+                "quantization": self.source.get("quantization")}
+
+
+def is_export(path) -> bool:
+    """Whether `path` is an export's folder (its manifest.json), not a model's."""
+    return (Path(path) / "manifest.json").is_file() and not (Path(path) / "config.json").exists()
+
+
+def model_facts(model, name: str) -> dict:
+    if isinstance(model, ExportLogits):
+        return model.facts(name)
     size = weight_bits(model)
     return {"name": name, "family": model.config.family, "form": model.form, "parameters": size["weights"],
             "size_mb": size["size_mb"], "bits_per_weight": size["bits_per_weight"],
@@ -96,7 +134,7 @@ def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     return logits, windows, meta
 
 
-def evaluate(model: CausalLM, name: str, text: Text, ctx: int, max_tokens: int | None,
+def evaluate(model: CausalLM | ExportLogits, name: str, text: Text, ctx: int, max_tokens: int | None,
              ref: CausalLM | None = None, ref_name: str | None = None, ref_file=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Perplexity and bits per byte of `model`; with a reference model or saved reference logits,
     the drift against it. Returns (report, logits, windows)."""
@@ -106,9 +144,10 @@ def evaluate(model: CausalLM, name: str, text: Text, ctx: int, max_tokens: int |
         if meta["text"]["sha256"] != text.fingerprint()["sha256"]:
             raise EdgetttError(f"{ref_file}: reference logits were made on {meta['text']['name']} "
                                f"(sha256 {meta['text']['sha256']}), not on {text.name}; pass the same --data")
-        if ref_logits.shape[-1] != model.config.vocab_size:
+        vocab = model.vocab_size if isinstance(model, ExportLogits) else model.config.vocab_size
+        if ref_logits.shape[-1] != vocab:
             raise EdgetttError(f"{ref_file}: reference vocabulary {ref_logits.shape[-1]} differs from the model's "
-                               f"{model.config.vocab_size}")
+                               f"{vocab}")
         ref_facts = meta["model"]
     else:
         windows = token_windows(encode(model, text, name), ctx, max_tokens)

@@ -116,3 +116,16 @@ def check_documented_slice(model, name: str, documented: dict) -> dict[int, floa
         assert report["bits_per_byte"] == pytest.approx(bits, abs=2e-3), (name, ctx)
     return expected
 
+
+
+def word_tokenizer(path, size: int):
+    """A tokenizer.json of `size` tokens ("[UNK]", then "w1", "w2", ...: text "w3 w4" is ids 3, 4) at `path`."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import Whitespace
+
+    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}
+    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = Whitespace()
+    tok.save(str(path))
+    return path

@@ -599,6 +599,17 @@ CASES = [
       "blob.bin"),
     c("jax-out-is-tokenizer", lambda w: ["convert", w / "jax", w / "text.txt", "--tokenizer", w / "text.txt",
                                           "--force"], ONE, "is the input"),
+    # ---- report --onnx needs the parallel form: said before any work
+    c("report-onnx-form-exact", lambda w: ["report", w / "ttt", w / "r", "--onnx", "--form", "exact"], ONE,
+      "--onnx exports the parallel form"),
+    c("report-onnx-exact-model", lambda w: ["report", w / "ex", w / "r", "--onnx"], ONE, "this model is the exact form",
+      lambda w: ok("convert", w / "ttt", w / "ex", "--no-report")),
+    # ---- a binary file given as text: refused before it is measured
+    c("eval-data-binary", lambda w: ["eval", w / "par", "--data", w / "blob.bin"], ONE, "a binary file, not text"),
+    c("calibrate-data-binary", lambda w: ["calibrate", w / "par", w / "c.st", "--data", w / "blob.bin"], ONE,
+      "a binary file, not text"),
+    c("convert-data-control-bytes", lambda w: ["convert", w / "ttt", w / "out", "--data", w / "noise.txt"], ONE,
+      "control characters", lambda w: (w / "noise.txt").write_bytes(bytes(range(1, 256)) * 20)),
     c("unknown-command", lambda w: ["compress", w / "ttt"], USAGE, "compress"),
     c("missing-argument", lambda w: ["convert", w / "ttt"], USAGE, "OUT"),
 ]

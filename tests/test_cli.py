@@ -363,3 +363,34 @@ def test_ctrl_c_exits_130_and_leaves_nothing_behind(ckpt, tmp_path, monkeypatch)
     result = run("convert", ckpt, tmp_path / "out", "--no-report")
     assert result.exit_code == 130 and "interrupted: nothing was written or replaced" in result.output
     assert list(tmp_path.iterdir()) == []  # (staging folders are hidden names beside OUT)
+
+
+def test_create_takes_a_tokenizer_and_its_vocabulary(tmp_path):
+    """The tokenizer goes with the model; its size is the vocabulary unless one is set, and one larger
+    than the vocabulary is refused before anything is written."""
+    from conftest import word_tokenizer
+
+    tok = word_tokenizer(tmp_path / "tok.json", 300)
+    result = run("create", tmp_path / "m", "--tokenizer", tok)
+    assert result.exit_code == 0, result.output
+    model = load(tmp_path / "m")
+    assert model.config.vocab_size == 300 and model.tokenizer.encode("w299 w1") == [299, 1]
+    refused = run("create", tmp_path / "small", "--tokenizer", tok, "--set", "vocab_size=260")
+    assert refused.exit_code == 1 and "300 tokens" in refused.output and not (tmp_path / "small").exists()
+
+
+def test_a_large_vocabulary_with_the_byte_tokenizer_is_noted(tmp_path):
+    result = run("create", tmp_path / "m", "--set", "vocab_size=1000")
+    assert result.exit_code == 0 and "byte-level tokenizer" in result.output and "--tokenizer" in result.output
+
+
+def test_a_large_drift_says_what_to_do():
+    """A parallel form far from its original: one line with the drift, --distill and its estimated time."""
+    from edgettt.cli import drift_note
+
+    report = {"form": "parallel", "ppl_ratio": 4.1446, "windows": 16, "ctx": 256}
+    note = drift_note(report, seconds=8.0)
+    assert note.count("\n") == 0 and "314% above" in note and "--distill" in note and "--form exact" in note
+    # 300 steps x 32 windows x 256 tokens x 4 forwards at 8 s / (2 x 16 x 256) tokens
+    assert "an estimated 160 min" in note
+    assert drift_note({**report, "ppl_ratio": 1.03}, 8.0) is None and drift_note({"form": "exact"}, 8.0) is None

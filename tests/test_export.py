@@ -273,8 +273,12 @@ def test_report_gains_onnx_rows(root, tmp_path):
         assert r["onnx_decode_mb"] > 0 and r["ort_prefill_tokens_per_s"] > 0 and r["ort_decode_tokens_per_s"] > 0
     assert rows[1]["onnx_decode_mb"] < rows[0]["onnx_decode_mb"]
     assert "ORT decode tok/s" in result.output
-    result = run("report", root / "ttt-linear", "--onnx", tmp_path / "r2")  # converts to exact by default
-    assert result.exit_code == 1 and "--form parallel" in result.output
+    # an original checkpoint: --onnx converts it to the parallel form, the one an export takes
+    result = run("report", root / "ttt-linear", "--weights", "int4-rtn-g32", "--state", "fp32", "--calib-data",
+                 "python-docs-sample", "--data", "python-docs-sample", "--ctx", "64", "--max-tokens", "128", "--onnx",
+                 tmp_path / "r2")
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "r2" / "report.json").read_text())["form"] == "parallel"
 
 
 def test_run_stops_at_a_stop_string(exported, tmp_path):
@@ -350,3 +354,30 @@ def test_only_the_onnx_export_takes_the_export_ops():
     with onnx_export():
         assert exporting()
     assert not exporting()
+
+
+def test_eval_measures_the_export_itself(exported, tmp_path):
+    """`eval EXPORT --ref MODEL`: perplexity and KLD of the deployed files, run by ONNX Runtime; a float
+    export gives its model's numbers, a quantized one its own drift."""
+    args = ("--data", "python-docs-sample", "--ctx", "64", "--max-tokens", "256")
+    for name in ("linear-fp32", "mlp-int4-gptq-int8-state"):
+        model_dir, directory = exported[name]
+        result = run("eval", directory, "--ref", model_dir, *args, "--json", tmp_path / f"{name}.json")
+        assert result.exit_code == 0, result.output
+        assert "an export run by ONNX Runtime" in result.output
+        report = json.loads((tmp_path / f"{name}.json").read_text())
+        drift = report["drift"]
+        assert report["model"]["runtime"] == "onnxruntime" and report["model"]["size_mb"] > 0
+        if name == "linear-fp32":
+            assert drift["kld_mean"] < 1e-6 and abs(drift["ppl_ratio"] - 1) < 1e-4
+        else:  # the export of a quantized model against that same quantized model in torch: a small gap
+            assert drift["kld_mean"] < 1e-2
+
+
+def test_info_takes_an_export(exported):
+    _, directory = exported["linear-fp32"]
+    facts = json.loads(run("info", directory, "--json").output)
+    on_disk = sum(f.stat().st_size for f in directory.iterdir() if f.suffix in (".onnx", ".bin"))
+    assert facts["export"] and facts["form"] == "parallel" and facts["weights_bytes"] == on_disk
+    assert facts["decode_state_bytes_per_sequence"] > 0
+    assert "an export of" in run("info", directory).output

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import word_tokenizer
 
 import edgettt
 from edgettt.cli import cli
@@ -86,21 +87,9 @@ def test_a_bfloat16_checkpoint_keeps_its_precision_when_asked():
     assert model.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
-def tokenizer_file(path: Path, size: int) -> Path:
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from tokenizers.pre_tokenizers import Whitespace
-
-    vocab = {"[UNK]": 0, **{f"w{i}": i for i in range(1, size)}}
-    tok = Tokenizer(WordLevel(vocab, unk_token="[UNK]"))
-    tok.pre_tokenizer = Whitespace()
-    tok.save(str(path))
-    return path
-
-
 def test_convert_writes_the_model_its_card_and_the_given_tokenizer(tmp_path):
     src = FIXTURES / "ttt-mlp" / "streaming_params"
-    tok = tokenizer_file(tmp_path / "tokenizer.json", 90)
+    tok = word_tokenizer(tmp_path / "tokenizer.json", 90)
     text = tmp_path / "text.txt"
     text.write_text(" ".join(f"w{(i * 7) % 89 + 1}" for i in range(400)))
     result = CliRunner().invoke(cli, ["convert", str(src), str(tmp_path / "out"), "--form", "parallel",
@@ -116,7 +105,7 @@ def test_convert_writes_the_model_its_card_and_the_given_tokenizer(tmp_path):
 
 
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(tmp_path):
-    tok = tokenizer_file(tmp_path / "tokenizer.json", 200)
+    tok = word_tokenizer(tmp_path / "tokenizer.json", 200)
     result = CliRunner().invoke(cli, ["convert", str(FIXTURES / "ttt-mlp"), str(tmp_path / "out"), "--no-report",
                                       "--tokenizer", str(tok)])
     assert result.exit_code == 1 and "200 tokens" in result.output and "96" in result.output
