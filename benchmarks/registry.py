@@ -32,7 +32,7 @@ class Benchmark:
 # models of a preset for the GPU model tables: random weights, the parallel form, its int12 state and int4 weights
 _MODELS_125M = ("edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
                 " && edgettt quantize {tmp}/P {tmp}/P-int12 --weights float --state int12"
-                " && edgettt quantize {tmp}/P {tmp}/P-int4 --weights int4-rtn-g64")
+                " && edgettt quantize {tmp}/P {tmp}/P-int4 --weights int4-rtn-g64 --lm-head float")
 
 
 def _model_speed(preset: str, batch: int) -> str:
@@ -60,7 +60,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
     ("speed_125m", "cpu",
      "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
      " && edgettt export {tmp}/P {tmp}/float --no-verify && edgettt quantize {tmp}/P {tmp}/Q --weights int4-rtn-g64"
-     " --quantize-lm-head && edgettt export {tmp}/Q {tmp}/int4 --no-verify"
+     " --lm-head same && edgettt export {tmp}/Q {tmp}/int4 --no-verify"
      " && edgettt bench {tmp}/float {tmp}/int4 --pp 512 --tg 128 --depth 0,4096 -r 3 --json {json} --markdown {md}",
      "125m exports in ONNX Runtime on this CPU: int4 against float"),
     ("onnx_cpu", "cpu", "python benchmarks/bench_onnx_cpu.py --json {json}",

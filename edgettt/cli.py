@@ -531,14 +531,17 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
                    "scales (needs --calib); int8-tensor: 8 bits, one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
-              help="Also leave layers whose name matches PATTERN in float (repeatable; added to lm_head, which "
-                   "stays float unless --quantize-lm-head).")
-@click.option("--quantize-lm-head", is_flag=True, help="Quantize lm_head too (it is skipped by default).")
+              help="Also leave layers whose name matches PATTERN in float (repeatable).")
+@click.option("--lm-head", "head", type=RegistryChoice(_names("config", "HEAD_FORMATS")), default=None,
+              help="lm_head's format (a tied embedding reads its rows): float, int8, or same as --weights "
+                   "[default: int8 beside 4-bit --weights (int4, nf4, fp4), else float].")
+@click.option("--quantize-lm-head", is_flag=True, hidden=True, help="Old spelling of --lm-head same.")
 @click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
                    "the group); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def quantize(model_path, out, weights, group_size, method, state, calib, skip, quantize_lm_head, fallback, force):
+def quantize(model_path, out, weights, group_size, method, state, calib, skip, head, quantize_lm_head, fallback,
+             force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     import torch
 
@@ -547,15 +550,23 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, q
     from .outputs import Output
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
-    from .quant.config import QuantConfig, weight_variant
+    from .quant.config import QuantConfig, default_head_format, weight_variant
 
     fmt, chosen_method, group = weight_variant(weights)
     if method or group_size:  # the old spelling: --weights int4 --method gptq --group-size 32
         chosen_method, group = method or chosen_method, int(group_size or group)
-        click.echo(f"note: --method and --group-size are now part of --weights (e.g. int4-gptq-g32)", err=True)
+        click.echo("note: --method and --group-size are now part of --weights (e.g. int4-gptq-g32)", err=True)
+    if quantize_lm_head:
+        click.echo("note: --quantize-lm-head is now --lm-head same", err=True)
+        head = head or "same"
+    head = head or default_head_format(fmt)
+    if head == "int8" and fmt == "none":
+        raise EdgetttError("--lm-head int8 quantizes lm_head beside quantized weights; give --weights too, or "
+                           "--lm-head float")
     out = Output.plan(out, "model", force, inputs=[model_input(model_path), calib])
     config = QuantConfig(weights=fmt, group_size=group, method=chosen_method, state=state,
-                         skip=skip_patterns(skip, quantize_lm_head), fallback=fallback)
+                         skip=skip_patterns(skip, quantize_lm_head=head != "float"), fallback=fallback,
+                         overrides={"lm_head": head} if head not in ("float", "same", fmt) else {})
     if config.needs_calibration() and not calib:
         raise EdgetttError(f"--weights {config.variant} --state {state} needs a calibration: run `edgettt calibrate` "
                            "and pass --calib")
@@ -952,7 +963,7 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
 
     Both graphs share one OUT/weights.bin. int4 and int8 weights become com.microsoft.MatMulNBits
     (4 and 8 bits) and nf4/fp4 com.microsoft.MatMulBnb4 over the model's own bytes; a tied embedding
-    whose lm_head is quantized (--quantize-lm-head) gathers its rows from the same bytes
+    whose lm_head is quantized (--lm-head) gathers its rows from the same bytes
     (GatherBlockQuantized); an int8 state crosses the graphs as int8 (QuantizeLinear/DequantizeLinear
     with the calibrated scales). By default both graphs run in onnxruntime on --verify-data and must
     match torch (float weights: within 10x torch's own fp32 rounding; an int8 state: KLD <= 1e-4; int8

@@ -48,11 +48,13 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
                                          "--state", "int8"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
     "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
-    "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--quantize-lm-head"), (),
+    "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
-    "linear-int8-head": ("linear", ("--weights", "int8", "--quantize-lm-head"), (),
+    "linear-int8-head": ("linear", ("--weights", "int8", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), (), {"MatMulNBits"}),
+    # the 4-bit default: int4 layers, an int8 lm_head whose rows the embedding gathers
+    "linear-int4-default-head": ("linear", ("--weights", "int4-rtn-g32"), (), {"MatMulNBits", "GatherBlockQuantized"}),
     "mlp-nf4": ("mlp", ("--weights", "nf4-b32"), (), {"MatMulBnb4"}),
     "linear-fp4-int8-tensor-state": ("linear", ("--weights", "fp4-b32", "--state", "int8-tensor"),
                                      (), {"MatMulBnb4", "DequantizeLinear"}),
@@ -99,16 +101,21 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     check = manifest["verification"]
     assert check["passed"], check["summary"]
     # int8 activations: MatMulNBits' accuracy level 4, on by default for int4 / int8 / LLM.int8 layers
+    # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
     assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int4-head",
-                                                          "linear-int8-head", "linear-bnb-int8") else "float")
+                                                          "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
+                                                          "linear-fp4-int8-tensor-state", "linear-int4-default-head")
+                                       else "float")
     levels = {a.i for n in onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph.node
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
     assert levels <= ({4} if manifest["activations"] == "int8" else {0})
     # int8 activations in a prefill: DynamicQuantizeMatMul for the stacked q/k/v and gate/up of int4 / int8 layers
-    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head")
+    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head", "linear-int4-default-head")
     assert ("DynamicQuantizeMatMul" in op_types(directory / "prefill.onnx")) == int8_rows
     assert "DynamicQuantizeMatMul" not in op_types(directory / "decode.onnx")
-    assert ("prefill" in manifest["int8_activation_graphs"]) == (int8_rows or name == "linear-bnb-int8")
+    # the prefill graph's int8 layers (LLM.int8, an int8 lm_head beside 4-bit weights) take int8 activations too
+    assert ("prefill" in manifest["int8_activation_graphs"]) == (
+        int8_rows or name in ("linear-bnb-int8", "mlp-nf4", "linear-fp4-int8-tensor-state"))
     kld_limit = 5e-3 if manifest["activations"] == "int8" else 1e-4
     if manifest["source"]["quantization"]:
         assert check["prefill_vs_torch"]["kld_mean"] <= kld_limit and check["decode_vs_prefill"]["kld_mean"] <= kld_limit
@@ -142,9 +149,11 @@ def test_int4_weights_are_the_models_own_bytes(exported):
     model = edgettt.load(model_dir)
     graph = onnx.load(str(directory / "decode.onnx")).graph
     inits = {i.name: onnx.numpy_helper.to_array(i) for i in graph.initializer}
-    mm = [n for n in graph.node if n.op_type == "MatMulNBits"]
-    # the projections of one input (q/k/v, gate/up) are one node over their stacked rows
-    stacked, alone = [], {n: m for n, m in model.named_modules() if type(m).__name__ == "QuantLinear"}
+    mm = [n for n in graph.node if n.op_type == "MatMulNBits" and {a.name: a.i for a in n.attribute}["bits"] == 4]
+    # the projections of one input (q/k/v, gate/up) are one node over their stacked rows (the int8 lm_head
+    # is MatMulNBits' 8-bit layout, not its bytes)
+    stacked, alone = [], {n: m for n, m in model.named_modules()
+                          if type(m).__name__ == "QuantLinear" and m.format.name == "int4"}
     for name, module in model.named_modules():
         if isinstance(module, FusableInputs):
             names = [f"{name}.{p}" for p in module.input_projection_names()]
@@ -381,3 +390,15 @@ def test_info_takes_an_export(exported):
     assert facts["export"] and facts["form"] == "parallel" and facts["weights_bytes"] == on_disk
     assert facts["decode_state_bytes_per_sequence"] > 0
     assert "an export of" in run("info", directory).output
+
+
+@pytest.mark.parametrize("activations, fix", [("int8", "--activations float"), ("float", "--no-verify")])
+def test_a_failed_verification_names_what_to_do(root, tmp_path, monkeypatch, activations, fix):
+    """A verification that fails leaves nothing behind and says what to do: with int8 activations, export
+    with float ones."""
+    assert run("quantize", root / "linear", tmp_path / "q", "--weights", "int4-rtn-g32").exit_code == 0
+    failed = {"passed": False, "summary": "prefill vs torch: KLD 1e-01", "rule": "KLD mean <= 0.005"}
+    monkeypatch.setattr("edgettt.onnx.verify", lambda *args, **kwargs: failed)
+    result = run("export", tmp_path / "q", tmp_path / "x", "--activations", activations)
+    assert result.exit_code == 1 and fix in result.output and "nothing written" in result.output
+    assert not (tmp_path / "x").exists()

@@ -45,7 +45,10 @@ def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args)
     assert ("note: --method and --group-size are now part of --weights" in result.output) == ("--method" in args)
     model = edgettt.load(out)
     assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
-    assert not isinstance(model.lm_head, QuantLinear)  # skipped by default
+    four_bit = args[1].startswith(("int4", "nf4", "fp4"))  # lm_head int8 beside 4-bit weights, else float
+    assert isinstance(model.lm_head, QuantLinear) == four_bit
+    if four_bit:
+        assert model.lm_head.format.name == "int8"
     ids = torch.randint(0, 256, (1, 40))
     with torch.no_grad():
         a = model(ids)
@@ -173,7 +176,30 @@ def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_p
     lines = {line.split()[0]: line for line in result.output.splitlines() if line.startswith("  model.")}
     assert "int8" in lines["model.layers.0.mlp.down_proj"] and "(fallback)" in lines["model.layers.0.mlp.down_proj"]
     assert "int4" in lines["model.layers.0.mlp.up_proj"]
-    assert not any("o_proj" in name or "lm_head" in name for name in lines)  # skipped: lm_head and o_proj
+    assert not any("o_proj" in name for name in lines)  # skipped
+    head = next(line for line in result.output.splitlines() if line.startswith("  lm_head"))
+    assert "int8" in head and "(fallback)" not in head  # asked (the 4-bit default), not a fallback
     config = json.loads((tmp_path / "o" / "config.json").read_text())["quantization"]
-    assert config["skip"] == ["lm_head", "o_proj"] and config["overrides"]["model.layers.0.mlp.down_proj"] == "int8"
+    assert config["skip"] == ["o_proj"] and config["overrides"]["model.layers.0.mlp.down_proj"] == "int8"
+    assert config["overrides"]["lm_head"] == "int8"
     assert "cannot be int4" in result.output
+
+
+@pytest.mark.parametrize("args, head", [(("--weights", "int4-rtn-g32"), "int8"),
+                                        (("--weights", "int4-rtn-g32", "--lm-head", "float"), None),
+                                        (("--weights", "int4-rtn-g32", "--lm-head", "same"), "int4"),
+                                        (("--weights", "int4-rtn-g32", "--quantize-lm-head"), "int4"),  # old spelling
+                                        (("--weights", "int8"), None),
+                                        (("--weights", "int8", "--lm-head", "int8"), "int8"),
+                                        (("--weights", "nf4-b32"), "int8")])
+def test_lm_head_is_int8_beside_4_bit_weights_unless_asked(setup, tmp_path, args, head):
+    result = run("quantize", setup / "la", tmp_path / "q", *args)
+    assert result.exit_code == 0, result.output
+    assert ("note: --quantize-lm-head is now --lm-head same" in result.output) == ("--quantize-lm-head" in args)
+    model = edgettt.load(tmp_path / "q")
+    assert (model.lm_head.format.name if isinstance(model.lm_head, QuantLinear) else None) == head
+
+
+def test_an_int8_lm_head_needs_quantized_weights(setup, tmp_path):
+    result = run("quantize", setup / "la", tmp_path / "q", "--weights", "float", "--lm-head", "int8")
+    assert result.exit_code == 1 and "--lm-head int8" in result.output and not (tmp_path / "q").exists()

@@ -363,6 +363,10 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
             data["verification"] = verify(model, tmp, verify_text)
             write_manifest(tmp, data)
             if not data["verification"]["passed"]:
-                raise EdgetttError(f"{out.path}: onnxruntime disagrees with torch ({data['verification']['summary']}); "
-                                   "nothing written")
+                fix = ("export with --activations float (activations='float'): int8 activations move this model's "
+                       "logits further than the check allows" if data["activations"] == "int8" else
+                       "the graphs compute something other than the model; report it (--no-verify writes them "
+                       "unchecked)")
+                raise EdgetttError(f"{out.path}: onnxruntime disagrees with torch ({data['verification']['summary']}; "
+                                   f"{data['verification']['rule']}); nothing written; {fix}")
     return data

@@ -27,14 +27,17 @@ def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str
 
 
 def layer_formats(model: nn.Module, config: QuantConfig) -> dict[str, str]:
-    """The format each quantizable layer gets: `config.weights` where it fits, else `config.fallback`
-    ("float": left as it is). With fallback "refuse", a one-line error listing every layer that does
+    """The format each quantizable layer gets: the one `config.overrides` asks for it, else `config.weights`
+    where it fits, else `config.fallback` ("float": left as it is). With fallback "refuse", a one-line error listing every layer that does
     not fit. Decided before any layer is quantized; empty for weights "none"."""
     if config.weights == "none":
         return {}
     formats, misfits = {}, []
     for name, linear in quantizable_linears(model, config):
-        if config.fits(linear.in_features):
+        asked = config.overrides.get(name)
+        if asked is not None and (asked == "float" or weight_format(asked).fits(linear.in_features, config.group_size)):
+            formats[name] = asked
+        elif config.fits(linear.in_features):
             formats[name] = config.weights
         else:
             misfits.append(f"{name} (K={linear.in_features})")
@@ -52,8 +55,10 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
-def _quantize_layer(name: str, linear: nn.Linear, fmt: str, config: QuantConfig, hessian) -> QuantLinear:
-    method = config.method if config.method in weight_format(fmt).methods else "rtn"  # a fallback's own grid
+def _quantize_layer(name: str, linear: nn.Linear, fmt: str, config: QuantConfig, hessian,
+                    asked: bool = False) -> QuantLinear:
+    # a fallback's own grid, and a format asked for the layer by name (lm_head's int8), round to nearest
+    method = config.method if config.method in weight_format(fmt).methods and not asked else "rtn"
     if method == "gptq" and hessian is None:
         raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
     w = linear.weight.detach().float().cpu()
@@ -67,17 +72,19 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
     """The weights-only step: replace the model's linear layers by QuantLinear in place. `report(row)`
     sees one dict per layer (name, shape, format, fallback, bytes before and after). Returns those rows."""
     formats = layer_formats(model, config)
+    asked = set(config.overrides)
     config.overrides = {name: fmt for name, fmt in formats.items() if fmt != config.weights}
     rows = []
     for name, linear in quantizable_linears(model, config) if formats else []:
         before = linear.weight.numel() * linear.weight.element_size()
         after = before
         if formats[name] != "float":
-            q = _quantize_layer(name, linear, formats[name], config, (hessians or {}).get(name))
+            q = _quantize_layer(name, linear, formats[name], config, (hessians or {}).get(name), name in asked)
             set_module(model, name, q.to(linear.weight.device))
             after = q.nbytes()
         row = {"name": name, "shape": list(linear.weight.shape), "format": formats[name],
-               "fallback": formats[name] != config.weights, "bytes_before": before, "bytes_after": after}
+               "fallback": formats[name] != config.weights and name not in asked, "bytes_before": before,
+               "bytes_after": after}
         rows.append(row)
         if report:
             report(row)
@@ -118,7 +125,8 @@ def check_calibration_covers(cal, model: nn.Module, config: QuantConfig, source:
     if state_format(config.state).needs_calibration and not cal.state_scales:
         raise EdgetttError(f"{source}: has no state scales for the {config.state} state; make it with `edgettt calibrate`")
     if config.method == "gptq":
-        missing = [name for name, _ in quantizable_linears(model, config) if name not in cal.hessians]
+        missing = [name for name, _ in quantizable_linears(model, config)
+                   if name not in cal.hessians and name not in config.overrides]  # (asked formats round to nearest)
         if missing:
             raise EdgetttError(f"{source}: no input statistics for {', '.join(missing[:3])}; GPTQ needs them, make the "
                                "file with `edgettt calibrate` on this model")

@@ -10,6 +10,10 @@ from .weight_formats import METHODS, WEIGHT_FORMATS, weight_format
 
 DEFAULT_SKIP = ("lm_head",)  # always kept in float unless asked otherwise; --skip adds to it
 GROUP_SIZES = (32, 64, 128)
+# lm_head (and a tied embedding, which reads its rows) beside 4-bit weights: 8 bits unless asked otherwise, as
+# llama.cpp's Q4_K_M keeps its output and embedding tensors above the 4 bits of the rest
+FOUR_BIT_FORMATS = ("int4", "nf4", "fp4")
+HEAD_FORMATS = ("float", "int8", "same")  # same: the format of the other layers
 FALLBACKS = ("int8", "float", "refuse")  # for a layer the asked format cannot take (llama.cpp's fallback types)
 
 
@@ -21,7 +25,8 @@ class QuantConfig:
     state: str = "fp32"  # a name in STATE_FORMATS: fp32, fp16, int12, int8, int8-tensor
     skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
     fallback: str = "int8"  # the format of a layer `weights` cannot take (int4/nf4/fp4: K not a multiple of the group)
-    overrides: dict = dataclasses.field(default_factory=dict)  # layer -> format it got instead (filled by quantize_)
+    # layer -> format it gets instead of `weights`: asked (lm_head's int8), or a fallback (filled by quantize_)
+    overrides: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
         self.state = RENAMED.get(self.state, self.state)  # an old name (int8-calibrated) as today's
@@ -70,6 +75,11 @@ class QuantConfig:
         except (EdgetttError, TypeError) as exc:
             raise EdgetttError(f"{source}: quantization is malformed ({str(exc).split(':')[0]}: "
                                f"{raw}); quantize the model again") from None
+
+
+def default_head_format(weights: str) -> str:
+    """lm_head's format when none is asked: int8 beside 4-bit weights, else float."""
+    return "int8" if weights in FOUR_BIT_FORMATS else "float"
 
 
 def weight_variants() -> dict[str, tuple[str, str, int]]:
