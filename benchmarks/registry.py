@@ -63,6 +63,13 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --lm-head same && edgettt export {tmp}/Q {tmp}/int4 --no-verify"
      " && edgettt bench {tmp}/float {tmp}/int4 --pp 512 --tg 128 --depth 0,4096 -r 3 --json {json} --markdown {md}",
      "125m exports in ONNX Runtime on this CPU: int4 against float"),
+    ("int4_default_125m_cpu", "cpu",
+     "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
+     " && edgettt export {tmp}/P {tmp}/float --no-verify && edgettt quantize {tmp}/P {tmp}/Q --weights int4"
+     " && edgettt export {tmp}/Q {tmp}/int4 && edgettt bench {tmp}/float {tmp}/int4 --pp 512 --tg 128 -r 5"
+     " --json {json} --markdown {md}",
+     "the default int4 of the 125m preset (`quantize --weights int4`, then an export that passes its verification) "
+     "against the float export in ONNX Runtime on this CPU: bytes, and tokens/s in turns"),
     ("onnx_cpu", "cpu", "python benchmarks/bench_onnx_cpu.py --json {json}",
      "ttt-linear-tiny-parallel's exports (float, int8, int4, nf4) in ONNX Runtime, in alternation"),
     ("train_step_cpu", "cpu", "python benchmarks/bench_train_step.py --repeats 7 --json {json}",
