@@ -63,6 +63,10 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --lm-head same && edgettt export {tmp}/Q {tmp}/int4 --no-verify"
      " && edgettt bench {tmp}/float {tmp}/int4 --pp 512 --tg 128 --depth 0,4096 -r 3 --json {json} --markdown {md}",
      "125m exports in ONNX Runtime on this CPU: int4 against float"),
+    ("convert_memory_125m_cpu", "cpu",
+     "edgettt create {tmp}/M --preset 125m && python benchmarks/convert_memory.py {tmp}/M --forms parallel --report"
+     " --json {json}",
+     "peak memory of converting the 125m preset, without and with the drift report `convert` prints"),
     ("int4_default_125m_cpu", "cpu",
      "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
      " && edgettt export {tmp}/P {tmp}/float --no-verify && edgettt quantize {tmp}/P {tmp}/Q --weights int4"
@@ -80,7 +84,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "distillation at mixed lengths, bits per byte at each length before and after (report: mixed_distill_gpu.md)"),
     ("jax_convert_memory_1b_cpu", "cpu",
      "PYTHONPATH=$TTT_LM_JAX $JAX_PYTHON tests/jax_fixtures/make_jax_fixtures.py --full-size 1b-TTT {tmp}/ckpt"
-     " && python benchmarks/jax_convert_memory.py {tmp}/ckpt --json {json}",
+     " && python benchmarks/convert_memory.py {tmp}/ckpt --json {json}",
      "peak memory of converting a ttt-lm-jax checkpoint of the 1.3b shape (random weights saved by the JAX code; "
      "TTT_LM_JAX: its checkout, JAX_PYTHON: a Python with its pinned JAX and flax)"),
     # ---- kernels

@@ -365,7 +365,8 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     original = load(src) if measured else load(src, dtype="stored")
     if tokenizer is not None:
         original.tokenizer = tokenizer.check_fits(original.config.vocab_size)
-    converted = convert_model(original, form, decay, copy=measured)
+    # only a distillation changes the converted model's weights: else it may share the original's memory
+    converted = convert_model(original, form, decay, copy=distill)
     report = {}
     if not no_report:
         started = time.perf_counter()

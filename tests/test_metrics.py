@@ -35,3 +35,22 @@ def test_logit_error():
     ref = torch.tensor([3.0, 4.0])
     out = metrics.logit_error(ref, torch.tensor([3.0, 4.5]))
     assert out["max_abs_error"] == pytest.approx(0.5) and out["rel_error"] == pytest.approx(0.1)
+
+
+def test_statistics_a_batch_at_a_time_equal_the_whole():
+    """`token_stats` of batches of windows and spans of positions, put together, give what the whole logits
+    give: the conversion report measures that way in the memory of one batch."""
+    torch.manual_seed(0)
+    ref, new = torch.randn(5, 12, 40) * 3, torch.randn(5, 12, 40) * 3
+    targets = torch.randint(0, 40, (5, 12))
+    whole = metrics.drift(ref, new, targets, n_bytes=100)
+    parts = []
+    for i in range(0, 5, 2):
+        pieces = [metrics.token_stats(ref[i:i + 2, j:j + 5], new[i:i + 2, j:j + 5], targets[i:i + 2, j:j + 5])
+                  for j in range(0, 12, 5)]
+        parts.append({key: torch.cat([p[key] for p in pieces], dim=1) for key in pieces[0]})
+    stats = metrics.concat_stats(parts)
+    assert metrics.drift_of(stats, n_bytes=100) == whole
+    error = metrics.logit_error_of(stats)
+    assert error["max_abs_error"] == metrics.logit_error(ref, new)["max_abs_error"]
+    assert error["rel_error"] == pytest.approx(metrics.logit_error(ref, new)["rel_error"], rel=1e-12)

@@ -17,7 +17,7 @@ It is not run by the tests (they need no JAX); its outputs are committed.
     ... make_jax_fixtures.py --full-size 1b-TTT OUT
 
 writes instead a checkpoint of a published size (a name of the JAX code's CONFIGS; random weights,
-saved by the same checkpointer in its default bfloat16): what `benchmarks/jax_convert_memory.py`
+saved by the same checkpointer in its default bfloat16): what `benchmarks/convert_memory.py`
 converts to measure the peak memory of a conversion at full size.
 """
 
