@@ -476,6 +476,18 @@ def format_conversion_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def stored_facts(facts: dict, model_path) -> dict:
+    """A model's facts (`evaluation.model_facts`) with its size as its directory's files store it."""
+    from .checkpoint import resolve_model_path
+    from .weights_io import stored_bytes
+
+    directory = resolve_model_path(model_path)
+    n_bytes = stored_bytes(directory) if directory.is_dir() and (directory / "config.json").exists() else None
+    if n_bytes is None or not facts.get("parameters"):
+        return facts
+    return {**facts, "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / facts["parameters"]}
+
+
 @cli.command()
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
@@ -718,6 +730,10 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
     for length in ctx:
         warn_beyond_distillation(model_path, distilled, length)
         report, logits, windows = evaluate(model, str(model_path), text, length, max_tokens, ref, ref_path, ref_logits)
+        if not export:  # sizes as the files store them, as info gives them (an export's are its files' already)
+            report["model"] = stored_facts(report["model"], model_path)
+        if ref_path:
+            report["ref_model"] = stored_facts(report["ref_model"], ref_path)
         reports.append(report)
     if logits_out:
         save_reference(logits_out, logits, windows, report)

@@ -394,3 +394,14 @@ def test_a_large_drift_says_what_to_do():
     # 300 steps x 32 windows x 256 tokens x 4 forwards at 8 s / (2 x 16 x 256) tokens
     assert "an estimated 160 min" in note
     assert drift_note({**report, "ppl_ratio": 1.03}, 8.0) is None and drift_note({"form": "exact"}, 8.0) is None
+
+
+def test_eval_and_info_give_one_size_as_stored(tmp_path):
+    """A bfloat16 file: eval and info both count its bytes on disk, not the float32 it computes in."""
+    facts = json.loads(run("info", "ttt-linear-tiny", "--json").output)
+    result = run("eval", "ttt-linear-tiny", "--data", "python-docs-sample", "--ctx", "64", "--max-tokens", "256",
+                 "--json", tmp_path / "e.json")
+    assert result.exit_code == 0, result.output
+    model = json.loads((tmp_path / "e.json").read_text())["model"]
+    assert round(model["size_mb"] * 1e6) == facts["weights_bytes"]
+    assert model["bits_per_weight"] == pytest.approx(facts["bits_per_weight"])
