@@ -476,16 +476,18 @@ def format_conversion_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def stored_facts(facts: dict, model_path) -> dict:
-    """A model's facts (`evaluation.model_facts`) with its size as its directory's files store it."""
+def stored_size(model_path, weights: int) -> dict:
+    """`size_mb` and `bits_per_weight` of `weights` as a model directory's files store them (a bfloat16 file:
+    half the float32 it computes in); empty where no model directory's headers say (a ttt-lm-jax file, a
+    tensor type edgettt does not know). What info, quantize and eval give as a model's size."""
     from .checkpoint import resolve_model_path
     from .weights_io import stored_bytes
 
     directory = resolve_model_path(model_path)
-    n_bytes = stored_bytes(directory) if directory.is_dir() and (directory / "config.json").exists() else None
-    if n_bytes is None or not facts.get("parameters"):
-        return facts
-    return {**facts, "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / facts["parameters"]}
+    n_bytes = stored_bytes(directory) if (directory / "config.json").is_file() else None
+    if n_bytes is None or not weights:
+        return {}
+    return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / weights}
 
 
 @cli.command()
@@ -559,7 +561,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, h
     import torch
 
     from . import load
-    from .checkpoint import resolve_model_path, save_model
+    from .checkpoint import save_model
     from .outputs import Output
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
@@ -601,20 +603,11 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, h
     keep = model.stored_dtype if config.weights == "none" and model.stored_dtype in (torch.bfloat16, torch.float16) \
         else None
     save_model(model, out, store=keep)
-    before, after = on_disk(before, resolve_model_path(model_path)), on_disk(weight_bits(model), out.path)
+    after = weight_bits(model)
+    before, after = {**before, **stored_size(model_path, before["weights"])}, \
+        {**after, **stored_size(out.path, after["weights"])}
     click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
                f"{after['bits_per_weight']:.2f} bits per weight ({config.variant}); state {state}")
-
-
-def on_disk(bits: dict, directory: Path) -> dict:
-    """`weight_bits` with the size as the directory's files store it (a bfloat16 file: half the float32 the
-    model computes in), when its headers say."""
-    from .weights_io import stored_bytes
-
-    n_bytes = stored_bytes(directory) if directory.is_dir() else None
-    if n_bytes is None:
-        return bits
-    return {**bits, "size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / bits["weights"]}
 
 
 @cli.command()
@@ -709,8 +702,9 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
     numbers are the deployed files' own; e.g. `edgettt eval EXPORT --ref MODEL`."""
     from . import load
     from .data import read_text
-    from .evaluation import ExportLogits, evaluate, is_export, save_reference
+    from .evaluation import ExportLogits, evaluate, save_reference
     from .outputs import plan_outputs
+    from .runner import is_export
 
     if ref_path and ref_logits:
         raise EdgetttError("--ref and --ref-logits: give one reference, not both")
@@ -731,9 +725,9 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
         warn_beyond_distillation(model_path, distilled, length)
         report, logits, windows = evaluate(model, str(model_path), text, length, max_tokens, ref, ref_path, ref_logits)
         if not export:  # sizes as the files store them, as info gives them (an export's are its files' already)
-            report["model"] = stored_facts(report["model"], model_path)
+            report["model"].update(stored_size(model_path, report["model"]["parameters"]))
         if ref_path:
-            report["ref_model"] = stored_facts(report["ref_model"], ref_path)
+            report["ref_model"].update(stored_size(ref_path, report["ref_model"]["parameters"]))
         reports.append(report)
     if logits_out:
         save_reference(logits_out, logits, windows, report)
@@ -813,9 +807,8 @@ def info(model_path, as_json):
     distilled at, a decayed form's gammas, and the layers that never commit (they remember nothing past a
     mini-batch)."""
     from . import load
-    from .checkpoint import resolve_model_path
-    from .evaluation import is_export, model_facts
-    from .weights_io import stored_bytes
+    from .evaluation import model_facts
+    from .runner import is_export
 
     if is_export(model_path):
         return export_info(Path(model_path), as_json)
@@ -823,9 +816,7 @@ def info(model_path, as_json):
     c = model.config
     state = model.init_state(1)
     size = model_facts(model, str(model_path))
-    on_disk = stored_bytes(resolve_model_path(model_path))  # a bf16 file: half the float32 it computes in
-    if on_disk is not None:
-        size.update(size_mb=on_disk / 1e6, bits_per_weight=8 * on_disk / size["parameters"])
+    size.update(stored_size(model_path, size["parameters"]))
     facts = {
         "path": str(model_path),
         "family": c.family,
@@ -870,11 +861,11 @@ def export_info(directory: Path, as_json: bool) -> None:
     """`info` of an export: what its manifest says of the model, and its files' bytes on disk."""
     import numpy as np
 
-    from .runner import load_manifest
+    from .runner import export_files, load_manifest
 
     m = load_manifest(directory)
     source = m.get("source", {})
-    files = {f.name: f.stat().st_size for f in sorted(directory.iterdir()) if f.suffix in (".onnx", ".bin")}
+    files = export_files(directory)
     state_bytes = sum(math.prod(s["shape"]) * np.dtype(s["dtype"]).itemsize for s in m["state"])
     facts = {"path": str(directory), "export": True, "family": source.get("family"), "form": source.get("form"),
              "model": source.get("model"), "vocab_size": m["vocab_size"], "parameters": source.get("weights"),

@@ -18,7 +18,7 @@ from .model import CausalLM
 from .outputs import as_output
 from .progress import bar
 from .quant.apply import weight_bits
-from .runner import Runner
+from .runner import Runner, export_files
 
 
 def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
@@ -86,7 +86,7 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
         span = max(1, STATS_LOGITS // (targets.shape[0] * V))  # positions a statistics step takes
         pieces = [metrics.token_stats(ref[:, j:j + span], new[:, j:j + span], targets[:, j:j + span])
                   for j in range(0, T, span)]
-        parts.append({key: torch.cat([p[key] for p in pieces], dim=1) for key in pieces[0]})
+        parts.append(metrics.concat_stats(pieces, dim=1))
         del ref, new, pieces
         release_freed_memory()
     stats = metrics.concat_stats(parts)
@@ -123,17 +123,12 @@ class ExportLogits:
 
     def facts(self, name: str) -> dict:
         """What `model_facts` says of a model, for the export: its size is its files' bytes on disk."""
-        on_disk = sum(f.stat().st_size for f in self.directory.iterdir() if f.suffix in (".onnx", ".bin"))
+        on_disk = sum(export_files(self.directory).values())
         weights = self.source.get("weights")
         return {"name": name, "family": self.source.get("family"), "form": self.source.get("form"),
                 "runtime": "onnxruntime", "parameters": weights, "size_mb": on_disk / 1e6,
                 "bits_per_weight": 8 * on_disk / weights if weights else None,
                 "quantization": self.source.get("quantization")}
-
-
-def is_export(path) -> bool:
-    """Whether `path` is an export's folder (its manifest.json), not a model's."""
-    return (Path(path) / "manifest.json").is_file() and not (Path(path) / "config.json").exists()
 
 
 def model_facts(model, name: str) -> dict:

@@ -47,8 +47,9 @@ def token_stats(ref_logits: torch.Tensor, logits: torch.Tensor, targets: torch.T
     }
 
 
-def concat_stats(parts: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    return {key: torch.cat([p[key] for p in parts]) for key in parts[0]}
+def concat_stats(parts: list[dict[str, torch.Tensor]], dim: int = 0) -> dict[str, torch.Tensor]:
+    """`token_stats` of consecutive batches of windows (dim 0) or spans of positions (dim 1) as one."""
+    return {key: torch.cat([p[key] for p in parts], dim=dim) for key in parts[0]}
 
 
 def _perplexity_of(losses: torch.Tensor, n_bytes: int | None) -> dict:

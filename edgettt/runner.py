@@ -27,6 +27,16 @@ ROLES = ("input_ids", "logits", "logits_from", "position", "inner_position", "st
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(float16)": "float16"}
 
 
+def is_export(path) -> bool:
+    """Whether `path` is an export's folder (it has a manifest.json)."""
+    return (Path(path) / "manifest.json").is_file()
+
+
+def export_files(directory: Path) -> dict[str, int]:
+    """An export's graphs and weights file, by name, with their bytes on disk: what it weighs."""
+    return {f.name: f.stat().st_size for f in sorted(Path(directory).iterdir()) if f.suffix in (".onnx", ".bin")}
+
+
 def load_manifest(directory: Path) -> dict:
     """manifest.json of an export, checked against its schema (every key the runner reads)."""
     file = directory / "manifest.json"

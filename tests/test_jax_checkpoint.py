@@ -142,3 +142,11 @@ def test_an_array_in_flax_chunks_reads_as_one(tmp_path):
     (tmp_path / "streaming_params").write_bytes(b"".join(records))
     tokens, expected = reference("ttt-linear")
     assert max_relative(logits_of(edgettt.load(tmp_path), tokens), expected) < 1e-5
+
+
+def test_info_takes_a_jax_checkpoint():
+    """info of a checkpoint file: the model it holds (no model directory's headers to count its bytes by)."""
+    result = CliRunner().invoke(cli, ["info", str(FIXTURES / "ttt-mlp"), "--json"])
+    assert result.exit_code == 0, result.output
+    facts = json.loads(result.output)
+    assert facts["family"] == "ttt-mlp" and facts["parameters"] > 0

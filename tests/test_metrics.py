@@ -48,7 +48,7 @@ def test_statistics_a_batch_at_a_time_equal_the_whole():
     for i in range(0, 5, 2):
         pieces = [metrics.token_stats(ref[i:i + 2, j:j + 5], new[i:i + 2, j:j + 5], targets[i:i + 2, j:j + 5])
                   for j in range(0, 12, 5)]
-        parts.append({key: torch.cat([p[key] for p in pieces], dim=1) for key in pieces[0]})
+        parts.append(metrics.concat_stats(pieces, dim=1))
     stats = metrics.concat_stats(parts)
     assert metrics.drift_of(stats, n_bytes=100) == whole
     error = metrics.logit_error_of(stats)

@@ -7,6 +7,8 @@ import dataclasses
 import platform
 from pathlib import Path
 
+from ..runner import is_export
+
 LLAMA_PREFIX = "llama:"
 GENAI_CONFIG = "genai_config.json"
 
@@ -47,10 +49,6 @@ class CudaOptions:
     token_kernel: bool = True
     graph_prefill: bool = True
     fused_products: bool = True
-
-
-def is_export(path: str) -> bool:
-    return (Path(path) / "manifest.json").is_file()
 
 
 def is_genai(path: str) -> bool:
