@@ -9,7 +9,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 
 from . import metrics
 from .data import Text, token_windows
@@ -19,6 +18,7 @@ from .outputs import as_output
 from .progress import bar
 from .quant.apply import weight_bits
 from .runner import Runner, export_files
+from .weights_io import save_safetensors
 
 
 def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
@@ -146,7 +146,7 @@ def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: di
     meta = {"edgettt_reference_logits": "1", "text": json.dumps(report["text"]), "model": json.dumps(report["model"]),
             "ctx": str(report["ctx"])}
     with as_output(path, "logits", force).write() as tmp:
-        save_file({"logits": logits.float().contiguous(), "windows": windows.contiguous()}, tmp, metadata=meta)
+        save_safetensors({"logits": logits.float(), "windows": windows}, tmp, metadata=meta)
 
 
 def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:

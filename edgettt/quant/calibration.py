@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 import torch
 from safetensors import SafetensorError, safe_open
-from safetensors.torch import save_file
 from torch import nn
 
 from ..checkpoint import model_fingerprint
@@ -35,6 +34,7 @@ from ..ops.lact.fast_weights import learned
 from ..ops.linear_attention import reference as la
 from ..outputs import as_output
 from ..progress import bar
+from ..weights_io import save_safetensors
 from .state_formats import STATE_CLIP
 
 # position buckets of the int8 state's scales: the count measured best on the shipped models
@@ -97,7 +97,7 @@ class Calibration:
                 "seq_len": str(self.seq_len), "samples": str(self.samples), "seed": str(self.seed),
                 "percentile": str(self.percentile)}
         with as_output(path, "calibration", force).write() as tmp:
-            save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=meta)
+            save_safetensors(tensors, tmp, metadata=meta)
 
     @classmethod
     def load(cls, path) -> "Calibration":
