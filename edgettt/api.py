@@ -155,7 +155,7 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
 
 def save(model: CausalLM, out, force: bool = False, store: torch.dtype | None = None) -> None:
     """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True;
-    `store=torch.bfloat16` keeps the floating matrices in half the bytes (`checkpoint.stored_matrices`)."""
+    `store=torch.bfloat16` keeps the floating matrices in half the bytes (`weights_io.stored_matrices`)."""
     save_model(model, out, force=force, store=store)
 
 

@@ -26,8 +26,8 @@ from .model import CausalLM
 from .outputs import as_output
 from .quant.apply import prepare_quantized
 from .tokenizer import load_tokenizer
-from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, weights_header,
-                         write_weights)
+from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, stored_matrices,
+                         weights_header, write_weights)
 
 SHIPPED_MODELS = Path(__file__).parent / "models"
 
@@ -176,15 +176,6 @@ def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
                            "the checkpoint does not match its config")
 
 
-def stored_matrices(t: torch.Tensor, store: torch.dtype | None) -> torch.Tensor:
-    """t in `store` if it is a floating matrix (2 or more dimensions); vectors and scalars (norms, biases, a
-    decayed form's decay rates) keep their precision: they are few bytes, and a decay rate rounded to bfloat16
-    (steps of 1/256 near 1) would change how fast a state forgets. The loader reads both back as float32."""
-    if store is None or t.dim() < 2 or not t.is_floating_point():
-        return t
-    return t.to(store)
-
-
 def source_card(config) -> str:
     """MODEL_CARD.md of a model whose weights came from elsewhere (`config.extra["source"]`, e.g. a
     ttt-lm-jax checkpoint): where from, what its authors say of them, and what the model is."""
@@ -203,7 +194,7 @@ def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str
     `path` is a path or an `Output` planned before the work (`outputs.Output.plan(..., "model")`);
     `weights_format` "bin" writes a weights-only `pytorch_model.bin`, as older checkpoints have; weights
     above `max_shard_bytes` are written as Hugging Face shards with an index; `store` (torch.bfloat16: half
-    the bytes) is the precision of the floating matrices in the file (`stored_matrices`).
+    the bytes) is the precision of the floating matrices in the file (`weights_io.stored_matrices`).
     """
     with as_output(path, "model", force).write() as tmp:
         (tmp / "config.json").write_text(json.dumps(model.config.to_dict(), indent=2) + "\n")

@@ -341,8 +341,6 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     error of logits against SRC; for the parallel form, the drift: perplexity of both, KL
     divergence and top-1 agreement. With --distill, the drift before and after distillation.
     """
-    import torch
-
     from . import convert as convert_model
     from . import load
     from .checkpoint import save_model
@@ -350,6 +348,7 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     from .evaluation import conversion_report, encode
     from .outputs import Output
     from .tokenizer import JsonTokenizer
+    from .weights_io import saved_float_dtype
 
     if decay is not None and form != "parallel":
         raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
@@ -395,8 +394,7 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
     # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
-    store = original.stored_dtype if original.stored_dtype in (torch.bfloat16, torch.float16) and not distill \
-        else None
+    store = None if distill else saved_float_dtype(original)
     save_model(converted, out, extra_files=extra, store=store)
     if as_json:
         click.echo(json.dumps(report, indent=2))
@@ -558,14 +556,13 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 def quantize(model_path, out, weights, group_size, method, state, calib, skip, head, quantize_lm_head, fallback,
              force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
-    import torch
-
     from . import load
     from .checkpoint import save_model
     from .outputs import Output
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
     from .quant.config import QuantConfig, default_head_format, weight_variant
+    from .weights_io import saved_float_dtype
 
     fmt, chosen_method, group = weight_variant(weights)
     if method or group_size:  # the old spelling: --weights int4 --method gptq --group-size 32
@@ -600,9 +597,7 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, h
         click.echo(f"{misfits} layers cannot be {config.variant} (input size not a multiple of {group}): "
                    f"kept in {fallback} (--fallback)", err=True)
     # float weights keep the file's precision (bfloat16 in, bfloat16 out); a quantized format's scales stay as made
-    keep = model.stored_dtype if config.weights == "none" and model.stored_dtype in (torch.bfloat16, torch.float16) \
-        else None
-    save_model(model, out, store=keep)
+    save_model(model, out, store=saved_float_dtype(model))
     after = weight_bits(model)
     before, after = {**before, **stored_size(model_path, before["weights"])}, \
         {**after, **stored_size(out.path, after["weights"])}

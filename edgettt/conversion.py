@@ -34,8 +34,7 @@ def convert(model: CausalLM, form: str = "exact", decay: float | None = None, co
     for converting a model too large to hold twice)."""
     _check_decay(model, form, decay)
     if model.config.family == "lact" and form in ("exact", "lact", "parallel"):  # "exact" is LaCT's own
-
-        return converted_copy(model, "lact" if form == "exact" else form)
+        return _keeps_precision(model, converted_copy(model, "lact" if form == "exact" else form))
     if form not in ("exact", "parallel"):
         raise EdgetttError(f"form {form!r} is not one of 'exact', 'parallel'")
     source = model.weights()
@@ -54,7 +53,13 @@ def convert(model: CausalLM, form: str = "exact", decay: float | None = None, co
     converted.tie_weights()
     converted.to(param.device)
     converted.tokenizer = model.tokenizer
-    return converted.eval()
+    return _keeps_precision(model, converted.eval())
+
+
+def _keeps_precision(source, converted):
+    """`converted` remembering the precision `source`'s file stored (bfloat16 in, bfloat16 out)."""
+    converted.stored_dtype = getattr(source, "stored_dtype", None)
+    return converted
 
 
 def _check_decay(model: CausalLM, form: str, decay: float | None) -> None:

@@ -237,3 +237,25 @@ def check_weights(model, weights: dict[str, torch.Tensor], path: Path) -> None:
 def _names(names: list[str], limit: int = 6) -> str:
     more = f" and {len(names) - limit} more" if len(names) > limit else ""
     return ", ".join(names[:limit]) + more
+
+
+def stored_dtype_of(t: torch.Tensor, store: torch.dtype | None) -> torch.dtype:
+    """The dtype a file written with `store` holds t in: `store` for a floating matrix (2 or more
+    dimensions); vectors and scalars (norms, biases, a decayed form's decay rates) keep their precision: they
+    are few bytes, and a decay rate rounded to bfloat16 (steps of 1/256 near 1) would change how fast a state
+    forgets. The loader reads both back as float32."""
+    return store if store is not None and t.dim() >= 2 and t.is_floating_point() else t.dtype
+
+
+def stored_matrices(t: torch.Tensor, store: torch.dtype | None) -> torch.Tensor:
+    """t as a file written with `store` holds it (`stored_dtype_of`)."""
+    return t.to(stored_dtype_of(t, store))
+
+
+def saved_float_dtype(model) -> torch.dtype | None:
+    """The precision `save_model` gives a model's floating matrices: the half precision its file had
+    (bfloat16 in, bfloat16 out) while no weight is quantized (a quantized format's scales stay as made);
+    None keeps them as held. Also what its size is counted in (`quant.apply.weight_bits`)."""
+    stored = getattr(model, "stored_dtype", None)
+    quantized = (model.config.quantization or {}).get("weights", "none") != "none"
+    return stored if stored in (torch.bfloat16, torch.float16) and not quantized else None

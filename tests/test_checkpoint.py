@@ -201,3 +201,25 @@ def test_store_keeps_matrices_in_16_bits_and_vectors_in_float32(tmp_path):
         want = original[name].to(torch.bfloat16).float() if original[name].dim() >= 2 else original[name]
         assert p.dtype == torch.float32 and torch.equal(p, want), name
 
+
+
+@pytest.mark.parametrize("name", ["ttt-linear-tiny", "lact-w1-tiny"])
+def test_one_size_as_stored_for_a_model_its_conversion_and_its_report_row(tmp_path, name):
+    """A bfloat16 file's model counts 16 bits a floating matrix wherever a size is given: the report's rows
+    (`model_facts`) as `info` (`stored_size`, the files' bytes), its converted form (which keeps the file's
+    precision when saved) alike; a quantized model counts what its file holds."""
+    from edgettt import convert
+    from edgettt.cli import stored_size
+    from edgettt.evaluation import model_facts
+    from edgettt.quant import QuantConfig, quantize_model
+
+    save_model(load(name), tmp_path / "m", store=torch.bfloat16)
+    model = load(tmp_path / "m")
+    facts = model_facts(model, name)
+    on_disk = stored_size(tmp_path / "m", facts["parameters"])
+    assert facts["size_mb"] == pytest.approx(on_disk["size_mb"], rel=1e-4)
+    assert 16 <= facts["bits_per_weight"] < 17  # bfloat16 matrices, a few float32 vectors
+    parallel = convert(model, "parallel")
+    assert model_facts(parallel, name)["size_mb"] == pytest.approx(facts["size_mb"], rel=1e-4)
+    quantize_model(parallel, QuantConfig(weights="int8", state="fp32"))
+    assert model_facts(parallel, name)["bits_per_weight"] < 12  # int8 codes, float32 scales and vectors

@@ -11,6 +11,7 @@ import torch
 from torch import nn
 
 from ..errors import EdgetttError
+from ..weights_io import stored_dtype_of
 from .config import DEFAULT_SKIP, QuantConfig
 from .linear import QuantLinear, QuantState, TiedEmbedding
 from .state_formats import saved_state_format, state_format
@@ -174,11 +175,12 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
             raise EdgetttError(f"{source}: layer {i}: {exc}") from None
 
 
-def weight_bits(model: nn.Module) -> dict:
-    """Size of the weights as held and bits per weight (a quantized layer counts its N*K weights). Float
-    weights count as held, float32 after loading: a model stored with bfloat16 matrices is half that on disk."""
+def weight_bits(model: nn.Module, store: torch.dtype | None = None) -> dict:
+    """Size of the weights and bits per weight (a quantized layer counts its N*K weights), each tensor in the
+    dtype a file written with `store` holds it in (`weights_io.stored_dtype_of`; `weights_io.saved_float_dtype`
+    gives what a model directory keeps); None counts them as held (float32 after loading)."""
     stored = tuple(f".{name}" for name in stored_tensor_names())
-    n_bytes = sum(t.numel() * t.element_size() for t in model.weights().values())
+    n_bytes = sum(t.numel() * stored_dtype_of(t, store).itemsize for t in model.weights().values())
     n_weights = sum(t.numel() for name, t in model.weights().items()
                     if not name.endswith(stored) and ".state_" not in name)
     n_weights += sum(m.in_features * m.out_features for m in model.modules() if isinstance(m, QuantLinear))
