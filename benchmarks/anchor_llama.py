@@ -1,6 +1,6 @@
 """The anchor users would pick instead of a TTT model: a transformer of the same size (Llama
 architecture, random weights), exported for ONNX Runtime by its own tooling (onnxruntime-genai's
-model builder), so that `edgettt speed` can time it beside edgettt's exports.
+model builder), so that `edgettt bench` can time it beside edgettt's exports.
 
     python benchmarks/anchor_llama.py --preset 125m --out anchors/ --precision fp32,int4
 

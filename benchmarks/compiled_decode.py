@@ -1,5 +1,5 @@
 """Decode tokens/s of a preset-sized TTT-Linear (original, and its parallel form) and the same-size Llama on
-a CUDA GPU, each step replayed as a CUDA graph (`speed.capture_steps`), with the step as written (eager
+a CUDA GPU, each step replayed as a CUDA graph (`benchmark.cuda.capture_steps`), with the step as written (eager
 kernels: edgettt's Triton decode kernel among a dozen torch operations a layer) and under torch.compile
 (inductor fuses the step's operations; edgettt's kernels off inside it, so that the whole step is
 inductor's). Issue 21 asks whether a converted layer's decode is bound by its number of kernels.
@@ -48,7 +48,7 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
         from edgettt.quant import QuantConfig, quantize_
 
         quantize_(model, QuantConfig(weights, 64))
-    if fuse:  # q/k/v and gate/up one GEMM each, as the Llama's (and as `edgettt speed --device cuda` runs)
+    if fuse:  # q/k/v and gate/up one GEMM each, as the Llama's (and as `edgettt bench --device cuda` runs)
         from edgettt.mixer import fuse_input_projections
         from edgettt.quant import stacked_projection
 

@@ -11,8 +11,8 @@ warm-up each; every repeat runs each variant once, in turn, and the median is re
     parallel       the parallel form (edgettt's Triton prefill kernel)
     decayed        the decayed parallel form (`convert --decay 0.97`: the same kernel with the decay's terms)
     parallel:int4  the same with int4 weights (group 64; --activations float: weight-only GEMM kernels)
-    parallel:int4:a8  the same with int8 activations (W4A8 on the int8 tensor cores, as `speed --activations
-                   int8` runs it; also parallel:int8:a8)
+    parallel:int4:a8  the same with int8 activations (W4A8 on the int8 tensor cores, as
+                   `edgettt.prepare` runs it with activations="int8"; also parallel:int8:a8)
     ttt            the original TTT-Linear through edgettt's exact-form kernel
     ttt-plain      the original as ttt-lm-pytorch runs it: plain torch, a mini-batch at a time
     parallel-int8  the parallel form with the int8 state (its commits rounded one mini-batch after another:
@@ -25,8 +25,8 @@ With --graph, each prefill is captured once as a CUDA graph and its replays time
 prefill (the host's launches out of the time: an eager 760m prefill launches ~2,200 kernels, and one H200 host took 77 ms for 51 ms of kernels).
 With --profile, also each kind's GPU kernels of one more prefill (torch.profiler): count, microseconds,
 the largest by time. Also the model FLOP rate (2 x parameters of the linear layers x tokens, attention and the TTT layers'
-own state math not counted; `speed.linear_parameters`) as a fraction of the GPU's dense bf16 datasheet rate
-(`speed.dense_bf16_flops`: 989 TFLOP/s on an H100 or H200 SXM; runs before 2026-12-03 took 990).
+own state math not counted; `benchmark.cuda.linear_parameters`) as a fraction of the GPU's dense bf16 datasheet rate
+(`benchmark.plan.dense_bf16_flops`: 989 TFLOP/s on an H100 or H200 SXM).
 """
 
 from __future__ import annotations
@@ -76,7 +76,7 @@ def prefill_seconds(kind: str, model, ids, graph=None) -> float:
 
 
 def capture(kind: str, model, ids):
-    """The prefill of `ids` as a CUDA graph (`speed.capture_prefill`, after the warm-up's eager prefill: kernels
+    """The prefill of `ids` as a CUDA graph (`benchmark.cuda.capture_prefill`, after the warm-up's eager prefill: kernels
     autotune first), so that a replay launches every kernel from the graph, without the host's Python; None,
     with a line on stderr, where the prefill cannot be captured (it then runs eagerly)."""
     from edgettt.benchmark import capture_prefill

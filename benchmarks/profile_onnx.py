@@ -9,10 +9,10 @@ functions counted, `edgettt.benchmark.count_nodes`) and nodes per layer; then `-
 after a one-token prompt, batch 1, with onnxruntime's profiler on, aggregated by operator type:
 calls, total and mean microseconds per call, and the share of the step. With `--prefill N`, the
 prefill graph instead: `--steps` prefills of N tokens after one untimed (the next token's logits, as
-`edgettt speed`'s pp), per prefill. The rows split the time into the operators that read weight bytes
+`edgettt bench`'s pp), per prefill. The rows split the time into the operators that read weight bytes
 (MatMul, MatMulNBits, DynamicQuantizeMatMul, MatMulBnb4, Gemm, Gather of the embedding) and everything
 else: the "per-token overhead that is not weight bytes". Profiling adds its own cost per node; the
-untimed tokens/s of `edgettt speed` are the speed, this is the breakdown.
+untimed tokens/s of `edgettt bench` are the speed, this is the breakdown.
 """
 
 from __future__ import annotations

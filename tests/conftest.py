@@ -34,7 +34,7 @@ def compiled_recording(fn):
     """(`fn` compiled by torch.compile with AOT autograd and no inductor, the CPU's stand-in for it; the list
     dynamo's traced graphs are appended to, to look for the operations a compiled step holds). A step traces
     once a place in the mini-batch where an operation takes the place as an int: past dynamo's default 8
-    traces it would run eagerly, unchecked, so the limit is raised as `speed.compile_step` raises it."""
+    traces it would run eagerly, unchecked, so the limit is raised as `fast_paths.compile_step` raises it."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
     graphs = []
 

@@ -1,4 +1,4 @@
-"""`edgettt speed --device cuda`: the same-size transformer baseline (CPU), and the CUDA-graph decode
+"""`edgettt bench --device cuda`: the same-size transformer baseline (CPU), and the CUDA-graph decode
 (GPU-marked): replaying the captured steps leaves the state that stepping eagerly leaves."""
 
 import pytest
@@ -42,7 +42,7 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(weights):
-    """`speed --compile` with int8 / int4 weights: each quantized layer is one `edgettt::<fmt>_linear` in the
+    """A compiled decode step (`bench --device cuda`) with int8 / int4 weights: each quantized layer is one `edgettt::<fmt>_linear` in the
     traced graph (on CUDA the kernel, here the reference), and the compiled step (AOT-traced with the op's
     fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
@@ -113,7 +113,7 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 @pytest.mark.parametrize("form,compiled", [("ttt", False), ("exact", False), ("parallel", False), ("llama", False),
                                            ("parallel", True), ("ttt", True), ("llama", True),
-                                           ("parallel:int4", True), ("parallel:int8", True), ("parallel/int8", True),
+                                           ("parallel:int4", True), ("parallel:int8", True), ("parallel/int12", True),
                                            ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True),
                                            ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True),
                                            ("parallel:int4+token+fused", True), ("parallel:int4+rows+fused", True)])
@@ -194,9 +194,9 @@ def test_the_cuda_table_says_how_the_models_ran():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("form", ["ttt", "exact", "parallel", "parallel:int4", "parallel/int8", "llama"])
+@pytest.mark.parametrize("form", ["ttt", "exact", "parallel", "parallel:int4", "parallel/int12", "llama"])
 def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form):
-    """`speed --graph-prefill`: the prefill recorded once (`capture_prefill`) and replayed on new ids leaves
+    """`bench --device cuda`: the prefill recorded once (`capture_prefill`) and replayed on new ids leaves
     the state an eager prefill of those ids leaves (the transformer: its cache, made outside the graph)."""
     from edgettt import convert
     from edgettt.benchmark import capture_prefill
@@ -237,7 +237,7 @@ def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form
 
 
 def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_shows_each_rows_limit():
-    """`speed.linear_parameters` (float and quantized layers alike; the head counted or not) and the CUDA
+    """`benchmark.cuda.linear_parameters` (float and quantized layers alike; the head counted or not) and the CUDA
     table's last column: a decode row against the copy bandwidth, a prefill row against the dense bf16 rate."""
     import edgettt
     from edgettt.benchmark import dense_bf16_flops, linear_parameters, table
@@ -263,7 +263,7 @@ def test_a_prefill_token_is_twice_the_linear_parameters_in_flops_and_the_table_s
 
 @pytest.mark.parametrize("state_format", ["fp32", "int12"])
 def test_a_steps_state_bytes_are_its_tensors_as_held(tiny_model, state_format):
-    """`speed.state_bytes` (the bytes behind the decode rows' copy fraction) counts the state as the step holds
+    """`benchmark.cuda.state_bytes` (the bytes behind the decode rows' copy fraction) counts the state as the step holds
     it, every sequence's: for the float state what the stored format says too; for the int12 format more (its
     S is held on its grid in the model's float type, where the stored format keeps 1.5 bytes a value)."""
     from edgettt import convert

@@ -1,4 +1,4 @@
-"""`edgettt speed` on an onnxruntime-genai model folder (the anchor a user would pick instead: a
+"""`edgettt bench` on an onnxruntime-genai model folder (the anchor a user would pick instead: a
 transformer with its KV cache), timed by the same workers and table as edgettt's exports."""
 
 import json

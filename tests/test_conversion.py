@@ -180,7 +180,7 @@ def test_converted_layer_has_no_inner_gradient_parameters(tiny_model):
 
 @pytest.mark.parametrize("weights", ["none", "int8", "int4"])
 def test_fused_input_projections_compute_what_the_separate_ones_do(weights):
-    """`fuse_input_projections(model, stacked_projection)` (what `speed --device cuda` runs): q/k/v and
+    """`fuse_input_projections(model, stacked_projection)` (what `bench --device cuda` runs): q/k/v and
     gate/up as one product each, float or quantized (rows stacked), give the model's logits in prefill
     and decode."""
     import copy

@@ -302,7 +302,7 @@ def test_run_stops_at_a_stop_string(exported, tmp_path):
 
 
 def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_path):
-    """`edgettt speed` on two exports (ONNX Runtime): every test of every export each repetition, the
+    """`edgettt bench` on two exports (ONNX Runtime): every test of every export each repetition, the
     exports in turns; sizes, decode nodes and peak memory per export; the first export's ratio to
     itself is 1; the fp4 export's decode graph is smaller than the float one's."""
     from edgettt.benchmark import count_nodes
@@ -330,7 +330,7 @@ def test_speed_times_exports_in_turns_with_their_sizes_and_nodes(exported, tmp_p
 
 @pytest.mark.parametrize("engine_kind", ["onnxruntime", "torch"])
 def test_speed_runs_every_sequence_of_a_batch_on_the_cpu_engines(exported, engine_kind):
-    """`speed --batch 2` on the CPU: the prefill and each decode step take both sequences (the logits of
+    """`bench --batch 2` on the CPU: the prefill and each decode step take both sequences (the logits of
     the timed decode have two rows, and they differ: the sequences' random tokens differ)."""
     from edgettt.benchmark.onnx_engine import OnnxEngine
     from edgettt.benchmark.plan import Test

@@ -39,7 +39,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     from edgettt.benchmark import copy_state
 
     model = int4_model().eval()
-    fuse_input_projections(model, stacked_projection)  # gate/up one product, as `speed --device cuda` runs
+    fuse_input_projections(model, stacked_projection)  # gate/up one product, as `bench --device cuda` runs
     set_activations(model, activations, decode=True)  # (int8: the decode GEMVs in W4A8 too)
     plain = copy.deepcopy(model)
     assert use_fused_products(model) > 0

@@ -175,7 +175,7 @@ def test_a_file_output_replaces_atomically(tmp_path):
 
 
 def test_an_output_rewrites_what_it_published_but_not_what_appeared_before(tmp_path):
-    """A partial result (`speed` after each repetition) is replaced by the plan's next write without force;
+    """A partial result (`bench` after each repetition) is replaced by the plan's next write without force;
     a file that appeared between planning and the first write is not."""
     out = Output.plan(tmp_path / "r.json", "json")
     for n in (1, 2):

@@ -97,7 +97,7 @@ def test_eager_and_saved_weights_are_unchanged(tmp_path):
 
 
 def test_row_products_are_the_default_only_where_they_were_measured_to_pay():
-    """`speed --device cuda --compile` leaves the choice to `row_products_pay` unless asked: the 125m preset
+    """`bench --device cuda --compile` leaves the choice to `row_products_pay` unless asked: the 125m preset
     (hidden 768, 1.27x on the H200) takes row products, the 760m (hidden 1536, 0.93x) keeps cuBLAS."""
     from types import SimpleNamespace
 

@@ -64,7 +64,11 @@ def _two_level_commits_kernel(s_ptr, s0_ptr, u_ptr, out_ptr, eta_ptr, decay_ptr,
     for n in range(N):
         at_n = (bh * N + n).to(tl.int64) * size + at
         u = tl.load(u_ptr + at_n, mask=mask, other=0.0).to(tl.float32)
-        s = s0 + _two_level_rows(g * (s - s0) + eta * u)  # (masked elements stay 0: no row's maximum moves)
+        if DECAY:
+            s = s0 + g * (s - s0)
+        # the reference's order, (S + eta U) - S0: another order rounds differently, and a rounding that
+        # crosses a grid point moves the value a whole fine step (masked elements stay 0: no maximum moves)
+        s = s0 + _two_level_rows(s + eta * u - s0)
         tl.store(out_ptr + at_n, s.to(out_ptr.dtype.element_ty), mask=mask)
 
 
