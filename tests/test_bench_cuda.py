@@ -201,6 +201,7 @@ def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form
     from edgettt import convert
     from edgettt.benchmark import capture_prefill
     from edgettt.benchmark.llama import Llama, LlamaConfig
+    from edgettt.fast_paths import use_kernels
 
     if form == "llama":
         with torch.device("cuda"):
@@ -220,6 +221,7 @@ def test_a_captured_prefill_replays_to_the_eager_prefills_state(tiny_model, form
 
             model = quantize(model, QuantConfig(weights, 32))
     model = model.cuda().to(torch.bfloat16).eval()
+    use_kernels(model)  # as `bench --device cuda` runs it (plain torch's int12 commits ask the host each step)
     ids = torch.randint(0, 61, (2, 40), device="cuda")  # (the tiny models' vocabulary: 61)
     with torch.no_grad():
         model.prefill(ids, model.init_state(2, 40) if form == "llama" else None)  # kernels autotune
