@@ -42,6 +42,9 @@ def collect_logits(model: CausalLM, windows: torch.Tensor, batch_size: int = 8, 
     return torch.cat(out)
 
 
+M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+
 def release_freed_memory() -> None:
     """Hand the memory freed since to the operating system (glibc). A loop that allocates and frees logits
     of a few sizes leaves glibc's heap fragmented, and the process's memory grows with every batch: glibc
@@ -55,9 +58,6 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
     except (OSError, AttributeError):
         pass
-
-
-M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def best_device() -> str:
@@ -82,13 +82,14 @@ def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: 
     T, V = windows.shape[1] - 1, original.config.vocab_size
     batch = max(1, FORWARD_LOGITS // (T * V))
     device = best_device()
+    original, converted = original.to(device), converted.to(device)
     parts = []
     release_freed_memory()
     for i in bar(range(0, windows.shape[0], batch), desc=f"{original.form} against {converted.form}", unit="batch",
                  leave=False):
         inputs = windows[i:i + batch, :-1].to(device)
-        ref = original.to(device)(inputs).float().cpu()
-        new = converted.to(device)(inputs).float().cpu()
+        ref = original(inputs).float().cpu()
+        new = converted(inputs).float().cpu()
         targets = windows[i:i + batch, 1:]
         span = max(1, STATS_LOGITS // (targets.shape[0] * V))  # positions a statistics step takes
         pieces = [metrics.token_stats(ref[:, j:j + span], new[:, j:j + span], targets[:, j:j + span])

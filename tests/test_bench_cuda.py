@@ -42,9 +42,9 @@ def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tm
 
 @pytest.mark.parametrize("weights", ["int8", "int4"])
 def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(weights):
-    """A compiled decode step (`bench --device cuda`) with int8 / int4 weights: each quantized layer is one `edgettt::<fmt>_linear` in the
-    traced graph (on CUDA the kernel, here the reference), and the compiled step (AOT-traced with the op's
-    fake, as inductor does) gives the eager step's logits and state."""
+    """A compiled decode step (`bench --device cuda`) with int8 / int4 weights: each quantized layer is one
+    `edgettt::<fmt>_linear` in the traced graph (on CUDA the kernel, here the reference), and the compiled step
+    (AOT-traced with the op's fake, as inductor does) gives the eager step's logits and state."""
     import edgettt
     from edgettt.benchmark import copy_state
     from edgettt.quant import QuantConfig, QuantLinear

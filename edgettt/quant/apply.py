@@ -29,8 +29,8 @@ def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str
 
 def layer_formats(model: nn.Module, config: QuantConfig) -> dict[str, str]:
     """The format each quantizable layer gets: the one `config.overrides` asks for it, else `config.weights`
-    where it fits, else `config.fallback` ("float": left as it is). With fallback "refuse", a one-line error listing every layer that does
-    not fit. Decided before any layer is quantized; empty for weights "none"."""
+    where it fits, else `config.fallback` ("float": left as it is). With fallback "refuse", a one-line error
+    listing every layer that does not fit. Decided before any layer is quantized; empty for weights "none"."""
     if config.weights == "none":
         return {}
     formats, misfits = {}, []
