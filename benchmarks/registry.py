@@ -74,6 +74,14 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --json {json} --markdown {md}",
      "the default int4 of the 125m preset (`quantize --weights int4`, then an export that passes its verification) "
      "against the float export in ONNX Runtime on this CPU: bytes, and tokens/s in turns"),
+    ("genai_125m_cpu", "cpu",
+     "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
+     " && edgettt quantize {tmp}/P {tmp}/Q --weights int4-rtn-g32 && edgettt export {tmp}/Q {tmp}/int4"
+     " && python benchmarks/anchor_llama.py --preset 125m --out {tmp}/anchors --precision int4"
+     " && edgettt bench {tmp}/int4 genai:{tmp}/int4 {tmp}/anchors/llama-125m-int4 --pp 128 --tg 64 --depth 0,512 -r 3"
+     " --json {json} --markdown {md}",
+     "the 125m int4 export decoded by onnxruntime-genai, by `edgettt run`'s runner and, in turns, genai's own "
+     "Llama-125m int4 (its model builder's export) on this CPU"),
     ("onnx_cpu", "cpu", "python benchmarks/bench_onnx_cpu.py --json {json}",
      "ttt-linear-tiny-parallel's exports (float, int8, int4, nf4) in ONNX Runtime, in alternation"),
     ("train_step_cpu", "cpu", "python benchmarks/bench_train_step.py --repeats 7 --json {json}",

@@ -27,7 +27,8 @@ MOVED_OPTIONS = {  # an option that left a command -> where its setting went (sa
     "--minutes": "--distill minutes=M", "--distill-ctx": "--distill ctx=N/N", "--hard-weight": "--distill hard_weight=W",
     "--pool": "--distill pool=N", "-o": "the output is the command's last argument, OUT",
     "--output": "the output is the command's last argument, OUT", "--keep-exports": "edgettt.report(..., ) in Python "
-    "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)"}
+    "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)",
+    "--quantize-lm-head": "--lm-head same", "--top-k": "--sampling top-k=K", "--top-p": "--sampling top-p=P", "--seed": "run: --sampling seed=N"}
 
 
 class Group(click.Group):
@@ -548,13 +549,11 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--lm-head", "head", type=RegistryChoice(_names("config", "HEAD_FORMATS")), default=None,
               help="lm_head's format (a tied embedding reads its rows): float, int8, or same as --weights "
                    "[default: int8 beside 4-bit --weights (int4, nf4, fp4), else float].")
-@click.option("--quantize-lm-head", is_flag=True, hidden=True, help="Old spelling of --lm-head same.")
 @click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
                    "the group); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def quantize(model_path, out, weights, group_size, method, state, calib, skip, head, quantize_lm_head, fallback,
-             force):
+def quantize(model_path, out, weights, group_size, method, state, calib, skip, head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
     from .checkpoint import save_model
@@ -568,9 +567,6 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, h
     if method or group_size:  # the old spelling: --weights int4 --method gptq --group-size 32
         chosen_method, group = method or chosen_method, int(group_size or group)
         click.echo("note: --method and --group-size are now part of --weights (e.g. int4-gptq-g32)", err=True)
-    if quantize_lm_head:
-        click.echo("note: --quantize-lm-head is now --lm-head same", err=True)
-        head = head or "same"
     head = head or default_head_format(fmt)
     if head == "int8" and fmt == "none":
         raise EdgetttError("--lm-head int8 quantizes lm_head beside quantized weights; give --weights too, or "
@@ -962,7 +958,9 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
     chunk-recurrent form and a quantized fast-weight state as one ONNX Scan over the chunks),
     OUT/decode.onnx (one token, the states in and out)
     and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
-    quantization, source fingerprint, verification).
+    quantization, source fingerprint, verification). With a float state, OUT also opens in
+    onnxruntime-genai (og.Model(OUT)): OUT/model.onnx (both graphs in one, a layer's state packed
+    into the recurrent_state genai binds), OUT/genai_config.json and the tokenizer files it reads.
 
     Both graphs share one OUT/weights.bin. int4 and int8 weights become com.microsoft.MatMulNBits
     (4 and 8 bits) and nf4/fp4 com.microsoft.MatMulBnb4 over the model's own bytes; a tied embedding
@@ -970,8 +968,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
     (GatherBlockQuantized); an int8 state crosses the graphs as int8 (QuantizeLinear/DequantizeLinear
     with the calibrated scales). By default both graphs run in onnxruntime on --verify-data and must
     match torch (float weights: within 10x torch's own fp32 rounding; an int8 state: KLD <= 1e-4; int8
-    activations: KLD <= 5e-3; prefill-then-decode equal to prefill by the same rule); otherwise
-    nothing is written.
+    activations: KLD <= 5e-3; prefill-then-decode equal to prefill by the same rule, and genai's
+    model.onnx equal to both); otherwise nothing is written.
     """
     from . import load
     from .data import read_text
@@ -988,53 +986,125 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
     sizes = {g["file"]: graph_bytes(out.path / g["file"]) for g in data["graphs"].values()}
     click.echo(f"wrote {out.path}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) +
                f" (each with the weights it reads; {WEIGHTS_FILE} {(out.path / WEIGHTS_FILE).stat().st_size / 1e6:.2f} "
-               "MB on disk, shared), manifest.json")
+               "MB on disk, shared), manifest.json" +
+               (f", {data['genai']['graph']} and {data['genai']['config']} for onnxruntime-genai"
+                if data["genai"]["written"] else f" (no onnxruntime-genai files: {data['genai']['why']})"))
     if "verification" in data:
         click.echo(f"verified in onnxruntime ({data['verification']['rule']}): {data['verification']['summary']}")
 
 
+class SamplingSpec(click.ParamType):
+    """--sampling top-k=K,top-p=P,seed=N: the samplers beside temperature, as keyword settings."""
+
+    name = "SETTINGS"
+    KEYS = {"top-k": ("top_k", COUNT), "top-p": ("top_p", FiniteFloat(0, 1, min_open=True)), "seed": ("seed", SEED)}
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, dict):
+            return value
+        out = {}
+        for item in filter(None, value.split(",")):
+            key, eq, text = item.partition("=")
+            if not eq or key not in self.KEYS:
+                self.fail(f"{item!r} is not KEY=VALUE with KEY one of {', '.join(self.KEYS)}", param, ctx)
+            name, kind = self.KEYS[key]
+            out[name] = kind.convert(text, param, ctx)
+        return out
+
+
 @cli.command("run")
 @click.argument("export_dir", metavar="EXPORT", type=click.Path())
-@click.option("--prompt", required=True, help="Text to continue.")
-@click.option("--max-new-tokens", default=64, show_default=True, type=COUNT)
+@click.option("--prompt", default=None, help="Text to continue (after --load-state: the text continues the saved one).")
+@click.option("--max-new-tokens", default=64, show_default=True, type=COUNT, help="Tokens to generate (a chat turn's "
+              "reply ends at a line break or here).")
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0), help="0: greedy.")
-@click.option("--top-k", default=0, show_default=True, type=COUNT, help="Sample from the k likeliest tokens (0: all).")
-@click.option("--top-p", default=1.0, show_default=True, type=FiniteFloat(0, 1, min_open=True),
-              help="Sample from the likeliest tokens whose probabilities reach p.")
 @click.option("--repetition-penalty", default=1.1, show_default=True, type=FiniteFloat(min=1),
-              help="Divide the positive logits of tokens among the last 64 by this, multiply the negative (1: off; "
-                   "llama.cpp's default); runs of one token stop at 16 in a row: greedy decoding of the tiny "
-                   "models repeats spaces without them.")
+              help="Divide the positive logits of tokens among the last 64 by this, multiply the negative "
+                   "(llama.cpp's default), and stop runs of one token at 16 in a row (greedy decoding of the tiny "
+                   "models repeats spaces without it); 1: both off, plain greedy or sampling as other runtimes do.")
+@click.option("--sampling", default="", type=SamplingSpec(), metavar="SETTINGS",
+              help="top-k=K (sample from the k likeliest tokens; 0: all), top-p=P (from the likeliest whose "
+                   "probabilities reach p), seed=N (0 by default); comma-separated, e.g. top-k=40,top-p=0.9.")
 @click.option("--stop", multiple=True, metavar="TEXT", help="End when the generated text ends with TEXT (repeatable).")
-@click.option("--seed", default=0, show_default=True, type=SEED)
+@click.option("--load-state", default=None, type=click.Path(), metavar="FILE",
+              help="Start from a state saved by --save-state (checked against this export).")
+@click.option("--save-state", default=None, type=click.Path(), metavar="FILE",
+              help="Write the state after the prompt and the generated text (a safetensors file): a later "
+                   "--load-state continues from there.")
+@click.option("--chat", is_flag=True, help="Then read turns from stdin, a line each, and reply to each, all in one "
+                                           "state: the memory stays the same however long the chat.")
 @click.option("--threads", default=None, type=click.IntRange(1, 1024),
               help="onnxruntime intra-op threads [default: its own].")
 @click.option("--json", "json_path", default=None, type=click.Path(), help="Write the timings here.")
-@click.option("--force", is_flag=True, help="Overwrite the --json file.")
-def run_cmd(export_dir, prompt, max_new_tokens, temperature, top_k, top_p, repetition_penalty, stop, seed, threads,
-            json_path, force):
+@click.option("--force", is_flag=True, help="Overwrite the --json and --save-state files.")
+def run_cmd(export_dir, prompt, max_new_tokens, temperature, repetition_penalty, sampling, stop, load_state,
+            save_state, chat, threads, json_path, force):
     """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
-    then decode token by token, streaming the text; prints tokens/s and peak memory at the end."""
-    from .outputs import Output
+    then decode token by token, streaming the text; prints tokens/s and peak memory at the end.
+    A state can be saved after the text and loaded to continue it later; --chat keeps one state
+    across turns read from stdin."""
+    from .outputs import plan_outputs
     from .runner import Runner, Sampling, peak_memory_mb
 
-    json_out = Output.plan(json_path, "json", force, inputs=[export_dir], option="--json") if json_path else None
+    if prompt is None and not (load_state or chat):
+        raise click.UsageError("give --prompt TEXT (or --load-state FILE to continue a saved text, or --chat)")
+    json_out, state_out = plan_outputs((json_path, "json", force, "--json"), (save_state, "state", force, "--save-state"),
+                                       inputs=[export_dir, load_state])
     runner = Runner(export_dir, threads)
+    if load_state:
+        runner.load_state(load_state)
     warn_beyond_distillation(export_dir, runner.manifest["source"].get("distilled_ctx"),
-                             len(runner.tokenizer.encode(prompt)) + max_new_tokens)
+                             len(runner.tokenizer.encode(prompt or "")) + max_new_tokens)
+    sampler = Sampling(temperature, sampling.get("top_k", 0), sampling.get("top_p", 1.0), repetition_penalty,
+                       max_run=16 if repetition_penalty > 1 else 0)
+    seed = sampling.get("seed", 0)
     stats: dict = {}
-    click.echo(prompt, nl=False)
-    sampling = Sampling(temperature, top_k, top_p, repetition_penalty)
-    for piece in runner.generate(prompt, max_new_tokens, seed=seed, stats=stats, sampling=sampling, stop=stop):
-        click.echo(piece, nl=False)
+    if prompt is not None or not chat:  # (a loaded state alone: generation continues it)
+        click.echo(prompt or "", nl=False)
+        for piece in runner.generate(prompt or "", max_new_tokens, seed=seed, stats=stats, sampling=sampler,
+                                     stop=stop, resume=True):
+            click.echo(piece, nl=False)
+        click.echo("")
+    if chat:
+        stats = chat_turns(runner, max_new_tokens, sampler, seed, stop)
     stats["peak_memory_mb"] = peak_memory_mb()
-    click.echo("")
     click.echo(f"prefill {stats['prompt_tokens']} tokens at {stats['prefill_tokens_per_s']:.1f} tokens/s; "
                f"decode {stats['new_tokens']} tokens at {stats['decode_tokens_per_s']:.1f} tokens/s; "
                f"peak memory {stats['peak_memory_mb']:.0f} MB", err=True)
+    if state_out:
+        with state_out.write() as tmp:
+            from .state_file import save
+            save(runner.snapshot(), tmp, runner.manifest)
+        click.echo(f"wrote {state_out.path}: the state after {runner.current.position} tokens", err=True)
     if json_out:
         with json_out.write() as tmp:
             tmp.write_text(json.dumps(stats, indent=2) + "\n")
+
+
+def chat_turns(runner, max_new_tokens: int, sampler, seed: int, stop) -> dict:
+    """`run --chat`: each line of stdin is read into the runner's one state, then a reply is generated
+    until a line break; returns the last turn's timings with the number of turns."""
+    stats: dict = {"prompt_tokens": 0, "new_tokens": 0, "prefill_tokens_per_s": 0.0, "decode_tokens_per_s": 0.0}
+    stdin = sys.stdin.buffer
+    for turn, raw in enumerate(iter(stdin.readline, b""), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            line = None
+        if line is None or "\0" in line:
+            raise click.ClickException(f"stdin line {turn}: not UTF-8 text; give the chat plain text, a turn a line "
+                                       "(nothing was saved)")
+        if not line.strip():
+            continue
+        line = line if line.endswith("\n") else line + "\n"
+        stats = {}
+        for piece in runner.generate(line, max_new_tokens, seed=seed + turn, stats=stats, sampling=sampler,
+                                     stop=("\n", *stop), resume=True):
+            click.echo(piece, nl=False)
+        if not runner.tokenizer.decode(stats["tokens"]).endswith("\n"):
+            click.echo("")
+        stats["turns"] = turn
+    return stats
 
 
 def int_list(ctx, param, value, low: int = 1):
@@ -1076,7 +1146,8 @@ def bench(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_
     \b
     PATH     an export directory (ONNX Runtime on the CPU: the edge path), a model (torch), or an
              onnxruntime-genai model folder (a transformer with its KV cache: the anchor; needs
-             onnxruntime-genai); with --device cuda, models and llama:<preset> (a Llama of that
+             onnxruntime-genai), or genai:EXPORT (an export run by onnxruntime-genai instead of
+             edgettt's runner); with --device cuda, models and llama:<preset> (a Llama of that
              preset's size with a static KV cache, SDPA: the baseline)
     ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
     tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)

@@ -47,16 +47,18 @@ PARKED = "previous"  # the old output, parked there between the two renames of t
 DIRECTORY_FILES = {
     "model": {"config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "convert_report.json",
               "MODEL_CARD.md", "eval.json", "train_log.json", "model.safetensors.index.json"},
-    "export": {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin", "tokenizer.json"},
+    "export": {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin", "tokenizer.json", "model.onnx",
+               "genai_config.json", "tokenizer_config.json"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
                "kld_by_position.png"},
 }
 FILE_PATTERNS = {"model": re.compile(r"model-\d{5}-of-\d{5}\.safetensors")}  # Hugging Face shards
 SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)
-FILE_KINDS = {"json", "markdown", "calibration", "logits"}
+FILE_KINDS = {"json", "markdown", "calibration", "logits", "state"}
 KIND_NAMES = {"model": "an edgettt or TTT model directory", "export": "an edgettt export directory",
               "report": "an edgettt report directory", "json": "a JSON file", "markdown": "a text file",
-              "calibration": "an edgettt calibration file", "logits": "an edgettt reference-logits file"}
+              "calibration": "an edgettt calibration file", "logits": "an edgettt reference-logits file",
+              "state": "an edgettt state file"}
 
 
 def _read_json(path: Path):
@@ -124,6 +126,8 @@ def recognise(path: Path, kind: str) -> bool:
         return False
     if kind == "calibration":
         return meta.get("edgettt_calibration") == "1"
+    if kind == "state":
+        return meta.get("format") == "edgettt-state"  # (`state_file.STATE_FORMAT`)
     return {"text", "model", "ctx"} <= set(meta)  # logits
 
 

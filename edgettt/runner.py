@@ -6,6 +6,10 @@ which output is the logits, the state tensors and the tokenizer.
 
     runner = Runner("out/")
     for piece in runner.generate("def main(", max_new_tokens=64): print(piece, end="")
+
+The runner holds the sequence it read and generated (`current`, a `state_file.Snapshot`): `generate(...,
+resume=True)` and `read` continue it, `snapshot()` / `restore()` rewind it, `save_state` / `load_state`
+keep it in a file, `cache_prefix` prefills a prompt's shared beginning once for many prompts.
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
+from . import state_file
 from .errors import EdgetttError  # plain Python: no torch behind it
+from .outputs import Output
+from .state_file import RECENT_TOKENS, Snapshot
 from .tokenizer import ByteTokenizer, JsonTokenizer
 
 ROLES = ("input_ids", "logits", "logits_from", "position", "inner_position", "state")
@@ -162,6 +169,8 @@ class Runner:
         self.block = m["mini_batch_size"]
         tok = m["tokenizer"]
         self.tokenizer = JsonTokenizer(self.dir / tok["file"]) if tok["type"] == "tokenizer.json" else ByteTokenizer()
+        self.current: Snapshot | None = None  # the sequence read so far (`read`, `generate`); None: fresh
+        self.prefixes: dict[tuple[int, ...], Snapshot] = {}  # `cache_prefix`
 
     @staticmethod
     def _role(io: list[dict], role: str) -> str:
@@ -215,38 +224,109 @@ class Runner:
             binding.clear_binding_outputs()
         return np.stack(steps, axis=1), {name: v.numpy() for name, v in values.items()}
 
-    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
-                 stats: dict | None = None, sampling: Sampling | None = None, stop: tuple[str, ...] = ()):
-        """Yield text pieces as they decode; greedy when temperature is 0 (`sampling` adds top-k, top-p and
-        the repetition penalty). Ends early when the text produced so far ends with one of `stop`
-        (the stop string is yielded). Fills `stats` (timings)."""
-        ids = self.tokenizer.encode(prompt)
+    # ---- the sequence the runner holds: read text into it, generate from it, keep it
+
+    def reset(self) -> None:
+        """Forget the sequence: the next text read starts from the model's initial state."""
+        self.current = None
+
+    def snapshot(self) -> Snapshot:
+        """A copy of the sequence read so far (restore it to rewind to this point)."""
+        if self.current is None:
+            raise EdgetttError("snapshot: nothing read yet; read or generate some text first")
+        return self.current.copy()
+
+    def restore(self, snapshot: Snapshot) -> None:
+        """Continue from `snapshot` (a copy of it: the snapshot can be restored again)."""
+        self.current = snapshot.copy()
+
+    def save_state(self, path, force: bool = False) -> None:
+        """Write the sequence's state to `path` (a safetensors file; replaces an older state file only
+        with `force`)."""
+        out = Output.plan(path, "state", force, inputs=[self.dir], api=True)
+        snapshot = self.snapshot()
+        with out.write() as tmp:
+            state_file.save(snapshot, tmp, self.manifest)
+
+    def load_state(self, path) -> None:
+        """Continue from the state in `path`, checked against this export's manifest first."""
+        self.current = state_file.load(path, self.manifest, str(self.dir))
+
+    def cache_prefix(self, text: str) -> Snapshot:
+        """Prefill `text` once and keep its state: a later `generate` whose prompt starts with it (token for
+        token) starts from there and reads only the rest."""
+        ids = self._encode(text)
+        self.reset()
+        self._read(ids)
+        self.prefixes[tuple(ids)] = self.snapshot()
+        return self.prefixes[tuple(ids)]
+
+    def read(self, text: str) -> None:
+        """Append `text` to the sequence (from the initial state when there is none)."""
+        self._read(self._encode(text))
+
+    def _encode(self, text: str) -> list[int]:
+        ids = self.tokenizer.encode(text)
         if not ids:
             raise EdgetttError("--prompt: the prompt is empty; give at least one character")
+        return ids
+
+    def _read(self, ids: list[int]) -> int:
+        """The sequence after `ids`: a prefill from a fresh state (or from the longest cached prefix),
+        decode steps from a later position. Returns the number of tokens read (less a cached prefix)."""
+        if self.current is None:
+            cached = max((p for p in self.prefixes if len(p) <= len(ids) and list(p) == ids[:len(p)]), key=len,
+                         default=None)
+            if cached is not None:
+                self.restore(self.prefixes[cached])
+                ids = ids[len(cached):]
+        if not ids:
+            return 0
+        if self.current is None:
+            logits, states = self.run_prefill(np.array([ids]), last_only=True)
+            self.current = Snapshot(len(ids), states, logits[0, -1], ids[-RECENT_TOKENS:])
+            return len(ids)
+        logits, states = self.decode_tokens(np.array([ids]), self.current.position, self.current.states)
+        recent = (self.current.recent + ids)[-RECENT_TOKENS:]
+        self.current = Snapshot(self.current.position + len(ids), states, logits[0, -1], recent)
+        return len(ids)
+
+    def generate(self, prompt: str, max_new_tokens: int = 64, temperature: float = 0.0, seed: int = 0,
+                 stats: dict | None = None, sampling: Sampling | None = None, stop: tuple[str, ...] = (),
+                 resume: bool = False):
+        """Yield text pieces as they decode; greedy when temperature is 0 (`sampling` adds top-k, top-p and
+        the repetition penalty). Ends early when the text produced so far ends with one of `stop`
+        (the stop string is yielded). Starts from the initial state (or a cached prefix), or with `resume`
+        continues the sequence held (a loaded state, the last generation: `prompt` may then be empty).
+        Afterwards the runner holds the sequence read and generated. Fills `stats` (timings)."""
+        if not resume:
+            self.reset()
+        if self.current is None or prompt:
+            ids = self._encode(prompt)
+        else:
+            ids = []
         sampling = sampling or Sampling(temperature=temperature)
         rng = np.random.default_rng(seed)
         push = self.tokenizer.decode_stream()
         t0 = time.perf_counter()
-        logits, states = self.run_prefill(np.array([ids]), last_only=True)
-        logits = logits[:, -1]
+        read = self._read(ids)
         t1 = time.perf_counter()
-        position, generated, text = len(ids), [], ""
+        generated, text = [], ""
         for _ in range(max_new_tokens):
-            token = sampling.pick(logits[0], ids + generated, rng)
+            token = sampling.pick(self.current.logits, self.current.recent, rng)
             generated.append(token)
             piece = push([token])
             text += piece
             yield piece
+            self._read([token])
             if any(text.endswith(s) for s in stop if s):
                 break
-            logits, states = self.run_decode(np.array([token]), position, states)
-            position += 1
         yield push([], final=True)  # bytes of an unfinished character, as replacement characters
         t2 = time.perf_counter()
         if stats is not None:
-            stats.update(prompt_tokens=len(ids), new_tokens=len(generated), tokens=generated,
-                         prefill_seconds=t1 - t0, decode_seconds=t2 - t1,
-                         prefill_tokens_per_s=len(ids) / max(t1 - t0, 1e-9),
+            stats.update(prompt_tokens=len(ids), read_tokens=read, new_tokens=len(generated), tokens=generated,
+                         position=self.current.position, prefill_seconds=t1 - t0, decode_seconds=t2 - t1,
+                         prefill_tokens_per_s=read / max(t1 - t0, 1e-9),
                          decode_tokens_per_s=len(generated) / max(t2 - t1, 1e-9))
 
 

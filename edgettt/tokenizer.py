@@ -11,7 +11,7 @@ import codecs
 import shutil
 from pathlib import Path
 
-from tokenizers import Tokenizer
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 from .errors import EdgetttError
 
@@ -88,6 +88,22 @@ class JsonTokenizer:
 
     def save(self, directory: Path) -> None:
         shutil.copyfile(self.file, directory / "tokenizer.json")
+
+
+def byte_level_tokenizer_json() -> str:
+    """`ByteTokenizer` as a Hugging Face tokenizer.json (for runtimes that read only that, e.g.
+    onnxruntime-genai): a BPE of 256 byte tokens without merges, token id = byte value, the bytes shown
+    as GPT-2's printable characters."""
+    shown = pre_tokenizers.ByteLevel.alphabet()  # GPT-2's 256 characters, one a byte
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("\u00a1"), ord("\u00ac") + 1),
+                 *range(ord("\u00ae"), ord("\u00ff") + 1)]
+    char = {b: chr(b) for b in printable}
+    char.update({b: chr(256 + n) for n, b in enumerate(b for b in range(256) if b not in char)})
+    assert set(char.values()) == set(shown)
+    tok = Tokenizer(models.BPE(vocab={char[b]: b for b in range(256)}, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    return tok.to_str(pretty=True)
 
 
 def load_tokenizer(directory: Path, vocab_size: int):

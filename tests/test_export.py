@@ -123,7 +123,14 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
         assert check["prefill_vs_torch"]["rel_error"] < 1e-4 and check["decode_vs_prefill"]["rel_error"] < 1e-4
     ops = op_types(directory / "prefill.onnx") | op_types(directory / "decode.onnx")
     assert VARIANTS[name][3] <= ops, ops
-    assert {p.name for p in directory.iterdir()} == {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin"}
+    # onnxruntime-genai's files where the state is float (genai binds float state tensors), checked too
+    genai = {"model.onnx", "genai_config.json", "tokenizer.json", "tokenizer_config.json"}
+    float_state = all(s["dtype"] == "float32" for s in manifest["state"])
+    assert manifest["genai"]["written"] == float_state, manifest["genai"]
+    assert float_state or "genai binds float32" in manifest["genai"]["why"]
+    assert (check["genai_vs_runner"] is not None) == float_state
+    assert {p.name for p in directory.iterdir()} == {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin"} | (
+        genai if float_state else set())
 
 
 def test_both_graphs_read_one_copy_of_the_weights(exported):

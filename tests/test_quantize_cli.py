@@ -188,14 +188,12 @@ def test_layers_int4_cannot_take_fall_back_and_skip_adds_to_lm_head(setup, tmp_p
 @pytest.mark.parametrize("args, head", [(("--weights", "int4-rtn-g32"), "int8"),
                                         (("--weights", "int4-rtn-g32", "--lm-head", "float"), None),
                                         (("--weights", "int4-rtn-g32", "--lm-head", "same"), "int4"),
-                                        (("--weights", "int4-rtn-g32", "--quantize-lm-head"), "int4"),  # old spelling
                                         (("--weights", "int8"), None),
                                         (("--weights", "int8", "--lm-head", "int8"), "int8"),
                                         (("--weights", "nf4-b32"), "int8")])
 def test_lm_head_is_int8_beside_4_bit_weights_unless_asked(setup, tmp_path, args, head):
     result = run("quantize", setup / "la", tmp_path / "q", *args)
     assert result.exit_code == 0, result.output
-    assert ("note: --quantize-lm-head is now --lm-head same" in result.output) == ("--quantize-lm-head" in args)
     model = edgettt.load(tmp_path / "q")
     assert (model.lm_head.format.name if isinstance(model.lm_head, QuantLinear) else None) == head
 

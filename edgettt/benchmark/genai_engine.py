@@ -11,11 +11,12 @@ from pathlib import Path
 import onnxruntime_genai as og
 
 from .onnx_engine import OnnxEngine
-from .plan import GENAI_CONFIG
+from .plan import GENAI_CONFIG, folder
 
 
 class GenaiEngine:
     def __init__(self, path: str, threads: int | None, options=None):
+        path = folder(path)  # (genai:EXPORT)
         config = og.Config(str(path))
         if threads:
             config.overlay(json.dumps({"model": {"decoder": {"session_options": {"intra_op_num_threads": threads}}}}))

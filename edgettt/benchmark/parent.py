@@ -19,19 +19,19 @@ import torch
 from ..checkpoint import resolve_model_path
 from ..config import PRESETS
 from ..errors import EdgetttError
-from .llama import Llama, LlamaConfig
 from ..onnx_files import graph_bytes
 from ..progress import bar
-from .plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, is_export, is_genai, is_llama,
-                   llama_preset)
+from .llama import Llama, LlamaConfig
+from .plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, folder, is_export,
+                   is_genai, is_llama, llama_preset)
 from .worker import serve
 
 
 def disk_facts(path: str) -> dict:
     """Bytes on disk; for an export, decode.onnx's bytes and nodes (subgraphs included) too."""
-    p = resolve_model_path(path)
+    p = resolve_model_path(folder(path))
     facts = {"bytes": sum(f.stat().st_size for f in p.rglob("*") if f.is_file())}
-    decode_graph = p / "decode.onnx" if is_export(path) else p / _genai_file(p) if is_genai(path) else None
+    decode_graph = p / _genai_file(p) if is_genai(path) else p / "decode.onnx" if is_export(path) else None
     if decode_graph is not None:
         model = onnx.load(str(decode_graph), load_external_data=False)
         facts["decode_onnx_bytes"] = graph_bytes(decode_graph)  # with the weights it reads
@@ -76,6 +76,9 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
                 raise EdgetttError(f"{path}: the transformer baseline is llama:<preset> (presets "
                                    f"{', '.join(PRESETS)}) and runs with --device cuda")
             continue
+        if is_genai(path) and not (Path(folder(path)) / GENAI_CONFIG).is_file():
+            raise EdgetttError(f"{path}: no {GENAI_CONFIG} in {folder(path)}; genai:EXPORT needs an export with a "
+                               "float state (its onnxruntime-genai files)")
         if device == "cuda" and (is_export(path) or is_genai(path)):
             raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
                                "directories or shipped names (or time exports on the CPU)")

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..runner import is_export
 
 LLAMA_PREFIX = "llama:"
+GENAI_PREFIX = "genai:"  # genai:EXPORT: an edgettt export timed through onnxruntime-genai, not edgettt's runner
 GENAI_CONFIG = "genai_config.json"
 
 
@@ -52,7 +53,16 @@ class CudaOptions:
 
 
 def is_genai(path: str) -> bool:
-    return (Path(path) / GENAI_CONFIG).is_file()
+    """A folder onnxruntime-genai runs: its own model folder, or an export named as genai:EXPORT (an export
+    alone runs in edgettt's runner)."""
+    if str(path).startswith(GENAI_PREFIX):
+        return True
+    return (Path(path) / GENAI_CONFIG).is_file() and not is_export(path)
+
+
+def folder(path: str) -> str:
+    """The folder a path names (genai:EXPORT names EXPORT)."""
+    return str(path).removeprefix(GENAI_PREFIX)
 
 
 def is_llama(path: str) -> bool:
@@ -64,7 +74,7 @@ def llama_preset(path: str) -> str:
 
 
 def engine_name(path: str) -> str:
-    return "onnxruntime" if is_export(path) else "onnxruntime-genai" if is_genai(path) else "torch"
+    return "onnxruntime-genai" if is_genai(path) else "onnxruntime" if is_export(path) else "torch"
 
 
 # engine name -> (module of this package, class): a worker imports only its engine's module

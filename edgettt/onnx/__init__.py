@@ -23,6 +23,7 @@ import logging
 import warnings
 from pathlib import Path
 
+import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -38,7 +39,7 @@ from ..progress import bar
 from ..quant.apply import set_module, weight_bits
 from ..quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
 from ..quant.state_formats import state_format
-from . import onnx_ops
+from . import genai, onnx_ops
 from .verify import verify
 
 EXPORT_FORMAT = 1
@@ -327,6 +328,7 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
         # in the graphs `int8_activation_graphs` lists; "float": none does
         "activations": "int8" if int8_graphs else "float", "int8_activation_graphs": int8_graphs,
         "vocab_size": model.config.vocab_size, "mini_batch_size": model.config.mini_batch_size,
+        "bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id,
         "tokenizer": tokenizer, "state": state_specs(model), "graphs": io,
         # onnxruntime options the graphs need: without this, its QDQ fusions turn DequantizeLinear +
         # MatMul of int8 weights into a matmul on dynamically quantized activations (relative error
@@ -339,13 +341,24 @@ def write_manifest(directory: Path, data: dict) -> None:
     (directory / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
+def initial_states(model: CausalLM, specs: list[dict]) -> list[np.ndarray]:
+    """Each layer's initial state tensors, flat and joined in the order of `specs` (float32)."""
+    layers = model.init_state(1).layers
+    flat = [[] for _ in layers]
+    for s in specs:
+        flat[s["layer"]].append(layers[s["layer"]][s["tensor"]].detach().float().reshape(-1).numpy())
+    return [np.concatenate(parts) for parts in flat]
+
+
 def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
                  log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
-    """Both graphs, their weights, the tokenizer file (if any) and manifest.json into `directory`;
-    returns the manifest."""
+    """Both graphs, their weights, the tokenizer file (if any), onnxruntime-genai's files (`genai`) and
+    manifest.json into `directory`; returns the manifest."""
     data = manifest(model, name, export_graphs(model, directory, opset, log, activations), opset, activations)
     if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
         model.tokenizer.save(directory)
+    log(f"  {genai.GENAI_GRAPH} and {genai.GENAI_CONFIG} for onnxruntime-genai")
+    data["genai"] = genai.write_genai_files(directory, data, initial_states(model, data["state"]))
     write_manifest(directory, data)
     return data
 

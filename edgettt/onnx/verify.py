@@ -7,12 +7,14 @@ That holds for float weights and for int4/int8/nf4/fp4 weights, whose dequantize
 fp32 numbers. Two variants are discontinuous by design and keep a KLD rule (`KLD_MAX`): an int8
 state (a difference of one fp32 ulp can flip a rounding at a mini-batch commit) and LLM.int8 (torch
 multiplies its outlier columns in fp16, the graph in fp32). Prefill-then-decode in onnxruntime must
-equal onnxruntime's prefill of the whole text by the same rule.
+equal onnxruntime's prefill of the whole text by the same rule, and onnxruntime-genai's model.onnx
+(`genai`), run as genai runs it, both.
 """
 
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,6 +28,7 @@ from ..quant.linear import QuantLinear
 from ..quant.state_formats import state_format
 from ..quant.weight_formats import WEIGHT_FORMATS
 from ..runner import Runner
+from . import genai
 
 ROUNDING_FACTOR = 10  # two fp32 computations of one function differ by about sqrt(2) x floor; 10 leaves room
 FLOOR_MIN = 1e-7  # below this the floor itself is noise of the measurement
@@ -55,32 +58,41 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
         ref, _ = model.float().eval().prefill(ids)
     ort_logits, _ = runner.run_prefill(ids.numpy())
     split = b + 3  # prefill a first part, decode the rest token by token
-    _, states = runner.run_prefill(ids[:, :split].numpy())
+    first, states = runner.run_prefill(ids[:, :split].numpy())
     decoded, _ = runner.decode_tokens(ids[:, split:].numpy(), split, states)  # logits at positions split..
     prefill_vs_torch = compare(ref.numpy(), ort_logits)
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
+    checks = [prefill_vs_torch, decode_vs_prefill]
+    genai_vs_runner = None
+    if runner.manifest.get("genai", {}).get("written"):  # model.onnx as genai drives it: the same numbers
+        genai_logits = genai.run_graph(Path(directory), runner.manifest, ids.numpy(), split)
+        genai_vs_runner = compare(np.concatenate((first, decoded), axis=1), genai_logits)
+        checks.append(genai_vs_runner)
     quantization = model.config.quantization or {}
     if runner.manifest.get("activations") == "int8":
         floor = int8_activation_noise(model, ids, ref)
         limit = max(KLD_MAX_INT8_ACTIVATIONS, NOISE_FACTOR * floor)
-        passed = prefill_vs_torch["kld_mean"] <= limit and decode_vs_prefill["kld_mean"] <= limit
+        passed = all(c["kld_mean"] <= limit for c in checks)
         rule = (f"KLD mean <= {limit:.2g}: int8 activations in the quantized layers, the larger of "
                 f"{KLD_MAX_INT8_ACTIVATIONS:g} and {NOISE_FACTOR} x {floor:.2e} (what rounding them moves torch's "
                 "logits on these tokens)")
     elif discontinuous(quantization):
         floor = None
-        passed = prefill_vs_torch["kld_mean"] <= KLD_MAX and decode_vs_prefill["kld_mean"] <= KLD_MAX
+        passed = all(c["kld_mean"] <= KLD_MAX for c in checks)
         rule = f"KLD mean <= {KLD_MAX:g} (a rounding step in the model: {quantization})"
     else:
         floor = max(fp32_rounding_floor(model, ids, ref), FLOOR_MIN)
         limit = ROUNDING_FACTOR * floor
-        passed = prefill_vs_torch["rel_error"] < limit and decode_vs_prefill["rel_error"] < limit
+        passed = all(c["rel_error"] < limit for c in checks)
         rule = (f"relative error < {ROUNDING_FACTOR} x {floor:.2e} (torch fp32 against fp64 on these tokens) "
                 f"= {limit:.2e}")
     summary = (f"prefill vs torch: rel {prefill_vs_torch['rel_error']:.2e}, KLD {prefill_vs_torch['kld_mean']:.2e}; "
                f"decode vs prefill: rel {decode_vs_prefill['rel_error']:.2e}, KLD {decode_vs_prefill['kld_mean']:.2e}")
+    if genai_vs_runner is not None:
+        summary += f"; genai's graph vs both: rel {genai_vs_runner['rel_error']:.2e}, KLD {genai_vs_runner['kld_mean']:.2e}"
     return {"text": text.fingerprint(), "windows": windows, "tokens": length, "decoded_from": split,
             "prefill_vs_torch": prefill_vs_torch, "decode_vs_prefill": decode_vs_prefill,
+            "genai_vs_runner": genai_vs_runner,
             "fp32_rounding_floor": floor, "rule": rule, "passed": passed, "summary": summary}
 
 
