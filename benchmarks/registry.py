@@ -79,9 +79,14 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " && edgettt quantize {tmp}/P {tmp}/Q --weights int4-rtn-g32 && edgettt export {tmp}/Q {tmp}/int4"
      " && python benchmarks/anchor_llama.py --preset 125m --out {tmp}/anchors --precision int4"
      " && edgettt bench {tmp}/int4 genai:{tmp}/int4 {tmp}/anchors/llama-125m-int4 --pp 128 --tg 64 --depth 0,512 -r 3"
+     " --threads $(nproc)"
      " --json {json} --markdown {md}",
      "the 125m int4 export decoded by onnxruntime-genai, by `edgettt run`'s runner and, in turns, genai's own "
      "Llama-125m int4 (its model builder's export) on this CPU"),
+    ("linear_attention_op_cpu", "cpu",
+     "python benchmarks/linear_attention_op.py --heads 12 --head-dim 64 --tokens 512 --repeats 7 --json {json}",
+     "ONNX's LinearAttention (opset 27) for the open mini-batch's sums, decode and prefill, at the 125m shapes, "
+     "against the subgraphs the export writes: agreement and time"),
     ("onnx_cpu", "cpu", "python benchmarks/bench_onnx_cpu.py --json {json}",
      "ttt-linear-tiny-parallel's exports (float, int8, int4, nf4) in ONNX Runtime, in alternation"),
     ("train_step_cpu", "cpu", "python benchmarks/bench_train_step.py --repeats 7 --json {json}",

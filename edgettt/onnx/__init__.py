@@ -23,7 +23,6 @@ import logging
 import warnings
 from pathlib import Path
 
-import numpy as np
 import onnx
 import torch
 from torch import nn
@@ -341,15 +340,6 @@ def write_manifest(directory: Path, data: dict) -> None:
     (directory / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
 
 
-def initial_states(model: CausalLM, specs: list[dict]) -> list[np.ndarray]:
-    """Each layer's initial state tensors, flat and joined in the order of `specs` (float32)."""
-    layers = model.init_state(1).layers
-    flat = [[] for _ in layers]
-    for s in specs:
-        flat[s["layer"]].append(layers[s["layer"]][s["tensor"]].detach().float().reshape(-1).numpy())
-    return [np.concatenate(parts) for parts in flat]
-
-
 def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
                  log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     """Both graphs, their weights, the tokenizer file (if any), onnxruntime-genai's files (`genai`) and
@@ -358,7 +348,7 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
     if model.tokenizer is not None and data["tokenizer"]["type"] == "tokenizer.json":
         model.tokenizer.save(directory)
     log(f"  {genai.GENAI_GRAPH} and {genai.GENAI_CONFIG} for onnxruntime-genai")
-    data["genai"] = genai.write_genai_files(directory, data, initial_states(model, data["state"]))
+    data["genai"] = genai.write_genai_files(directory, data)
     write_manifest(directory, data)
     return data
 

@@ -9,12 +9,14 @@ one shape and type for all layers). An edgettt layer keeps several tensors (TTT-
 TTT-MLP two levels and conv tails, LaCT fast weights, momentum and a window of keys and values),
 which start from learned values, not zeros. So, faithfully to both:
 
-- a layer's tensors travel packed into its recurrent_state [B, 1, 1, N], flat and in the manifest's
-  order, each as its difference from its initial value: genai's zeros are the model's initial state;
-- conv_state [B, 1, 1] is a placeholder the graph passes through (genai wants one beside each);
-- the graph is made of the export's own graphs, not traced again: at position 0 (a fresh state) the
-  prefill graph over the prompt; at any later position a Loop of the decode graph, a token a step. genai
-  therefore computes what `edgettt run` computes, token for token.
+- recurrent_state holds a layer's first tensor (TTT's S1 [B, H, Dk, Dv] as it is: a reshape, no copy),
+  conv_state the layer's other tensors flat, one after another [B, 1, M] (TTT-Linear: A1 alone, again a
+  reshape); a layer with one tensor gets a [B, 1, 1] conv_state placeholder passed through;
+- genai's zeros are read only at position 0, where the graph starts from the model's initial state
+  whatever it is given: the first run of a generation, or after genai rewinds to the start;
+- the graph is made of the export's own graphs, not traced again: at position 0 the prefill graph over
+  the prompt; at any later position a Loop of the decode graph, a token a step. genai therefore
+  computes what `edgettt run` computes, token for token.
 
 A state kept in other types (int12's float16 keys and values, int8) has no place in genai's float32
 state tensors; such an export is written without genai's files (the manifest says why).
@@ -49,8 +51,8 @@ def unsupported(manifest: dict) -> str | None:
     if other:
         return (f"its state keeps {', '.join(other)} tensors and genai binds float32 ones; export a model "
                 "quantized with --state fp32")
-    sizes = {layer_size(manifest, i) for i in range(layer_count(manifest))}
-    if len(sizes) != 1:
+    shapes = {str(layout(manifest, i)[2:]) for i in range(layer_count(manifest))}
+    if len(shapes) != 1:
         return "its layers keep states of different sizes and genai gives every layer one shape"
     return None
 
@@ -63,8 +65,12 @@ def layer_specs(manifest: dict, layer: int) -> list[dict]:
     return [s for s in manifest["state"] if s["layer"] == layer]
 
 
-def layer_size(manifest: dict, layer: int) -> int:
-    return sum(int(np.prod(s["shape"])) for s in layer_specs(manifest, layer))
+def layout(manifest: dict, layer: int) -> tuple[dict, list[dict], list[int], list[int]]:
+    """How a layer's tensors sit in genai's two: (the tensor recurrent_state holds, the tensors conv_state
+    holds flat one after another, recurrent_state's shape, conv_state's shape; batch as 0)."""
+    first, *rest = layer_specs(manifest, layer)
+    shape = first["shape"] if len(first["shape"]) == 3 else [1, 1, int(np.prod(first["shape"]))]
+    return first, rest, [0, *shape], [0, 1, max(1, sum(int(np.prod(s["shape"])) for s in rest))]
 
 
 # ---- composing the graph
@@ -98,36 +104,46 @@ def _const(name: str, value, dtype=np.int64) -> onnx.NodeProto:
 
 
 def _pack(manifest: dict, names: dict[str, str], prefix: str) -> tuple[list, list[str]]:
-    """Nodes turning each layer's state tensors `names[state]` into its flat recurrent_state
-    [B, 1, 1, N] less the initial values (`genai.init.{i}`); returns (nodes, packed names)."""
-    nodes, packed = [_const(prefix + "flat", [0, -1]), _const(prefix + "b111", [0, 1, 1, -1])], []
+    """Nodes putting each layer's state tensors `names[state]` into genai's two (`layout`); returns the
+    nodes and the names of [recurrent_0, conv_0, recurrent_1, ...] (a conv_state that holds nothing is the
+    main graph's placeholder: left out)."""
+    nodes, packed = [], []
     for i in range(layer_count(manifest)):
-        flats = []
-        for s in layer_specs(manifest, i):
-            flats.append(f"{prefix}{s['name']}.flat")
-            nodes.append(helper.make_node("Reshape", [names[s["name"]], prefix + "flat"], [flats[-1]]))
-        nodes += [helper.make_node("Concat", flats, [f"{prefix}{i}.cat"], axis=1),
-                  helper.make_node("Sub", [f"{prefix}{i}.cat", f"genai.init.{i}"], [f"{prefix}{i}.delta"]),
-                  helper.make_node("Reshape", [f"{prefix}{i}.delta", prefix + "b111"], [f"{prefix}{i}.packed"])]
-        packed.append(f"{prefix}{i}.packed")
+        first, rest, rec_shape, conv_shape = layout(manifest, i)
+        q = f"{prefix}{i}."
+        nodes += [_const(q + "rec_shape", rec_shape),
+                  helper.make_node("Reshape", [names[first["name"]], q + "rec_shape"], [q + "rec"])]
+        packed.append(q + "rec")
+        if rest:
+            nodes.append(_const(q + "flat", [0, -1]))
+            nodes += [helper.make_node("Reshape", [names[r["name"]], q + "flat"], [f"{q}{r['name']}.flat"]) for r in rest]
+            nodes += [helper.make_node("Concat", [f"{q}{r['name']}.flat" for r in rest], [q + "cat"], axis=1),
+                      _const(q + "conv_shape", conv_shape),
+                      helper.make_node("Reshape", [q + "cat", q + "conv_shape"], [q + "conv"])]
+            packed.append(q + "conv")
     return nodes, packed
 
 
-def _unpack(manifest: dict, recurrent: list[str], prefix: str) -> tuple[list, dict[str, str]]:
-    """Nodes turning each layer's recurrent_state back into its tensors [B, ...]; returns (nodes,
-    {state: value name})."""
-    nodes, names = [_const(prefix + "flat", [0, -1]), _const(prefix + "axis1", [1])], {}
-    for i, rec in enumerate(recurrent):
-        nodes += [helper.make_node("Reshape", [rec, prefix + "flat"], [f"{prefix}{i}.delta"]),
-                  helper.make_node("Add", [f"{prefix}{i}.delta", f"genai.init.{i}"], [f"{prefix}{i}.cat"])]
+def _unpack(manifest: dict, prefix: str) -> tuple[list, dict[str, str]]:
+    """Nodes taking each layer's tensors out of genai's two (`layout`); returns (nodes, {state: name})."""
+    nodes, names = [], {}
+    for i in range(layer_count(manifest)):
+        first, rest, _, _ = layout(manifest, i)
+        conv, rec = state_names(PAST, i)
+        q = f"{prefix}{i}."
+        nodes += [_const(q + first["name"] + ".shape", [0, *first["shape"]]),
+                  helper.make_node("Reshape", [rec, q + first["name"] + ".shape"], [q + first["name"]])]
+        names[first["name"]] = q + first["name"]
+        if rest:
+            nodes += [_const(q + "flat", [0, -1]), _const(q + "axis1", [1]),
+                      helper.make_node("Reshape", [conv, q + "flat"], [q + "cat"])]
         offset = 0
-        for s in layer_specs(manifest, i):
-            n = int(np.prod(s["shape"]))
-            lo, hi, shape = f"{prefix}{s['name']}.lo", f"{prefix}{s['name']}.hi", f"{prefix}{s['name']}.shape"
-            nodes += [_const(lo, [offset]), _const(hi, [offset + n]), _const(shape, [0, *s["shape"]]),
-                      helper.make_node("Slice", [f"{prefix}{i}.cat", lo, hi, prefix + "axis1"], [f"{prefix}{s['name']}.f"]),
-                      helper.make_node("Reshape", [f"{prefix}{s['name']}.f", shape], [f"{prefix}{s['name']}"])]
-            names[s["name"]] = f"{prefix}{s['name']}"
+        for r in rest:
+            n, t = int(np.prod(r["shape"])), q + r["name"]
+            nodes += [_const(t + ".lo", [offset]), _const(t + ".hi", [offset + n]), _const(t + ".shape", [0, *r["shape"]]),
+                      helper.make_node("Slice", [q + "cat", t + ".lo", t + ".hi", q + "axis1"], [t + ".f"]),
+                      helper.make_node("Reshape", [t + ".f", t + ".shape"], [t])]
+            names[r["name"]] = t
             offset += n
     return nodes, names
 
@@ -174,7 +190,7 @@ def _steps_branch(manifest: dict, decode: onnx.GraphProto) -> onnx.GraphProto:
                *[helper.make_tensor_value_info(d + states_out[s], TensorProto.FLOAT, None) for s in order],
                helper.make_tensor_value_info(d + _role(io, "outputs", "logits"), TensorProto.FLOAT, None)]
     body = helper.make_graph(body_nodes, "token", inputs, outputs, initializer=list(decode.initializer))
-    unpack, names = _unpack(manifest, [state_names(PAST, i)[1] for i in range(layer_count(manifest))], "s/unpack/")
+    unpack, names = _unpack(manifest, "s/unpack/")
     nodes = [*unpack,
              helper.make_node("Shape", ["input_ids"], ["s/T"], start=1, end=2),
              helper.make_node("Squeeze", ["s/T"], ["s/T0"]),
@@ -190,15 +206,17 @@ def _steps_branch(manifest: dict, decode: onnx.GraphProto) -> onnx.GraphProto:
     return helper.make_graph(nodes + pack, "steps", [], outputs)
 
 
-def genai_model(directory: Path, manifest: dict, initial: list[np.ndarray]) -> onnx.ModelProto:
-    """model.onnx for genai from the export in `directory` (its graphs' weights stay in weights.bin);
-    `initial`: each layer's initial state, flat, in the manifest's order."""
+def _dims(shape: list[int]) -> list:
+    return ["batch", *shape[1:]]
+
+
+def genai_model(directory: Path, manifest: dict) -> onnx.ModelProto:
+    """model.onnx for genai from the export in `directory` (its graphs' weights stay in weights.bin)."""
     graphs = manifest["graphs"]
     prefill = onnx.load(str(directory / graphs["prefill"]["file"]), load_external_data=False)
     decode = onnx.load(str(directory / graphs["decode"]["file"]), load_external_data=False)
     p_graph, d_graph = _renamed(prefill.graph, "p/"), _renamed(decode.graph, "d/")
-    initializers = [numpy_helper.from_array(v.astype(np.float32)[None], f"genai.init.{i}") for i, v in enumerate(initial)]
-    L, V, N = layer_count(manifest), manifest["vocab_size"], layer_size(manifest, 0)
+    V = manifest["vocab_size"]
     inputs = [helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "tokens"]),
               helper.make_tensor_value_info("position_ids", TensorProto.INT64, ["batch", "tokens"])]
     outputs = [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["batch", "tokens", V])]
@@ -208,18 +226,20 @@ def genai_model(directory: Path, manifest: dict, initial: list[np.ndarray]) -> o
              helper.make_node("Gather", ["genai.column", "genai.zero"], ["genai.position"], axis=0),
              helper.make_node("Equal", ["genai.position", "genai.zero"], ["genai.fresh"])]
     presents = []
-    for i in range(L):
+    for i in range(layer_count(manifest)):
         (conv_in, rec_in), (conv_out, rec_out) = state_names(PAST, i), state_names(PRESENT, i)
-        inputs += [helper.make_tensor_value_info(conv_in, TensorProto.FLOAT, ["batch", 1, 1]),
-                   helper.make_tensor_value_info(rec_in, TensorProto.FLOAT, ["batch", 1, 1, N])]
-        outputs += [helper.make_tensor_value_info(conv_out, TensorProto.FLOAT, ["batch", 1, 1]),
-                    helper.make_tensor_value_info(rec_out, TensorProto.FLOAT, ["batch", 1, 1, N])]
-        nodes.append(helper.make_node("Identity", [conv_in], [conv_out]))
-        presents.append(rec_out)
+        _, rest, rec_shape, conv_shape = layout(manifest, i)
+        inputs += [helper.make_tensor_value_info(conv_in, TensorProto.FLOAT, _dims(conv_shape)),
+                   helper.make_tensor_value_info(rec_in, TensorProto.FLOAT, _dims(rec_shape))]
+        outputs += [helper.make_tensor_value_info(conv_out, TensorProto.FLOAT, _dims(conv_shape)),
+                    helper.make_tensor_value_info(rec_out, TensorProto.FLOAT, _dims(rec_shape))]
+        presents += [rec_out, conv_out] if rest else [rec_out]
+        if not rest:  # the placeholder genai wants beside the recurrent_state
+            nodes.append(helper.make_node("Identity", [conv_in], [conv_out]))
     nodes.append(helper.make_node("If", ["genai.fresh"], ["logits", *presents],
                                   then_branch=_fresh_branch(manifest, p_graph),
                                   else_branch=_steps_branch(manifest, d_graph)))
-    graph = helper.make_graph(nodes, "edgettt-genai", inputs, outputs, initializer=initializers)
+    graph = helper.make_graph(nodes, "edgettt-genai", inputs, outputs)
     model = helper.make_model(graph, opset_imports=list(decode.opset_import), ir_version=decode.ir_version)
     model.producer_name = "edgettt"
     return model
@@ -263,13 +283,13 @@ def _token(manifest: dict, key: str) -> int:
     return value if isinstance(value, int) and 0 <= value < manifest["vocab_size"] else 0
 
 
-def write_genai_files(directory: Path, manifest: dict, initial: list[np.ndarray]) -> dict:
+def write_genai_files(directory: Path, manifest: dict) -> dict:
     """model.onnx, genai_config.json and the tokenizer files genai reads into `directory`; returns the
     manifest's "genai" entry."""
     why = unsupported(manifest)
     if why is not None:
         return {"written": False, "why": why}
-    onnx.save(genai_model(directory, manifest, initial), str(directory / GENAI_GRAPH))
+    onnx.save(genai_model(directory, manifest), str(directory / GENAI_GRAPH))
     (directory / GENAI_CONFIG).write_text(json.dumps(genai_config(manifest), indent=2) + "\n")
     if manifest["tokenizer"]["type"] == "bytes":  # genai reads a tokenizer.json: one of 256 byte tokens
         (directory / "tokenizer.json").write_text(byte_level_tokenizer_json())
@@ -277,8 +297,8 @@ def write_genai_files(directory: Path, manifest: dict, initial: list[np.ndarray]
         {"tokenizer_class": "PreTrainedTokenizerFast", "add_bos_token": False, "add_eos_token": False,
          "clean_up_tokenization_spaces": False}, indent=2) + "\n")
     return {"written": True, "graph": GENAI_GRAPH, "config": GENAI_CONFIG,
-            "state": "per layer: conv_state [B, 1, 1] (unused), recurrent_state [B, 1, 1, N]: the layer's "
-                     "tensors of `state`, flat, less their initial values"}
+            "state": "per layer: recurrent_state holds the layer's first tensor of `state`, conv_state the others, "
+                     "flat one after another (a [B, 1, 1] placeholder when there are none)"}
 
 
 def run_graph(directory: Path, manifest: dict, ids: np.ndarray, split: int) -> np.ndarray:
@@ -288,11 +308,10 @@ def run_graph(directory: Path, manifest: dict, ids: np.ndarray, split: int) -> n
     for key, value in manifest.get("session_config", {}).items():
         options.add_session_config_entry(key, value)
     sess = ort.InferenceSession(str(directory / GENAI_GRAPH), options, providers=["CPUExecutionProvider"])
-    B, N = ids.shape[0], layer_size(manifest, 0)
-    states = {}
+    B, states = ids.shape[0], {}
     for i in range(layer_count(manifest)):
-        conv, rec = state_names(PAST, i)
-        states[conv], states[rec] = np.zeros((B, 1, 1), np.float32), np.zeros((B, 1, 1, N), np.float32)
+        (conv, rec), (_, _, rec_shape, conv_shape) = state_names(PAST, i), layout(manifest, i)
+        states[conv], states[rec] = np.zeros([B, *conv_shape[1:]], np.float32), np.zeros([B, *rec_shape[1:]], np.float32)
     logits = []
     for lo, hi in ((0, split), (split, ids.shape[1])):
         positions = np.broadcast_to(np.arange(lo, hi, dtype=np.int64), (B, hi - lo))
