@@ -2,6 +2,7 @@
 saved models (their file's dtypes, their documented slice numbers)."""
 
 import itertools
+import json
 import os
 
 # pytest-xdist's workers share the cores: torch's default of a thread a core in each would oversubscribe
@@ -129,3 +130,43 @@ def word_tokenizer(path, size: int):
     tok.pre_tokenizer = Whitespace()
     tok.save(str(path))
     return path
+
+
+GENAI_PROMPT = "def main(args):"
+
+
+def genai_tokens(directory, prompt: str, n: int, then: str | None = None, m: int = 0) -> list[int]:
+    """Greedy tokens from onnxruntime-genai's own loop (og.Model, og.Tokenizer, og.Generator) on an
+    export: `n` after `prompt`, then `m` after appending `then`."""
+    import onnxruntime_genai as og  # (the test extras: tests/test_runtimes.py and test_readme.py use it)
+
+    model = og.Model(str(directory))
+    tokenizer = og.Tokenizer(model)
+    ids = tokenizer.encode(prompt)
+    params = og.GeneratorParams(model)
+    params.set_search_options(max_length=len(ids) + n + m + 64, do_sample=False)
+    generator = og.Generator(model, params)
+    generator.append_tokens(ids)
+    out = []
+    for count, text in ((n, None), (m, then)):
+        if text is not None:
+            generator.append_tokens(tokenizer.encode(text))
+        for _ in range(count):
+            generator.generate_next_token()
+            out.append(int(generator.get_next_tokens()[0]))
+    return out
+
+
+def check_genai_generates_what_edgettt_run_generates(directory, tmp_path) -> None:
+    """genai's greedy tokens on an export against `edgettt run --repetition-penalty 1`'s (40 of them)."""
+    from click.testing import CliRunner
+
+    from edgettt.cli import cli
+
+    stats = tmp_path / "run.json"
+    result = CliRunner().invoke(cli, ["run", str(directory), "--prompt", GENAI_PROMPT, "--max-new-tokens", "40",
+                                      "--repetition-penalty", "1", "--json", str(stats)])
+    assert result.exit_code == 0, result.output
+    assert genai_tokens(directory, GENAI_PROMPT, 40) == json.loads(stats.read_text())["tokens"]
+    config = json.loads((directory / "genai_config.json").read_text())
+    assert config["model"]["decoder"]["filename"] == "model.onnx"

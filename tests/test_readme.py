@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+from conftest import check_genai_generates_what_edgettt_run_generates
 
 from edgettt.cli import cli
 
@@ -66,6 +67,9 @@ def test_every_readme_command_and_the_snippet_run_verbatim(tmp_path):
         background.kill()
     assert background.returncode == 0, output
     assert (tmp_path / "edgettt-report" / "report.html").exists() and (tmp_path / "onnx-int4" / "manifest.json").exists()
+    # the README's int4 export in onnxruntime-genai: the tokens `edgettt run` gives (tests/test_runtimes.py
+    # checks the float TTT-Linear, TTT-MLP and LaCT exports)
+    check_genai_generates_what_edgettt_run_generates(tmp_path / "onnx-int4", tmp_path)
 
 
 def options_of(command: click.Command) -> set[str]:
