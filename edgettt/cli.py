@@ -28,7 +28,8 @@ MOVED_OPTIONS = {  # an option that left a command -> where its setting went (sa
     "--pool": "--distill pool=N", "-o": "the output is the command's last argument, OUT",
     "--output": "the output is the command's last argument, OUT", "--keep-exports": "edgettt.report(..., ) in Python "
     "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)",
-    "--quantize-lm-head": "--lm-head same", "--top-k": "--sampling top-k=K", "--top-p": "--sampling top-p=P", "--seed": "run: --sampling seed=N"}
+    "--quantize-lm-head": "--lm-head same", "--top-k": "--sampling top-k=K", "--top-p": "--sampling top-p=P",
+    "--seed": "run: --sampling seed=N"}
 
 
 class Group(click.Group):
@@ -959,8 +960,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
     OUT/decode.onnx (one token, the states in and out)
     and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
     quantization, source fingerprint, verification). With a float state, OUT also opens in
-    onnxruntime-genai (og.Model(OUT)): OUT/model.onnx (both graphs in one, a layer's state packed
-    into the recurrent_state genai binds), OUT/genai_config.json and the tokenizer files it reads.
+    onnxruntime-genai (og.Model(OUT)): OUT/model.onnx (both graphs in one, a layer's state in the
+    recurrent_state and conv_state genai binds), OUT/genai_config.json and the tokenizer files it reads.
 
     Both graphs share one OUT/weights.bin. int4 and int8 weights become com.microsoft.MatMulNBits
     (4 and 8 bits) and nf4/fp4 com.microsoft.MatMulBnb4 over the model's own bytes; a tied embedding
@@ -1072,9 +1073,7 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, repetition_penalty,
                f"decode {stats['new_tokens']} tokens at {stats['decode_tokens_per_s']:.1f} tokens/s; "
                f"peak memory {stats['peak_memory_mb']:.0f} MB", err=True)
     if state_out:
-        with state_out.write() as tmp:
-            from .state_file import save
-            save(runner.snapshot(), tmp, runner.manifest)
+        runner.save_state(state_out)
         click.echo(f"wrote {state_out.path}: the state after {runner.current.position} tokens", err=True)
     if json_out:
         with json_out.write() as tmp:

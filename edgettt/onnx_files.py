@@ -25,26 +25,26 @@ MIN_EXTERNAL_BYTES = 1024
 ALIGN = 4096
 
 
-def _graphs(graph):
+def all_graphs(graph):
     """`graph` and every graph inside its nodes (Scan / If / Loop bodies), depth first."""
     yield graph
     for node in graph.node:
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
+                yield from all_graphs(attr.g)
             elif attr.type == onnx.AttributeProto.GRAPHS:
                 for g in attr.graphs:
-                    yield from _graphs(g)
+                    yield from all_graphs(g)
 
 
 def _initializers(graph):
-    for g in _graphs(graph):
+    for g in all_graphs(graph):
         yield from g.initializer
 
 
 def _drop_node_metadata(graph) -> None:
     """The exporter's per-node stack traces and scopes: most of a graph file's bytes, no use to a runtime."""
-    for g in _graphs(graph):
+    for g in all_graphs(graph):
         for node in g.node:
             del node.metadata_props[:]
             node.ClearField("doc_string")

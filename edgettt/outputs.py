@@ -342,6 +342,6 @@ def plan_outputs(*specs, inputs=()) -> list[Output]:
     return planned
 
 
-def as_output(target, kind: str, force: bool = False) -> Output:
+def as_output(target, kind: str, force: bool = False, inputs=()) -> Output:
     """An `Output` as given, or a path planned as one (the Python API's callers pass paths)."""
-    return target if isinstance(target, Output) else Output.plan(target, kind, force, api=True)
+    return target if isinstance(target, Output) else Output.plan(target, kind, force, inputs, api=True)

@@ -26,7 +26,7 @@ import onnxruntime as ort
 
 from . import state_file
 from .errors import EdgetttError  # plain Python: no torch behind it
-from .outputs import Output
+from .outputs import as_output
 from .state_file import RECENT_TOKENS, Snapshot
 from .tokenizer import ByteTokenizer, JsonTokenizer
 
@@ -242,8 +242,8 @@ class Runner:
 
     def save_state(self, path, force: bool = False) -> None:
         """Write the sequence's state to `path` (a safetensors file; replaces an older state file only
-        with `force`)."""
-        out = Output.plan(path, "state", force, inputs=[self.dir], api=True)
+        with `force`), or to an `outputs.Output` planned before the work."""
+        out = as_output(path, "state", force, inputs=[self.dir])
         snapshot = self.snapshot()
         with out.write() as tmp:
             state_file.save(snapshot, tmp, self.manifest)

@@ -29,9 +29,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
+from ..onnx_files import all_graphs
+from ..runner import session
 from ..tokenizer import byte_level_tokenizer_json
 
 GENAI_GRAPH = "model.onnx"
@@ -84,18 +85,13 @@ def _renamed(graph: onnx.GraphProto, prefix: str) -> onnx.GraphProto:
     def name(n: str) -> str:
         return prefix + n if n else n
 
-    def walk(g: onnx.GraphProto) -> None:
+    for g in all_graphs(graph):
         for v in (*g.input, *g.output, *g.value_info, *g.initializer, *g.sparse_initializer):
             v.name = name(v.name)
         for node in g.node:
             node.input[:] = [name(n) for n in node.input]
             node.output[:] = [name(n) for n in node.output]
             node.name = name(node.name)
-            for a in node.attribute:
-                for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                    walk(sub)
-
-    walk(graph)
     return graph
 
 
@@ -248,12 +244,9 @@ def genai_model(directory: Path, manifest: dict) -> onnx.ModelProto:
 # ---- the folder
 
 
-def genai_config(manifest: dict, threads: int | None = None) -> dict:
+def genai_config(manifest: dict) -> dict:
     """genai_config.json: a "decoder" model whose KV names lead genai to the recurrent state names."""
     L = layer_count(manifest)
-    session = dict(manifest.get("session_config", {}))
-    if threads:
-        session["intra_op_num_threads"] = threads
     return {
         "model": {
             "type": "decoder", "vocab_size": manifest["vocab_size"], "context_length": (1 << 31) - 1,
@@ -262,7 +255,7 @@ def genai_config(manifest: dict, threads: int | None = None) -> dict:
             "bos_token_id": _token(manifest, "bos_token_id"), "eos_token_id": _token(manifest, "eos_token_id"),
             "pad_token_id": manifest["vocab_size"],
             "decoder": {
-                "filename": GENAI_GRAPH, "session_options": session,
+                "filename": GENAI_GRAPH, "session_options": dict(manifest.get("session_config", {})),
                 # a TTT model has no attention heads or KV cache; genai reads these numbers but sizes
                 # no cache from them when the graph has no past key inputs
                 "num_hidden_layers": L, "num_attention_heads": 1, "num_key_value_heads": 1, "head_size": 1,
@@ -304,10 +297,7 @@ def write_genai_files(directory: Path, manifest: dict) -> dict:
 def run_graph(directory: Path, manifest: dict, ids: np.ndarray, split: int) -> np.ndarray:
     """Logits [B, T, V] of model.onnx in onnxruntime as genai drives it: ids[:, :split] from genai's zero
     state at position 0, then the rest in one run from the state that left (a second prompt)."""
-    options = ort.SessionOptions()
-    for key, value in manifest.get("session_config", {}).items():
-        options.add_session_config_entry(key, value)
-    sess = ort.InferenceSession(str(directory / GENAI_GRAPH), options, providers=["CPUExecutionProvider"])
+    sess = session(directory / GENAI_GRAPH, manifest.get("session_config", {}))
     B, states = ids.shape[0], {}
     for i in range(layer_count(manifest)):
         (conv, rec), (_, _, rec_shape, conv_shape) = state_names(PAST, i), layout(manifest, i)
