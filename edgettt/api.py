@@ -33,7 +33,9 @@ from .quant import calibration
 from .quant.apply import quantize_model, skip_patterns
 from .quant.config import QuantConfig
 from .reporting import build_report, table, variants, write
-from .runner import Runner
+from .runner import Runner, is_export
+from .web import copy_export
+from .web import runtime_files as web_runtime_files
 
 
 def _text(text) -> Text:
@@ -108,15 +110,20 @@ class Export:
         return Runner(self.path, threads)
 
 
-def export(model: CausalLM, out, name: str = "model", verify_text="python-docs-sample", opset: int = 21,
-           force: bool = False, activations: str = "int8") -> Export:
+def export(model, out, name: str = "model", verify_text="python-docs-sample", opset: int = 21,
+           force: bool = False, activations: str = "int8", web: bool = False) -> Export:
     """prefill.onnx, decode.onnx, weights.bin and manifest.json for ONNX Runtime in `out`, checked in
     onnxruntime against torch on `verify_text` (None: not checked) before anything is written.
-    `activations`: "int8" (quantized layers multiply int8 activations) or "float"."""
+    `activations`: "int8" (quantized layers multiply int8 activations) or "float". `web`: also a page that
+    runs it in a browser (`edgettt.web`); `model` may then be an existing export's folder (copied)."""
     if activations not in ACTIVATIONS:
         raise EdgetttError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
+    runtime = web_runtime_files() if web else None
+    if web and isinstance(model, (str, Path)) and is_export(model):
+        return Export(Path(out), copy_export(model, Output.plan(out, "export", force, [model], api=True), runtime))
     text = None if verify_text is None else _text(verify_text)
-    manifest = export_model(model, out, name, opset=opset, force=force, verify_text=text, activations=activations)
+    manifest = export_model(model, out, name, opset=opset, force=force, verify_text=text, activations=activations,
+                            web=runtime)
     return Export(Path(out), manifest)
 
 

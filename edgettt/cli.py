@@ -26,7 +26,8 @@ MOVED_OPTIONS = {  # an option that left a command -> where its setting went (sa
     "--steps": "--distill steps=N", "--lr": "--distill lr=X", "--batch": "--distill batch=N",
     "--minutes": "--distill minutes=M", "--distill-ctx": "--distill ctx=N/N", "--hard-weight": "--distill hard_weight=W",
     "--pool": "--distill pool=N", "-o": "the output is the command's last argument, OUT",
-    "--output": "the output is the command's last argument, OUT", "--keep-exports": "edgettt.report(..., ) in Python "
+    "--output": "the output is the command's last argument, OUT", "--method": "the method is part of --weights' name "
+    "(int4-gptq-g32)", "--keep-exports": "edgettt.report(..., ) in Python "
     "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)",
     "--quantize-lm-head": "--lm-head same", "--top-k": "--sampling top-k=K", "--top-p": "--sampling top-p=P",
     "--seed": "run: --sampling seed=N"}
@@ -534,10 +535,6 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
               help="FORMAT[-METHOD][-gGROUP]: int8, int8-gptq, int4-rtn-g64, int4-gptq-g32 (gptq: error feedback, "
                    "needs --calib; g: the group along the input), nf4-b64, fp4-b64 (bitsandbytes' codebooks, "
                    "blocks of 64), bnb-int8 (LLM.int8), float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
-@click.option("--group-size", type=RegistryChoice(_names("config", "GROUP_SIZES")), hidden=True, default=None,
-              help="Old spelling: the group is part of --weights.")
-@click.option("--method", type=RegistryChoice(_names("weight_formats", "METHODS")), hidden=True, default=None,
-              help="Old spelling: the method is part of --weights.")
 @click.option("--state", type=StateFormatName(_names("state_formats", "STATE_FORMATS")), default="fp32",
               show_default=True,
               help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "
@@ -554,7 +551,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
                    "the group); refuse: stop before any work and list those layers.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def quantize(model_path, out, weights, group_size, method, state, calib, skip, head, fallback, force):
+def quantize(model_path, out, weights, state, calib, skip, head, fallback, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
     from .checkpoint import save_model
@@ -565,9 +562,6 @@ def quantize(model_path, out, weights, group_size, method, state, calib, skip, h
     from .weights_io import saved_float_dtype
 
     fmt, chosen_method, group = weight_variant(weights)
-    if method or group_size:  # the old spelling: --weights int4 --method gptq --group-size 32
-        chosen_method, group = method or chosen_method, int(group_size or group)
-        click.echo("note: --method and --group-size are now part of --weights (e.g. int4-gptq-g32)", err=True)
     head = head or default_head_format(fmt)
     if head == "int8" and fmt == "none":
         raise EdgetttError("--lm-head int8 quantizes lm_head beside quantized weights; give --weights too, or "
@@ -952,8 +946,13 @@ def size_line(c) -> str:
                    "where that is faster (decode: MatMulNBits accuracy level 4; prefill: DynamicQuantizeMatMul for "
                    "q/k/v and gate/up, int8 rows made when the session loads, more memory while loading; a KLD cost "
                    "the verification reports); float multiplies in fp32.")
+@click.option("--web", is_flag=True,
+              help="Also make OUT a page that runs the model in a browser (onnxruntime-web's WebAssembly, vendored at "
+                   "a pinned version: downloaded once, then cached): OUT/index.html and OUT/edgettt.mjs; serve OUT with "
+                   "any static server. MODEL may be an existing export (copied, not traced again). Quantized weights "
+                   "default to --activations float here: the browser's MatMulNBits multiplies in float.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def export_cmd(model_path, out, opset, verify_data, no_verify, activations, force):
+def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web, force):
     """Export a parallel-form model or a LaCT model in either form (float or quantized) for ONNX
     Runtime: OUT/prefill.onnx (any batch and length, returns logits and the states; LaCT's
     chunk-recurrent form and a quantized fast-weight state as one ONNX Scan over the chunks),
@@ -977,13 +976,25 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
     from .onnx import export_model
     from .onnx_files import WEIGHTS_FILE, graph_bytes
     from .outputs import Output
+    from .runner import is_export
 
+    if is_export(model_path) and not web:
+        raise EdgetttError(f"{model_path}: already an export; add --web to make a browser folder of it, or give a "
+                           "model directory")
     out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
+    runtime = web_runtime() if web else None  # downloaded (or found in the cache) before any work
+    if is_export(model_path):
+        from .web import copy_export
+        data = copy_export(model_path, out, runtime)
+        click.echo(f"wrote {out.path}: {model_path} with {web_line(data)}")
+        return
     text = None if no_verify else read_text(verify_data)
     model = load(model_path)
+    if web and activations == "int8" and click.get_current_context().get_parameter_source("activations").name == "DEFAULT":
+        activations = "float"
     click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out.path} ...", err=True)
     data = export_model(model, out, str(model_path), opset=opset, verify_text=text, activations=activations,
-                        log=lambda line: click.echo(line, err=True))
+                        log=lambda line: click.echo(line, err=True), web=runtime)
     sizes = {g["file"]: graph_bytes(out.path / g["file"]) for g in data["graphs"].values()}
     click.echo(f"wrote {out.path}: " + ", ".join(f"{f} {n / 1e6:.2f} MB" for f, n in sizes.items()) +
                f" (each with the weights it reads; {WEIGHTS_FILE} {(out.path / WEIGHTS_FILE).stat().st_size / 1e6:.2f} "
@@ -992,6 +1003,20 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, forc
                 if data["genai"]["written"] else f" (no onnxruntime-genai files: {data['genai']['why']})"))
     if "verification" in data:
         click.echo(f"verified in onnxruntime ({data['verification']['rule']}): {data['verification']['summary']}")
+    if web:
+        click.echo(f"and {web_line(data)}")
+
+
+def web_runtime() -> dict[str, bytes]:
+    from .web import runtime_files
+    return runtime_files()
+
+
+def web_line(manifest: dict) -> str:
+    """What --web added: the page and what it fetches (what a visitor downloads)."""
+    return (f"a browser page: index.html, edgettt.mjs and onnxruntime-web {manifest['web']['onnxruntime_web']} "
+            f"(serve the folder with any static server, e.g. python -m http.server, and open index.html)"
+            + (f"; note: {manifest['web']['note']}" if manifest["web"].get("note") else ""))
 
 
 class SamplingSpec(click.ParamType):

@@ -48,7 +48,10 @@ DIRECTORY_FILES = {
     "model": {"config.json", "model.safetensors", "pytorch_model.bin", "tokenizer.json", "convert_report.json",
               "MODEL_CARD.md", "eval.json", "train_log.json", "model.safetensors.index.json"},
     "export": {"manifest.json", "prefill.onnx", "decode.onnx", "weights.bin", "tokenizer.json", "model.onnx",
-               "genai_config.json", "tokenizer_config.json"},
+               "genai_config.json", "tokenizer_config.json",
+               # with --web: the page, its runner module, onnxruntime-web and the tokenizers library
+               "index.html", "edgettt.mjs", "ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs",
+               "ort-wasm-simd-threaded.wasm", "tokenizers.min.mjs", "tokenizers.LICENSE"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
                "kld_by_position.png"},
 }

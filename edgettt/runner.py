@@ -62,6 +62,10 @@ def load_manifest(directory: Path) -> dict:
     return manifest
 
 
+def write_manifest(directory: Path, manifest: dict) -> None:
+    (directory / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
+
+
 def _require(ok: bool, file: Path, what: str) -> None:
     if not ok:
         raise EdgetttError(f"{file}: {what}; export the model again with `edgettt export`")

@@ -170,3 +170,39 @@ def check_genai_generates_what_edgettt_run_generates(directory, tmp_path) -> Non
     assert genai_tokens(directory, GENAI_PROMPT, 40) == json.loads(stats.read_text())["tokens"]
     config = json.loads((directory / "genai_config.json").read_text())
     assert config["model"]["decoder"]["filename"] == "model.onnx"
+
+
+SHARED_EXPORTS = {  # name -> (shipped model, weights format or None, export activations)
+    "linear": ("ttt-linear-tiny-parallel", None, "int8"), "mlp": ("ttt-mlp-tiny-parallel", None, "int8"),
+    "lact": ("lact-w1-tiny", None, "int8"),
+    # int4 on float activations: what a browser computes (tests/test_web.py)
+    "linear-int4-float": ("ttt-linear-tiny-parallel", "int4-rtn-g64", "float")}
+
+
+@pytest.fixture(scope="session")
+def shared_export(tmp_path_factory, worker_id):
+    """shared_export(name) -> an export of `SHARED_EXPORTS[name]`, made once per test run and shared by every
+    xdist worker (a file lock: the first asks, the others wait): each export traces its graphs, 20-70 s."""
+    from filelock import FileLock
+
+    import edgettt
+    from edgettt.onnx import export_model
+    from edgettt.quant.config import QuantConfig, weight_variant
+
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if worker_id != "master" else base) / "shared-exports"  # the run's, not older runs'
+    root.mkdir(exist_ok=True)
+
+    def get(name: str):
+        path = root / name
+        with FileLock(str(root / f"{name}.lock")):
+            if not path.exists():
+                model_name, weights, activations = SHARED_EXPORTS[name]
+                model = edgettt.load(model_name)
+                if weights:
+                    fmt, method, group = weight_variant(weights)
+                    model = edgettt.quantize(model, QuantConfig(fmt, group, method))
+                export_model(model, path, model_name, activations=activations)
+        return path
+
+    return get

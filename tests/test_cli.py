@@ -327,7 +327,8 @@ def test_every_command_keeps_to_the_option_budget():
 @pytest.mark.parametrize("args, moved", [(("convert", "a", "b", "--distill", "--steps", "3"), "--distill steps=N"),
                                          (("calibrate", "a", "-o", "c.st"), "last argument, OUT"),
                                          (("report", "--group-size", "32"), "int4-gptq-g32"),
-                                         (("quantize", "a", "b", "--quantize-lm-head"), "--lm-head same")])
+                                         (("quantize", "a", "b", "--quantize-lm-head"), "--lm-head same"),
+                                         (("quantize", "a", "b", "--method", "gptq"), "int4-gptq-g32")])
 def test_a_moved_option_says_where_it_went(args, moved):
     result = run(*args)
     assert result.exit_code == 2 and moved in result.output

@@ -33,7 +33,6 @@ def setup(tmp_path_factory):
                                   ("--weights", "int4-gptq-g32"),
                                   ("--weights", "int4-rtn-g32", "--state", "fp16"),
                                   ("--weights", "nf4-b32", "--state", "int8-tensor"),
-                                  ("--weights", "int4", "--method", "gptq", "--group-size", "32"),  # old spelling
                                   ("--weights", "bnb-int8")])
 def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args):
     out = tmp_path / "q"
@@ -42,7 +41,6 @@ def test_quantize_writes_a_model_that_loads_and_evaluates(setup, tmp_path, args)
     assert "model.layers.0.mlp.gate_proj" in result.output and "bits per weight" in result.output
     config = json.loads((out / "config.json").read_text())
     assert config["quantization"]["variant"] == {"int4": "int4-gptq-g32"}.get(args[1], args[1])  # one spelling
-    assert ("note: --method and --group-size are now part of --weights" in result.output) == ("--method" in args)
     model = edgettt.load(out)
     assert isinstance(model.model.layers[0].mlp.up_proj, QuantLinear)
     four_bit = args[1].startswith(("int4", "nf4", "fp4"))  # lm_head int8 beside 4-bit weights, else float

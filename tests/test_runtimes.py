@@ -16,10 +16,8 @@ from click.testing import CliRunner
 from conftest import GENAI_PROMPT, check_genai_generates_what_edgettt_run_generates, genai_tokens
 from safetensors.numpy import load_file, save_file
 
-import edgettt
 from edgettt.cli import cli
 from edgettt.metrics import logit_error
-from edgettt.onnx import export_model
 from edgettt.runner import Runner, Sampling
 
 pytest.importorskip("onnxruntime_genai")  # in the test extras: CI runs these
@@ -29,15 +27,10 @@ PROMPT = GENAI_PROMPT
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def exports(shared_export):
     """Three of the four the genai check names: TTT-Linear's parallel form in float, TTT-MLP's, LaCT's (its int4
-    export is the README's, checked in tests/test_readme.py: each export traces its graphs, 30-70 s)."""
-    root = tmp_path_factory.mktemp("runtimes")
-    models = {"linear": edgettt.load("ttt-linear-tiny-parallel"), "mlp": edgettt.load("ttt-mlp-tiny-parallel"),
-              "lact": edgettt.load("lact-w1-tiny")}
-    for name, model in models.items():
-        export_model(model, root / name, name)
-    return {name: root / name for name in models}
+    export is the README's, checked in tests/test_readme.py); shared with tests/test_web.py."""
+    return {name: shared_export(name) for name in ("linear", "mlp", "lact")}
 
 
 def run(*args, **kwargs):

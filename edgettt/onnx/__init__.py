@@ -18,7 +18,6 @@ import contextlib
 import copy
 import functools
 import io as io_module
-import json
 import logging
 import warnings
 from pathlib import Path
@@ -38,6 +37,8 @@ from ..progress import bar
 from ..quant.apply import set_module, weight_bits
 from ..quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
 from ..quant.state_formats import state_format
+from ..runner import write_manifest
+from ..web import add_web_files
 from . import genai, onnx_ops
 from .verify import verify
 
@@ -336,10 +337,6 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
     }
 
 
-def write_manifest(directory: Path, data: dict) -> None:
-    (directory / "manifest.json").write_text(json.dumps(data, indent=2) + "\n")
-
-
 def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
                  log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     """Both graphs, their weights, the tokenizer file (if any), onnxruntime-genai's files (`genai`) and
@@ -354,10 +351,11 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
 
 
 def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
-                 verify_text=None, log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
+                 verify_text=None, log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS,
+                 web: dict[str, bytes] | None = None) -> dict:
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out` (a
     path or a planned `outputs.Output`) atomically: a failed export or verification leaves nothing
-    behind. Returns the manifest."""
+    behind. `web`: the browser's files (`web.runtime_files()`), added to the folder. Returns the manifest."""
     out = as_output(out, "export", force)
     with out.write() as tmp:
         data = write_export(model, tmp, name, opset, log, activations)
@@ -372,4 +370,6 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
                        "unchecked)")
                 raise EdgetttError(f"{out.path}: onnxruntime disagrees with torch ({data['verification']['summary']}; "
                                    f"{data['verification']['rule']}); nothing written; {fix}")
+        if web is not None:
+            data = add_web_files(tmp, data, web)
     return data
