@@ -83,6 +83,19 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --json {json} --markdown {md}",
      "the 125m int4 export decoded by onnxruntime-genai, by `edgettt run`'s runner and, in turns, genai's own "
      "Llama-125m int4 (its model builder's export) on this CPU"),
+    ("web_tiny_cpu", "cpu",
+     "edgettt export ttt-linear-tiny-parallel {tmp}/w/linear --web"
+     " && edgettt quantize ttt-linear-tiny-parallel {tmp}/Q --weights int4 && edgettt export {tmp}/Q {tmp}/w/linear-int4 --web"
+     " && edgettt export lact-w1-tiny {tmp}/w/lact --web"
+     " && python benchmarks/web_decode.py {tmp}/w/linear {tmp}/w/linear-int4 {tmp}/w/lact --tokens 256 --repeats 5"
+     " --json {json} --md {md}",
+     "decode in headless Chromium (onnxruntime-web, WebAssembly) against native ONNX Runtime on the same tiny "
+     "exports and CPU, in turns"),
+    ("web_125m_cpu", "cpu",
+     "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
+     " && edgettt quantize {tmp}/P {tmp}/Q --weights int4 && edgettt export {tmp}/Q {tmp}/w/int4 --web --no-verify"
+     " && python benchmarks/web_decode.py {tmp}/w/int4 --tokens 32 --repeats 2 --json {json} --md {md}",
+     "the 125m int4 export in the page: what it downloads, load and first-token time, decode tokens/s against native"),
     ("linear_attention_op_cpu", "cpu",
      "python benchmarks/linear_attention_op.py --heads 12 --head-dim 64 --tokens 512 --repeats 7 --json {json}",
      "ONNX's LinearAttention (opset 27) for the open mini-batch's sums, decode and prefill, at the 125m shapes, "
