@@ -172,11 +172,11 @@ def check_genai_generates_what_edgettt_run_generates(directory, tmp_path) -> Non
     assert config["model"]["decoder"]["filename"] == "model.onnx"
 
 
-SHARED_EXPORTS = {  # name -> (shipped model, weights format or None, export activations)
-    "linear": ("ttt-linear-tiny-parallel", None, "int8"), "mlp": ("ttt-mlp-tiny-parallel", None, "int8"),
-    "lact": ("lact-w1-tiny", None, "int8"),
+SHARED_EXPORTS = {  # name -> (shipped model, converted to this form or None, weights format or None, activations)
+    "linear": ("ttt-linear-tiny-parallel", None, None, "int8"), "mlp": ("ttt-mlp-tiny-parallel", None, None, "int8"),
+    "lact-parallel": ("lact-w1-tiny", "parallel", None, "int8"),
     # int4 on float activations: what a browser computes (tests/test_web.py)
-    "linear-int4-float": ("ttt-linear-tiny-parallel", "int4-rtn-g64", "float")}
+    "linear-int4-float": ("ttt-linear-tiny-parallel", None, "int4-rtn-g64", "float")}
 
 
 @pytest.fixture(scope="session")
@@ -197,8 +197,10 @@ def shared_export(tmp_path_factory, worker_id):
         path = root / name
         with FileLock(str(root / f"{name}.lock")):
             if not path.exists():
-                model_name, weights, activations = SHARED_EXPORTS[name]
+                model_name, form, weights, activations = SHARED_EXPORTS[name]
                 model = edgettt.load(model_name)
+                if form:
+                    model = edgettt.convert(model, form=form)
                 if weights:
                     fmt, method, group = weight_variant(weights)
                     model = edgettt.quantize(model, QuantConfig(fmt, group, method))
