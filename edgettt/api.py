@@ -27,7 +27,7 @@ from .checkpoint import save_model
 from .data import Text, read_text
 from .errors import EdgetttError
 from .model import CausalLM
-from .onnx import ACTIVATIONS, export_model
+from .onnx import ACTIVATIONS, default_activations, export_model
 from .outputs import Output
 from .quant import calibration
 from .quant.apply import quantize_model, skip_patterns
@@ -111,11 +111,13 @@ class Export:
 
 
 def export(model, out, name: str = "model", verify_text="python-docs-sample", opset: int = 21,
-           force: bool = False, activations: str = "int8", web: bool = False) -> Export:
+           force: bool = False, activations: str | None = None, web: bool = False) -> Export:
     """prefill.onnx, decode.onnx, weights.bin and manifest.json for ONNX Runtime in `out`, checked in
     onnxruntime against torch on `verify_text` (None: not checked) before anything is written.
-    `activations`: "int8" (quantized layers multiply int8 activations) or "float". `web`: also a page that
-    runs it in a browser (`edgettt.web`); `model` may then be an existing export's folder (copied)."""
+    `activations`: "int8" (quantized layers multiply int8 activations) or "float"; None: int8, or float with
+    `web`. `web`: also a page that runs it in a browser (`edgettt.web`); `model` may then be an existing
+    export's folder (copied)."""
+    activations = activations or default_activations(web)
     if activations not in ACTIVATIONS:
         raise EdgetttError(f"activations {activations!r}: expected one of {', '.join(ACTIVATIONS)}")
     runtime = web_runtime_files() if web else None

@@ -973,7 +973,7 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
     """
     from . import load
     from .data import read_text
-    from .onnx import export_model
+    from .onnx import default_activations, export_model
     from .onnx_files import WEIGHTS_FILE, graph_bytes
     from .outputs import Output
     from .runner import is_export
@@ -990,8 +990,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
         return
     text = None if no_verify else read_text(verify_data)
     model = load(model_path)
-    if web and activations == "int8" and click.get_current_context().get_parameter_source("activations").name == "DEFAULT":
-        activations = "float"
+    if click.get_current_context().get_parameter_source("activations").name == "DEFAULT":
+        activations = default_activations(web)
     click.echo(f"exporting {model_path} ({model.config.family}, form {model.form}) to {out.path} ...", err=True)
     data = export_model(model, out, str(model_path), opset=opset, verify_text=text, activations=activations,
                         log=lambda line: click.echo(line, err=True), web=runtime)

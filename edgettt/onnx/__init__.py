@@ -98,6 +98,12 @@ ACTIVATIONS = ("int8", "float")
 DEFAULT_ACTIVATIONS = "int8"
 
 
+def default_activations(web: bool) -> str:
+    """Activations when none are asked for: float for a browser folder (onnxruntime-web's MatMulNBits multiplies
+    in float, so int8 activations would only part its text from the native runner's), else int8."""
+    return "float" if web else DEFAULT_ACTIVATIONS
+
+
 def int8_activations(model: CausalLM, activations: str) -> list[str]:
     """The graphs in which an export with `activations` multiplies some of `model`'s layers in int8."""
     formats = {m.format for m in model.modules() if isinstance(m, QuantLinear)}
