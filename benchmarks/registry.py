@@ -83,6 +83,11 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --json {json} --markdown {md}",
      "the 125m int4 export decoded by onnxruntime-genai, by `edgettt run`'s runner and, in turns, genai's own "
      "Llama-125m int4 (its model builder's export) on this CPU"),
+    ("mixed_precision_cpu", "cpu",
+     "python benchmarks/mixed_precision.py --models ttt-linear-tiny-parallel ttt-mlp-tiny-parallel"
+     " --factors 1.0 1.1 1.2 1.3 --json {json} --md {md}",
+     "quantize --target size=MB at multiples of uniform int4-gptq-g64's bytes: KLD on held-out text against "
+     "the uniform model's, the search's time"),
     ("web_tiny_cpu", "cpu",
      "edgettt export ttt-linear-tiny-parallel {tmp}/w/linear --web"
      " && edgettt quantize ttt-linear-tiny-parallel {tmp}/Q --weights int4 && edgettt export {tmp}/Q {tmp}/w/linear-int4 --web"

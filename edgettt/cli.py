@@ -9,6 +9,7 @@ edgettt wrote.
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import math
@@ -477,6 +478,26 @@ def format_conversion_report(r: dict) -> str:
     return "\n".join(lines)
 
 
+def mixed_config(model, cal, calib, budget, state: str, skip):
+    """`quantize --target`: the mix of layer formats for `budget`, searched on the calibration's own text; its
+    frontier and choice printed."""
+    from .data import read_text
+    from .quant.mixed import search_mix
+
+    text = read_text(cal.text["name"]) if cal.text["name"] != "stdin" else None
+    if text is None or text.fingerprint()["sha256"] != cal.text["sha256"]:
+        raise EdgetttError(f"{calib}: its text {cal.text['name']} cannot be read as it was (sha256 "
+                           f"{cal.text['sha256']}); --target measures on the calibration's text, calibrate again")
+    if skip:
+        raise EdgetttError("--target chooses every layer's format; drop --skip (a layer it keeps in float is a choice)")
+    plan = search_mix(model, cal, text, budget, state=state, log=click.echo)
+    for row in plan.uniform:
+        click.echo(f"  uniform {row['variant']:16s} {row['size_mb']:8.3f} MB  predicted KLD {row['predicted_kld']:.5f}")
+    click.echo(f"  mix for {budget}: {plan.size_mb:.3f} MB, predicted KLD {plan.predicted_kld:.5f}, measured "
+               f"{plan.measured_kld:.5f} on {plan.tokens} tokens of {text.name}")
+    return plan.config()
+
+
 def stored_size(model_path, weights: int) -> dict:
     """`size_mb` and `bits_per_weight` of `weights` as a model directory's files store them (a bfloat16 file:
     half the float32 it computes in); empty where no model directory's headers say (a ttt-lm-jax file, a
@@ -550,8 +571,14 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
               help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
                    "the group); refuse: stop before any work and list those layers.")
+@click.option("--target", default=None, metavar="size=MB|kld=X",
+              help="Mixed precision: choose each layer's format (int4 in groups of 32/64/128 or int8, by GPTQ, or "
+                   "float; lm_head too) for the least drift within a size of weights, or the fewest bytes within a "
+                   "mean KLD, measured layer by layer on the calibration's text. Needs --calib; in place of "
+                   "--weights and --lm-head.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def quantize(model_path, out, weights, state, calib, skip, head, fallback, force):
+@click.pass_context
+def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, target, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
     from . import load
     from .checkpoint import save_model
@@ -559,8 +586,15 @@ def quantize(model_path, out, weights, state, calib, skip, head, fallback, force
     from .quant.apply import quantize_model, skip_patterns, weight_bits
     from .quant.calibration import Calibration
     from .quant.config import QuantConfig, default_head_format, weight_variant
+    from .quant.mixed import Budget
     from .weights_io import saved_float_dtype
 
+    budget = Budget.parse(target) if target is not None else None
+    if budget and (ctx.get_parameter_source("weights").name != "DEFAULT" or head):
+        raise EdgetttError("--target chooses every layer's format, lm_head's too; drop --weights and --lm-head")
+    if budget and not calib:
+        raise EdgetttError(f"--target {budget} measures each layer with GPTQ's statistics: run `edgettt calibrate` "
+                           "and pass --calib")
     fmt, chosen_method, group = weight_variant(weights)
     head = head or default_head_format(fmt)
     if head == "int8" and fmt == "none":
@@ -576,9 +610,11 @@ def quantize(model_path, out, weights, state, calib, skip, head, fallback, force
     model = load(model_path)
     cal = Calibration.load(calib) if calib else None
     before = weight_bits(model)
+    if budget:
+        config = mixed_config(model, cal, calib, budget, state, skip)
 
     def line(row):
-        click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:5s} "
+        click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:14s} "
                    f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB"
                    + ("  (fallback)" if row.get("fallback") else ""))
 
@@ -604,7 +640,8 @@ def quantize(model_path, out, weights, state, calib, skip, head, fallback, force
 @click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
 @click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn-g64,int4-gptq-g64,nf4-b64",
               show_default=True, help="Comma-separated weight variants, spelt as `edgettt quantize --weights` takes "
-                                      "them (int4-gptq-g32, fp4-b128, ...).")
+                                      "them (int4-gptq-g32, fp4-b128, ...), or mix:size=MB / mix:kld=X for the mix "
+                                      "`quantize --target` chooses (its predicted frontier drawn in the size plot).")
 @click.option("--state", "state_list", default="int12,int8,int8-tensor,fp16", show_default=True,
               help="Comma-separated state variants (each with float weights).")
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default=None,
@@ -629,12 +666,11 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     from . import load
     from .data import read_text
     from .outputs import Output
-    from .quant.config import weight_variant
-    from .reporting import build_report, table, variants, write
+    from .reporting import build_report, table, variants, weight_variant_or_mix, write
 
     names = [w.strip() for w in weights_list.split(",") if w.strip()]
     for w in names:
-        weight_variant(w)
+        weight_variant_or_mix(w)
     states = [state_format_name(s.strip()) for s in state_list.split(",") if s.strip()]
     if onnx and form == "exact":
         raise EdgetttError("--onnx exports the parallel form, not --form exact; drop --form exact (--onnx picks the "
@@ -833,7 +869,7 @@ def info(model_path, as_json):
         f"  options: {options}; tokenizer: {facts['tokenizer']}",
         f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB, "
         f"{facts['bits_per_weight']:.2f} bits per weight)"
-        + (f"; quantized: {json.dumps(c.quantization)}" if c.quantization else ""),
+        + (f"; quantized: {quantization_line(c.quantization)}" if c.quantization else ""),
         f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence "
         f"(per layer: {per_layer})",
         *([f"  distilled at {facts['distilled_ctx']} tokens: its drift from the original grows beyond that"]
@@ -841,6 +877,15 @@ def info(model_path, as_json):
         *([decay_line(facts["state_decay"])] if facts["state_decay"] else []),
         *never_commit_line(facts["commit_weights"], getattr(c, "mini_batch_size", None)),
     ]))
+
+
+def quantization_line(q: dict) -> str:
+    """A quantized model's record on one line; a mix as its budget and how many layers took each variant."""
+    if not q.get("target"):
+        return json.dumps(q)
+    counts = collections.Counter(q.get("overrides", {}).values())
+    return (f"mixed precision for {q['target']}: " + ", ".join(f"{n} x {v}" for v, n in counts.most_common())
+            + f"; state {q.get('state')}")
 
 
 def export_info(directory: Path, as_json: bool) -> None:
@@ -867,7 +912,7 @@ def export_info(directory: Path, as_json: bool) -> None:
         f"  vocab {facts['vocab_size']}; tokenizer: {facts['tokenizer']}; activations {facts['activations']}",
         "  files: " + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in files.items())
         + f" ({facts['weights_bytes'] / 1e6:.2f} MB, {bits:.2f} bits per weight)"
-        + (f"; quantized: {json.dumps(facts['quantization'])}" if facts["quantization"] else ""),
+        + (f"; quantized: {quantization_line(facts['quantization'])}" if facts["quantization"] else ""),
         f"  decode state: {state_bytes:,} bytes per sequence",
     ]))
 

@@ -30,6 +30,7 @@ from .progress import bar
 from .quant.apply import layer_formats, quantize_model
 from .quant.calibration import calibrate
 from .quant.config import DEFAULT_SKIP, QuantConfig, weight_variant
+from .quant.mixed import Budget, search_mix
 
 
 @dataclasses.dataclass
@@ -40,6 +41,7 @@ class Variant:
     state: str = "fp32"
     skip: tuple[str, ...] = DEFAULT_SKIP
     fallback: str = "int8"
+    target: str = ""  # a mixed-precision budget (size=MB or kld=X): the layers' formats are searched for it
 
     @property
     def name(self) -> str:
@@ -47,14 +49,25 @@ class Variant:
 
     def config(self) -> QuantConfig:
         return QuantConfig(self.weights, self.group_size, self.method, self.state, skip=self.skip,
-                           fallback=self.fallback)
+                           fallback=self.fallback, target=self.target)
+
+
+MIX_PREFIX = "mix:"  # a report's weight variant "mix:size=2.5": the mix `quantize --target size=2.5` makes
+
+
+def weight_variant_or_mix(name: str) -> Variant:
+    """A report's weight variant: a format's spelling (int4-gptq-g64) or a mixed-precision budget (mix:size=2.5)."""
+    if name.startswith(MIX_PREFIX):
+        return Variant("int4", "gptq", target=str(Budget.parse(name[len(MIX_PREFIX):], f"--weights {name}")))
+    return Variant(*weight_variant(name))
 
 
 def variants(weights: list[str], states: list[str], skip: tuple[str, ...] = DEFAULT_SKIP,
              fallback: str = "int8") -> list[Variant]:
-    """Every weight variant (a name `quant.config.weight_variant` reads: int4-gptq-g64) with a float
-    state, then every state format with float weights."""
-    out = [Variant(*weight_variant(w), skip=skip, fallback=fallback) for w in weights]
+    """Every weight variant (a name `quant.config.weight_variant` reads: int4-gptq-g64, or mix:size=MB /
+    mix:kld=X) with a float state, then every state format with float weights."""
+    out = [dataclasses.replace(weight_variant_or_mix(w), skip=skip if not w.startswith(MIX_PREFIX) else (),
+                               fallback=fallback) for w in weights]
     out += [Variant("none", state=s, skip=skip, fallback=fallback) for s in states if s != "fp32"]
     return out
 
@@ -68,7 +81,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     original = source
     converted = convert(source, form) if source.form == "ttt" else source
     for v in variant_list:  # a format that cannot take a layer, with fallback "refuse": before any work
-        if v.weights != "none":
+        if v.weights != "none" and not v.target:
             layer_formats(converted, v.config())
     if onnx:
         if converted.form != "parallel":
@@ -90,7 +103,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     failed = []
     for v in bar(variant_list, desc="variants", unit="variant", leave=False):
         try:
-            rows.append(_variant_row(v, converted, cal, ref_logits, windows, n_bytes, orig_ppl))
+            rows.append(_variant_row(v, converted, cal, ref_logits, windows, n_bytes, orig_ppl, calib_text))
             if onnx:
                 rows[-1].update(onnx_speed(rows[-1].pop("_model"), keep=keep(v.name)))
         except EdgetttError as exc:  # the other variants still count
@@ -106,13 +119,16 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
             "original": orig_ppl, "rows": rows, "failed": failed}
 
 
-def _variant_row(v: Variant, converted: CausalLM, cal, ref_logits, windows, n_bytes, orig_ppl) -> dict:
+def _variant_row(v: Variant, converted: CausalLM, cal, ref_logits, windows, n_bytes, orig_ppl, calib_text) -> dict:
     model = convert(converted, converted.form)  # a fresh copy
-    layers = quantize_model(model, v.config(), cal)
+    plan = search_mix(converted, cal, calib_text, Budget.parse(v.target), v.state) if v.target else None
+    layers = quantize_model(model, plan.config() if plan else v.config(), cal)
     d = metrics.drift(ref_logits, collect_logits(model, windows, desc=v.name), windows[:, 1:], n_bytes)
-    row = _row(v.name, v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name), d,
+    row = _row(v.name, "mixed" if v.target else v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name), d,
                orig_ppl)
     row["fallback_layers"] = sum(1 for layer in layers if layer.get("fallback"))
+    if plan:  # the search's frontier (predicted on the calibration text) for the size-against-KLD plot
+        row.update(frontier=plan.frontier, predicted_kld=plan.predicted_kld, layer_variants=plan.choices)
     row["_model"] = model
     return row
 
@@ -224,6 +240,12 @@ def plot(report: dict, out: Path) -> None:
             continue
         ax.scatter(x_of[r["variant"]], r["kld_mean"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)], s=60,
                    label=f"{r['variant']} ({r['size_mb']:.2f} MB, KLD {r['kld_mean']:.2g})", zorder=3)
+    right = 1.5 * max(r["size_mb"] for r in rows)  # (a frontier goes on to every layer in float32)
+    for r in rows[1:]:
+        if r.get("frontier"):  # a mix: the best predicted KLD the search found for each size
+            xs, ys = zip(*[(size, kld) for size, kld in r["frontier"] if kld > 0 and size <= right])
+            ax.plot(xs, ys, color=colours[r["variant"]], linestyle="--", linewidth=1, drawstyle="steps-post",
+                    label=f"{r['variant']}: predicted frontier (calibration text)")
     ax.set(xlabel="weights on disk, MB", ylabel="mean KLD against the float model (log; lower is better)",
            yscale="log", title=f"{report['model']}: drift against size")
     ax.grid(True, which="both", alpha=0.3)

@@ -42,8 +42,9 @@ LAYERS = [
     ("models", ["edgettt.mixer", "edgettt.ttt", "edgettt.converted", "edgettt.model", "edgettt.lact",
                 "edgettt.random_init"]),
     ("pipeline: what runs models on text and files", ["edgettt.conversion", "edgettt.checkpoint", "edgettt.evaluation",
-                                                     "edgettt.distill", "edgettt.quant.calibration", "edgettt.onnx",
-                                                     "edgettt.runner", "edgettt.reporting", "edgettt.fast_paths"]),
+                                                     "edgettt.distill", "edgettt.quant.calibration", "edgettt.quant.mixed",
+                                                     "edgettt.onnx", "edgettt.runner", "edgettt.reporting",
+                                                     "edgettt.fast_paths"]),
     ("tools", ["edgettt.benchmark", "edgettt.api"]),
     ("command line", ["edgettt.cli", "edgettt.__main__", "edgettt"]),
 ]

@@ -13,6 +13,7 @@ of both in its config (`edgettt.quantize` does it on a copy). The package:
     linear.py         QuantLinear, a layer stored in a weight format
     apply.py          quantize_model, quantize_ (weights only), prepare_quantized (before loading)
     calibration.py    the statistics GPTQ and the int8 state read (`edgettt calibrate`)
+    mixed.py          mixed precision by budget: each layer's format chosen for a size or KLD target
 
 The names below are imported on first use, so that the leaves (which the model and the kernels
 import) come without the rest: `from edgettt.quant import QuantConfig` works as usual.
@@ -29,6 +30,7 @@ _LAZY = {
                                   "layer_formats", "quantizable_linears", "skip_patterns",
                                   "check_calibration_covers", "weight_bits", "set_module")},
     "Calibration": "calibration", "calibrate": "calibration",
+    "Budget": "mixed", "MixedPlan": "mixed", "search_mix": "mixed",
 }
 
 __all__ = sorted(_LAZY)

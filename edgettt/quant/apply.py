@@ -31,24 +31,29 @@ def layer_formats(model: nn.Module, config: QuantConfig) -> dict[str, str]:
     """The format each quantizable layer gets: the one `config.overrides` asks for it, else `config.weights`
     where it fits, else `config.fallback` ("float": left as it is). With fallback "refuse", a one-line error
     listing every layer that does not fit. Decided before any layer is quantized; empty for weights "none"."""
+    return {name: fmt for name, (fmt, _) in layer_plan(model, config).items()}
+
+
+def layer_plan(model: nn.Module, config: QuantConfig) -> dict[str, tuple[str, int]]:
+    """`layer_formats` with each layer's group size: (format, group) a layer (a mix names a group per layer)."""
     if config.weights == "none":
         return {}
-    formats, misfits = {}, []
+    plan, misfits = {}, []
     for name, linear in quantizable_linears(model, config):
-        asked = config.overrides.get(name)
-        if asked is not None and (asked == "float" or weight_format(asked).fits(linear.in_features, config.group_size)):
-            formats[name] = asked
+        asked = config.override(name)
+        if asked is not None and (asked[0] == "float" or weight_format(asked[0]).fits(linear.in_features, asked[2])):
+            plan[name] = asked[0], asked[2]
         elif config.fits(linear.in_features):
-            formats[name] = config.weights
+            plan[name] = config.weights, config.group_size
         else:
             misfits.append(f"{name} (K={linear.in_features})")
-            formats[name] = config.fallback
+            plan[name] = config.fallback, config.group_size
     if misfits and config.fallback == "refuse":
         raise EdgetttError(f"{config.weights} in groups of {config.group_size} cannot take {len(misfits)} layers, whose "
                            f"input size is not a multiple of {config.group_size}: {', '.join(misfits[:4])}"
                            f"{' and more' if len(misfits) > 4 else ''}; choose another group size, skip them, or "
                            "let them fall back to int8 or float")
-    return formats
+    return plan
 
 
 def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
@@ -56,15 +61,19 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
-def _quantize_layer(name: str, linear: nn.Linear, fmt: str, config: QuantConfig, hessian,
-                    asked: bool = False) -> QuantLinear:
-    # a fallback's own grid, and a format asked for the layer by name (lm_head's int8), round to nearest
-    method = config.method if config.method in weight_format(fmt).methods and not asked else "rtn"
+def _quantize_layer(name: str, linear: nn.Linear, fmt: str, group: int, config: QuantConfig, hessian) -> QuantLinear:
+    # a fallback's own grid takes the config's method where it can; a format asked for the layer by name rounds
+    # to nearest (lm_head's int8) unless the override names its method (a mix's int4-gptq-g32)
+    asked = config.override(name)
+    method = asked[1] if asked is not None else config.method if config.method in weight_format(fmt).methods else "rtn"
     if method == "gptq" and hessian is None:
-        raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
+        if asked is not None:  # (lm_head has no input statistics: calibration leaves it out)
+            method = "rtn"
+        else:
+            raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
     w = linear.weight.detach().float().cpu()
-    tensors = weight_format(fmt).quantize(w, config.group_size, method, hessian)
-    return QuantLinear(w.shape[1], w.shape[0], fmt, config.group_size, tensors)
+    tensors = weight_format(fmt).quantize(w, group, method, hessian)
+    return QuantLinear(w.shape[1], w.shape[0], fmt, group, tensors)
 
 
 @torch.no_grad()
@@ -72,19 +81,21 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
               report=None) -> list[dict]:
     """The weights-only step: replace the model's linear layers by QuantLinear in place. `report(row)`
     sees one dict per layer (name, shape, format, fallback, bytes before and after). Returns those rows."""
-    formats = layer_formats(model, config)
-    asked = set(config.overrides)
-    config.overrides = {name: fmt for name, fmt in formats.items() if fmt != config.weights}
+    plan = layer_plan(model, config)
+    asked = dict(config.overrides)
+    config.overrides = {name: asked.get(name, fmt) for name, (fmt, _) in plan.items()
+                        if name in asked or fmt != config.weights}
     rows = []
-    for name, linear in quantizable_linears(model, config) if formats else []:
+    for name, linear in quantizable_linears(model, config) if plan else []:
+        fmt, group = plan[name]
         before = linear.weight.numel() * linear.weight.element_size()
         after = before
-        if formats[name] != "float":
-            q = _quantize_layer(name, linear, formats[name], config, (hessians or {}).get(name), name in asked)
+        if fmt != "float":
+            q = _quantize_layer(name, linear, fmt, group, config, (hessians or {}).get(name))
             set_module(model, name, q.to(linear.weight.device))
             after = q.nbytes()
-        row = {"name": name, "shape": list(linear.weight.shape), "format": formats[name],
-               "fallback": formats[name] != config.weights and name not in asked, "bytes_before": before,
+        row = {"name": name, "shape": list(linear.weight.shape), "format": asked.get(name, fmt),
+               "fallback": fmt != config.weights and name not in asked, "bytes_before": before,
                "bytes_after": after}
         rows.append(row)
         if report:
@@ -160,11 +171,11 @@ def prepare_quantized(model: nn.Module, weights: dict[str, torch.Tensor], source
     model.config.quantization["state"] = config.state  # (an old name read as today's)
     for name, module in list(model.named_modules()):
         if isinstance(module, nn.Linear) and f"{name}.qweight" in weights:
-            fmt = config.overrides.get(name, config.weights)
-            if fmt in ("float", "none") or (fmt == config.weights and not config.fits(module.in_features)):
-                raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {config.group_size}; "
+            fmt, _, group = config.override(name) or (config.weights, config.method, config.group_size)
+            if fmt in ("float", "none") or not weight_format(fmt).fits(module.in_features, group):
+                raise EdgetttError(f"{source}/config.json: {name} cannot be {fmt} with groups of {group}; "
                                    "quantize the model again")
-            state = QuantState(fmt, config.group_size, module.in_features, module.out_features)
+            state = QuantState(fmt, group, module.in_features, module.out_features)
             set_module(model, name, state.empty_layer())
     tie_quantized_embedding(model)
     fmt = state_format(config.state)

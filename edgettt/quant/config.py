@@ -25,16 +25,21 @@ class QuantConfig:
     state: str = "fp32"  # a name in STATE_FORMATS: fp32, fp16, int12, int8, int8-tensor
     skip: tuple[str, ...] = DEFAULT_SKIP  # fnmatch patterns of module names left in float
     fallback: str = "int8"  # the format of a layer `weights` cannot take (int4/nf4/fp4: K not a multiple of the group)
-    # layer -> format it gets instead of `weights`: asked (lm_head's int8), or a fallback (filled by quantize_)
+    # layer -> format it gets instead of `weights`: asked (lm_head's int8), a fallback (filled by quantize_), or
+    # a mixed-precision plan's choice spelt as a variant (int4-gptq-g32: format, method and group; `override`)
     overrides: dict = dataclasses.field(default_factory=dict)
+    target: str = ""  # the budget a mixed-precision plan was chosen for (size=MB or kld=X; `quant.mixed`), if any
 
     def __post_init__(self):
         self.state = RENAMED.get(self.state, self.state)  # an old name (int8-calibrated) as today's
         if self.fallback not in FALLBACKS:
             raise EdgetttError(f"--fallback {self.fallback!r}: expected one of {', '.join(FALLBACKS)}")
         if not isinstance(self.overrides, dict) or not all(
-                isinstance(k, str) and v in (*WEIGHT_FORMATS, "float") for k, v in self.overrides.items()):
+                isinstance(k, str) and isinstance(v, str) and (v in (*WEIGHT_FORMATS, "float") or v in weight_variants())
+                for k, v in self.overrides.items()):
             raise EdgetttError(f"overrides {self.overrides!r}: expected layer names with their formats")
+        if not isinstance(self.target, str):
+            raise EdgetttError(f"target {self.target!r}: expected a budget such as size=2.5 or kld=0.003")
         if isinstance(self.skip, str) or not all(isinstance(p, str) for p in self.skip):
             raise EdgetttError(f"--skip {self.skip!r}: expected name patterns")
         self.skip = tuple(self.skip)
@@ -53,7 +58,20 @@ class QuantConfig:
     @property
     def variant(self) -> str:
         """The weights' one spelling, FORMAT[-METHOD][-gGROUP | -bBLOCK]: int4-gptq-g64, int8, nf4-b64, float."""
+        if self.target:
+            return f"mix-{self.target}"
         return "float" if self.weights == "none" else weight_format(self.weights).label(self.method, self.group_size)
+
+    def override(self, name: str) -> tuple[str, str, int] | None:
+        """(format, method, group) asked for layer `name`, or None. A bare format name keeps the config's group
+        and rounds to nearest (lm_head's int8, a fallback); a variant spelling names all three (a mix's
+        int4-gptq-g32); "float" leaves the layer as it is."""
+        asked = self.overrides.get(name)
+        if asked is None:
+            return None
+        if asked == "float" or asked in WEIGHT_FORMATS:
+            return asked, "rtn", self.group_size
+        return weight_variant(asked, f"overrides[{name}]")
 
     def to_dict(self) -> dict:
         return {**dataclasses.asdict(self), "skip": list(self.skip), "overrides": dict(self.overrides),
