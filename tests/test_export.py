@@ -46,6 +46,9 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "mlp-fp32": ("mlp", None, (), {"MatMul"}),
     "mlp-int4-gptq-int8-state": ("mlp", ("--weights", "int4-gptq-g32",
                                          "--state", "int8"), (), {"MatMulNBits", "QuantizeLinear", "Scan"}),
+    # a mix chosen for a budget (quantize --target): layers in different groups (down_proj reads 64: g64, the
+    # rest g32), lm_head in 4 bits gathered by the tied embedding
+    "mlp-mixed": ("mlp", ("--target", "kld=1"), (), {"MatMulNBits", "GatherBlockQuantized"}),
     "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
     "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--lm-head", "same"), (),
@@ -104,7 +107,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
     assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int4-head",
                                                           "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
-                                                          "linear-fp4-int8-tensor-state", "linear-int4-default-head")
+                                                          "linear-fp4-int8-tensor-state", "linear-int4-default-head", "mlp-mixed")
                                        else "float")
     levels = {a.i for n in onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph.node
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}

@@ -1,8 +1,8 @@
 """Mixed precision by budget (`quantize --target`, `quant.mixed`): the budget's spelling, the knapsack against
-brute force, a mix meeting its size or KLD, saved, loaded, exported through ONNX Runtime, bad budgets."""
+brute force, a mix meeting its size or KLD, saved and loaded, bad budgets (a mix's export through ONNX Runtime:
+tests/test_export.py, variant mlp-mixed)."""
 
 import itertools
-import json
 
 import pytest
 import torch
@@ -112,19 +112,6 @@ def test_a_kld_budget_gets_a_mix_measured_within_it(setup):
     assert plan.size_mb <= int8["size_mb"]  # (uniform int8 predicts far less drift: the mix is no larger)
 
 
-def test_a_mix_exports_and_onnx_runtime_agrees_with_torch(setup, tmp_path):
-    """Layers of one input in different groups are not stacked; the export's own verification (ONNX Runtime
-    against torch) passes, and its manifest keeps the mix."""
-    root, model, cal = setup
-    plan = search_mix(model, cal, read_text("python-docs-sample"),
-                      Budget("size", 1.1 * uniform_size(model, cal, "int4-gptq-g32")), log=lambda *_: None)
-    mixed = edgettt.quantize(model, plan.config(), cal)
-    result = edgettt.export(mixed, tmp_path / "onnx", activations="float")
-    assert result.verification is not None
-    manifest = json.loads((tmp_path / "onnx" / "manifest.json").read_text())
-    assert manifest["source"]["quantization"]["overrides"] == plan.choices
-
-
 @pytest.mark.parametrize("args, message", [
     (("--target", "size=0.0001"), "below the smallest mix"),
     (("--target", "size=0"), "expected size=MB or kld=X"),
@@ -141,3 +128,16 @@ def test_bad_budgets_are_one_line_and_write_nothing(setup, tmp_path, args, messa
     assert result.exit_code == 1 and message in result.output, result.output
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sensitivity_run_from_a_block_gives_the_whole_prefill_logits(setup):
+    """Starting at block i from the float model's hidden state there equals the whole prefill."""
+    from edgettt.quant.mixed import block_inputs, logits_from
+
+    _, model, _ = setup
+    windows = torch.tensor([list(read_text("python-docs-sample").data[:65])])
+    with torch.no_grad():
+        whole = model(windows[:, :-1])
+        inputs = block_inputs(model, windows)
+        for block, h in enumerate(inputs):
+            assert torch.allclose(logits_from(model, block, h), whole, atol=1e-5, rtol=1e-5)

@@ -22,6 +22,11 @@ Options (S0 the learned initial state; `step` the calibrated int8 row step of th
                       a 12-bit grid in two codes (no memory beside S: the rounding of S itself)
     fp8-e4m3          (S - S0) / (row max / 448) as float8 e4m3, per-row calibrated scales
     fp16              S in half precision (2 bytes)
+Composed options (row steps recomputed at every commit, max |x| over the row): `q<bits>` rounds S - S0 to
+[-(2^(bits-1) - 1), 2^(bits-1) - 1]; `-had` first rotates each row by a normalised Hadamard matrix (and back after
+rounding: the row's outliers spread over its columns); `-ef<bits>` feeds back a residual kept in that many bits;
+`-2level` keeps and reads a 4-bit remainder (the int12 format's second code). `+kv-int8` keeps the open
+mini-batch's keys and values in int8, a float32 scale a slot's key and value.
 A suffix `+kv-bf16` keeps the open mini-batch's keys and values (b x (Dk + Dv) a head) in bfloat16 in
 place of the float32 running sum A (the int12 format's layout), simulated by rounding ka and vh to bfloat16
 where the layer's linear attention reads them: the sum inside the mini-batch and the commit then see
@@ -74,6 +79,37 @@ def option(name: str, S0, scale_of, memory: dict, key):
             kept = int8_round(d, dyn)
             memory[key] = torch.clamp(torch.round((d - kept) / (dyn / 16)), -8, 7) * (dyn / 16)
             return S0 + kept
+        if name.startswith("int4"):  # 4 bits: [-7, 7], the calibrated int8 step scaled to that range
+            step4 = step * (STATE_CLIP / 7)
+            if "dynamic" in name:
+                step4 = (d.abs().amax(-1, keepdim=True) / 7).clamp_min(1e-12).expand_as(d)
+            if "ef" in name:
+                d = d + memory.get(key, torch.zeros_like(d))
+            kept = torch.clamp(torch.round(d / step4), -7, 7) * step4
+            if "ef" in name:  # a 1-bit residual: its sign at a quarter step
+                memory[key] = torch.sign(d - kept) * (step4 / 4) * ((d - kept).abs() > step4 / 8)
+            return S0 + kept
+        if name.startswith("q"):  # composed: q<bits>[-had][-ef<bits>|-2level], row steps recomputed at each commit
+            parts = name.split("-")
+            levels = 2 ** (int(parts[0][1:]) - 1) - 1
+            H = hadamard(d.shape[-1], d.dtype) if "had" in parts else None
+            x = d @ H if H is not None else d
+            ef = next((int(p[2:]) for p in parts if p.startswith("ef")), 0)
+            if ef:
+                x = x + memory.get(key, torch.zeros_like(x))
+            step = (x.abs().amax(-1, keepdim=True) / levels).clamp_min(1e-12)
+            kept = torch.clamp(torch.round(x / step), -levels, levels) * step
+            if "2level" in parts:  # a 4-bit remainder kept and read (the int12 format's second code)
+                kept = kept + torch.clamp(torch.round((x - kept) / (step / 15)), -7, 7) * (step / 15)
+            if ef:
+                half = 2 ** (ef - 1)
+                memory[key] = torch.clamp(torch.round((x - kept) / (step / (2 * half))), -half, half - 1) * (step / (2 * half))
+            return S0 + (kept @ H.T if H is not None else kept)
+        if name == "int8-hadamard-dynamic":  # rows rotated by a normalised Hadamard matrix before rounding
+            H = hadamard(d.shape[-1], d.dtype)
+            r = d @ H
+            dyn = (r.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-12)
+            return S0 + int8_round(r, dyn.expand_as(r)) @ H.T
         if name == "fp32":
             return S
         if name == "int8":
@@ -109,7 +145,22 @@ def option(name: str, S0, scale_of, memory: dict, key):
 S_BYTES = {"fp32": 4, "int8": 1, "int8-stochastic": 1, "int8-dynamic": 1, "int8-every-4": 4,
            "int8-ef-float": 1 + 4, "int8-ef-int4": 1.5, "int8-ef-int2": 1.25, "int8-dynamic-ef-int4": 1.5,
            "int8-dynamic-2level": 1.5,
-           "fp8-e4m3": 1, "fp16": 2}
+           "fp8-e4m3": 1, "fp16": 2, "int4": 0.5, "int4-dynamic": 0.5, "int4-dynamic-ef": 0.625,
+           "int8-hadamard-dynamic": 1}
+
+
+def hadamard(n: int, dtype) -> torch.Tensor:
+    H = torch.ones(1, 1, dtype=dtype)
+    while H.shape[0] < n:
+        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
+    return H / n ** 0.5
+
+
+def composed_bytes(name: str) -> float:
+    """Bytes a value of S of a composed option (q<bits>[-had][-ef<bits>|-2level]) keeps."""
+    parts = name.split("-")
+    bits = int(parts[0][1:]) + next((int(p[2:]) for p in parts if p.startswith("ef")), 0) + 4 * ("2level" in parts)
+    return bits / 8
 
 
 def state_bytes(model, name: str) -> dict:
@@ -124,13 +175,47 @@ def state_bytes(model, name: str) -> dict:
              if k.startswith("A"))
     base, _, kv_kind = name.partition("+")
     extra = sum(4 * t.shape[1] * t.shape[2] for layer in layers for k, t in layer.items() if k.startswith("S")) \
-        if "dynamic" in base else 0  # its row scales (a [H, Dk] table a level)
+        if "dynamic" in base or base.startswith("q") else 0  # its row scales (a [H, Dk] table a level)
     fp32 = 4 * (s_elems + a_elems + other)
-    kv_bytes = 2 if kv_kind == "kv-bf16" else 4
-    with_a = S_BYTES[base] * s_elems + 4 * (a_elems + other) + extra
-    with_kv = S_BYTES[base] * s_elems + kv_bytes * kv + 4 * other + extra
+    kv_bytes = {"kv-bf16": 2, "kv-int8": 1, "kv-fp8": 1}.get(kv_kind, 4)
+    kv_scales = sum(8 * b * t.shape[1] for layer in layers for k, t in layer.items() if k.startswith("A")) \
+        if kv_kind in ("kv-int8", "kv-fp8") else 0  # a float32 scale for each slot's key and value
+    per_value = composed_bytes(base) if base.startswith("q") else S_BYTES[base]
+    with_a = per_value * s_elems + 4 * (a_elems + other) + extra
+    with_kv = per_value * s_elems + kv_bytes * kv + kv_scales + 4 * other + extra
     return {"bytes": with_a, "of_fp32": with_a / fp32, "bytes_kv": with_kv, "of_fp32_kv": with_kv / fp32,
             "fp32_bytes": fp32}
+
+
+def int8_rows(x):
+    step = (x.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-12)
+    return torch.round(x / step) * step
+
+
+def fp8_rows(x):
+    """Each row scaled to float8 e4m3's range (448 at the row's max) and rounded to it."""
+    scale = (x.abs().amax(-1, keepdim=True) / 448).clamp_min(1e-12)
+    return (x / scale).to(torch.float8_e4m3fn).float() * scale
+
+
+def rounded_keys_and_values(key_rounding, value_rounding):
+    """A K/V buffer kept in a smaller type: the layer's linear attention reads ka and vh rounded so."""
+    def wrap(layer):
+        attend = type(layer)._attend
+
+        def rounded(self, fn, level, st, qa, ka, vh, start):
+            return attend(self, fn, level, st, qa, key_rounding(ka), value_rounding(vh), start)
+        return rounded.__get__(layer)
+    return wrap
+
+
+def keep(x):
+    return x
+
+
+def int8_keys_and_values(layer):
+    """The layer's linear attention reading ka and vh rounded to int8 a token row (an int8 K/V buffer)."""
+    return rounded_keys_and_values(int8_rows, int8_rows)(layer)
 
 
 def bf16_keys_and_values(layer):
@@ -160,7 +245,11 @@ def run(args) -> dict:
                 S0 = layer.initial_states()[level - 1].detach()
                 return option(base, S0, lambda p: layer.state_scale(level, p), memory, (id(layer), level))
             layer.requantizer = requantizer
-            layer._attend = bf16_keys_and_values(layer) if kv_kind == "kv-bf16" else type(layer)._attend.__get__(layer)
+            layer._attend = {"kv-bf16": bf16_keys_and_values, "kv-int8": int8_keys_and_values,
+                             "kv-fp8": rounded_keys_and_values(fp8_rows, fp8_rows),
+                             "k-int8": rounded_keys_and_values(int8_rows, keep),
+                             "v-int8": rounded_keys_and_values(keep, int8_rows)}.get(
+                kv_kind, lambda layer: type(layer)._attend.__get__(layer))(layer)
         t0 = time.perf_counter()
         logits = []
         for w in windows:  # one window at a time: the options' memory is per sequence

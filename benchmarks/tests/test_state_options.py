@@ -8,9 +8,7 @@ LAB = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(LAB), str(LAB.parent / "tests")]  # the lab's library (`lab`); the core tests' helpers (conftest)
 
 import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the tests)
-
 import torch  # noqa: E402
-
 from lab import state_options  # noqa: E402
 
 from edgettt.quant.state_formats import requantize_int8_state  # noqa: E402
@@ -46,3 +44,20 @@ def test_error_feedback_keeps_the_state_within_a_step_where_rounding_walks_away(
     assert walk("int8-ef-float") <= 0.5 + 1e-4
     assert walk("int8-ef-int4") < 3
     assert walk("int8-dynamic-ef-int4") < 3
+
+
+def test_the_composed_two_level_option_is_the_int12_format():
+    from edgettt.quant.state_formats import two_level_round
+
+    S0, S = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
+    fn = state_options.option("q8-2level", S0, lambda p: torch.ones(2, 4), {}, "k")
+    assert torch.allclose(fn(S, 0), two_level_round(S, S0), atol=1e-6)
+
+
+def test_a_hadamard_rotation_is_undone_and_feedback_keeps_the_walk_near_the_sum():
+    H = state_options.hadamard(16, torch.float64)
+    assert torch.allclose(H @ H.T, torch.eye(16, dtype=torch.float64))
+    S0, S = torch.zeros(2, 4, 16), torch.randn(2, 4, 16)
+    step = S.abs().amax(-1, keepdim=True) * 16 ** 0.5 / 127  # (the rotated row's max is at most sqrt(16) x)
+    assert ((state_options.option("q8-had", S0, lambda p: torch.ones(2, 4), {}, "k")(S, 0) - S).abs() <= step).all()
+    assert walk("q8-ef4") < walk("q8") / 2

@@ -104,21 +104,55 @@ def _quantized(name: str, linear: nn.Linear, variant: str, hessian) -> QuantLine
     return QuantLinear(w.shape[1], w.shape[0], fmt, group, weight_format(fmt).quantize(w, group, method, hessian))
 
 
+def block_inputs(model: nn.Module, windows: torch.Tensor) -> list[torch.Tensor]:
+    """The hidden state entering each block (and, last, leaving the last one) for each window's inputs: what a
+    layer's sensitivity run starts from, so the blocks before it are not computed again."""
+    ids = windows[:, :-1]
+    state = model.init_state(ids.shape[0])
+    h, out = model.embedding()(ids), []
+    for layer, layer_state in zip(model.model.layers, state.layers):
+        out.append(h)
+        h = layer(h, layer_state, 0, False)
+    return out + [h]
+
+
+def logits_from(model: nn.Module, block: int, h: torch.Tensor) -> torch.Tensor:
+    """The logits of a prefill that enters block `block` with hidden state `h` (blocks as `LanguageModel.prefill`
+    calls them; block = the number of blocks: only the final norm and the head)."""
+    state = model.init_state(h.shape[0])
+    for layer, layer_state in zip(model.model.layers[block:], state.layers[block:]):
+        h = layer(h, layer_state, 0, False)
+    return model.lm_head(model.model.norm(h)).float()
+
+
+def _block_of(name: str, blocks: int) -> int:
+    """The block a layer belongs to ("model.layers.3.mlp.up_proj" -> 3); after the last for the head."""
+    parts = name.split(".")
+    return int(parts[2]) if parts[:2] == ["model", "layers"] else blocks
+
+
 @torch.no_grad()
 def sensitivities(model: nn.Module, calibration, windows: torch.Tensor, ref: torch.Tensor, candidates=CANDIDATES,
                   desc: str = "sensitivity") -> dict[str, dict[str, float]]:
     """layer -> variant -> mean KLD on `windows` against the float model's logits `ref` with that layer alone
-    in the variant (float: 0)."""
+    in the variant (float: 0); each run starts at the layer's block from the float model's hidden state."""
+    model = model.to(ref.device).eval()
+    inputs = block_inputs(model, windows)
     layers = quantizable_linears(model, QuantConfig(skip=()))
     embed_name = model.EMBEDDING_KEY.rsplit(".", 1)[0]
     embedding = model.get_submodule(embed_name)
     table = {name: {"float": 0.0} for name, _ in layers}
     steps = [(n, lin, v) for n, lin in layers for v in candidates if v != "float" and _layer_bytes(lin, v) is not None]
     for name, linear, variant in bar(steps, desc=desc, unit="layer"):
+        block = _block_of(name, len(model.model.layers))
         set_module(model, name, _quantized(name, linear, variant, calibration.hessians.get(name)))
         tie_quantized_embedding(model)  # (lm_head quantized: the tied embedding reads its rows)
         try:
-            table[name][variant] = metrics.kld(ref, collect_logits(model, windows, desc=variant)).mean().item()
+            if name == "lm_head" and model.config.tie_word_embeddings:  # its rows are also the input embedding
+                logits = model(windows[:, :-1]).float()
+            else:
+                logits = logits_from(model, block, inputs[block])
+            table[name][variant] = metrics.kld(ref, logits).mean().item()
         finally:
             set_module(model, name, linear)
             set_module(model, embed_name, embedding)
