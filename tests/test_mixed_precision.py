@@ -16,7 +16,7 @@ from edgettt.quant import Budget, QuantConfig, search_mix
 from edgettt.quant.apply import weight_bits
 from edgettt.quant.calibration import Calibration
 from edgettt.quant.linear import QuantLinear
-from edgettt.quant.mixed import frontier
+from edgettt.quant.mixed import block_inputs, frontier, logits_from
 
 
 def run(*args):
@@ -132,8 +132,6 @@ def test_bad_budgets_are_one_line_and_write_nothing(setup, tmp_path, args, messa
 
 def test_a_sensitivity_run_from_a_block_gives_the_whole_prefill_logits(setup):
     """Starting at block i from the float model's hidden state there equals the whole prefill."""
-    from edgettt.quant.mixed import block_inputs, logits_from
-
     _, model, _ = setup
     windows = torch.tensor([list(read_text("python-docs-sample").data[:65])])
     with torch.no_grad():

@@ -11,7 +11,7 @@ import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the 
 import torch  # noqa: E402
 from lab import state_options  # noqa: E402
 
-from edgettt.quant.state_formats import requantize_int8_state  # noqa: E402
+from edgettt.quant.state_formats import requantize_int8_state, two_level_round  # noqa: E402
 
 
 def walk(name: str, commits: int = 400, seed: int = 0):
@@ -47,8 +47,6 @@ def test_error_feedback_keeps_the_state_within_a_step_where_rounding_walks_away(
 
 
 def test_the_composed_two_level_option_is_the_int12_format():
-    from edgettt.quant.state_formats import two_level_round
-
     S0, S = torch.randn(2, 4, 16), torch.randn(2, 4, 16)
     fn = state_options.option("q8-2level", S0, lambda p: torch.ones(2, 4), {}, "k")
     assert torch.allclose(fn(S, 0), two_level_round(S, S0), atol=1e-6)
