@@ -19,6 +19,7 @@ import platform
 import time
 
 import torch
+from lab import results
 
 import edgettt
 from edgettt import metrics
@@ -85,12 +86,7 @@ def main():
                        "machine": platform.processor() or platform.machine(), "python": platform.python_version()},
               "base": {r["model"]: r["size_mb"] for r in rows if r["factor"] == 1.0 and "uniform" in r["variant"]},
               "rows": rows}
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.md:
-        with open(args.md, "w") as f:
-            f.write(markdown(result))
+    results.write(result, markdown(result), args.json, args.md)
     print(markdown(result))
 
 

@@ -37,7 +37,6 @@ feedback; `int8-ef-int2` feeds back a 2-bit residual.
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import time
 
@@ -49,6 +48,8 @@ from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
 from edgettt.quant.apply import apply_state_format
 from edgettt.quant.state_formats import STATE_CLIP
+
+from . import results
 
 
 def rows_steps(step_rows, S0):
@@ -298,12 +299,7 @@ def main():
     p.add_argument("--markdown")
     args = p.parse_args()
     result = run(args)
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=2)
-    if args.markdown:
-        with open(args.markdown, "w") as f:
-            f.write(markdown(result))
+    results.write(result, markdown(result), args.json, args.markdown)
     print(markdown(result))
 
 
