@@ -492,7 +492,7 @@ def mixed_config(model, cal, calib, budget, state: str, skip):
         raise EdgetttError("--target chooses every layer's format; drop --skip (a layer it keeps in float is a choice)")
     plan = search_mix(model, cal, text, budget, state=state, log=click.echo)
     for row in plan.uniform:
-        click.echo(f"  uniform {row['variant']:16s} {row['size_mb']:8.3f} MB  predicted KLD {row['predicted_kld']:.5f}")
+        click.echo(f"  every layer {row['variant']:16s} {row['size_mb']:8.3f} MB  predicted KLD {row['predicted_kld']:.5f}")
     click.echo(f"  mix for {budget}: {plan.size_mb:.3f} MB, predicted KLD {plan.predicted_kld:.5f}, measured "
                f"{plan.measured_kld:.5f} on {plan.tokens} tokens of {text.name}")
     return plan.config()
