@@ -193,6 +193,7 @@ STUDIES = {  # write-ups in results/ that several runs made (their commands are 
     "lact_parallel_drift.md": "LaCT's parallel form: its drift and its distillation",
     "lact_state.md": "LaCT's fast-weight state formats",
     "lact_onnx.md": "LaCT's exports",
+    "state_bits.md": "the decode state in 8 and 4 bits at a quarter and a seventh of fp32: options against issue 60",
     "redesign_check_125m.md": "the 125m batch-1 GPU table before and after the core/lab redesign, on one card",
 }
 

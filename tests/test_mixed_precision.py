@@ -3,6 +3,7 @@ brute force, a mix meeting its size or KLD, saved and loaded, bad budgets (a mix
 tests/test_export.py, variant mlp-mixed)."""
 
 import itertools
+import json
 
 import pytest
 import torch
@@ -139,3 +140,21 @@ def test_a_sensitivity_run_from_a_block_gives_the_whole_prefill_logits(setup):
         inputs = block_inputs(model, windows)
         for block, h in enumerate(inputs):
             assert torch.allclose(logits_from(model, block, h), whole, atol=1e-5, rtol=1e-5)
+
+
+def test_the_report_measures_a_mix_beside_the_uniform_variants_and_draws_its_frontier(setup, tmp_path):
+    root, model, cal = setup
+    budget = round(1.1 * uniform_size(model, cal, "int4-gptq-g32"), 4)
+    result = run("report", root / "la", tmp_path / "rep", "--weights", f"int4-gptq-g32,mix:size={budget}",
+                 "--state", "fp32", "--data", "python-docs-sample", "--calib-data", "python-docs-sample",
+                 "--ctx", "64", "--max-tokens", "1024")
+    assert result.exit_code == 0, result.output
+    report = json.loads((tmp_path / "rep" / "report.json").read_text())
+    mixed = next(r for r in report["rows"] if r["weights"] == "mixed")
+    assert mixed["variant"] == f"w-mix-size={budget:g} s-fp32" and mixed["size_mb"] <= budget
+    sizes = [size for size, _ in mixed["frontier"]]
+    klds = [kld for _, kld in mixed["frontier"]]
+    assert sizes == sorted(sizes) and klds == sorted(klds, reverse=True)  # the least KLD falls as size grows
+    assert (tmp_path / "rep" / "accuracy_vs_size.png").stat().st_size > 0
+    result = run("report", root / "la", tmp_path / "rep2", "--weights", "mix:size=0")
+    assert result.exit_code == 1 and "expected size=MB or kld=X" in result.output

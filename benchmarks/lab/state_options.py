@@ -26,7 +26,10 @@ Composed options (row steps recomputed at every commit, max |x| over the row): `
 [-(2^(bits-1) - 1), 2^(bits-1) - 1]; `-had` first rotates each row by a normalised Hadamard matrix (and back after
 rounding: the row's outliers spread over its columns); `-ef<bits>` feeds back a residual kept in that many bits;
 `-2level` keeps and reads a 4-bit remainder (the int12 format's second code). `+kv-int8` keeps the open
-mini-batch's keys and values in int8, a float32 scale a slot's key and value.
+mini-batch's keys and values in int8, a float32 scale a slot's key and value; `+kv-int8x` the same without
+the keys' constant feature (the 1 of `augment`, exact: rounded with the rest it drifts every commit the same way);
+`+kv-int8h` the same with the keys rotated by a Hadamard matrix
+before rounding (and back); `+kv-fp8` float8 e4m3 rows; `+k-int8` / `+v-int8` one of the two (diagnostic: their bytes column is not meaningful).
 A suffix `+kv-bf16` keeps the open mini-batch's keys and values (b x (Dk + Dv) a head) in bfloat16 in
 place of the float32 running sum A (the int12 format's layout), simulated by rounding ka and vh to bfloat16
 where the layer's linear attention reads them: the sum inside the mini-batch and the commit then see
@@ -178,9 +181,11 @@ def state_bytes(model, name: str) -> dict:
     extra = sum(4 * t.shape[1] * t.shape[2] for layer in layers for k, t in layer.items() if k.startswith("S")) \
         if "dynamic" in base or base.startswith("q") else 0  # its row scales (a [H, Dk] table a level)
     fp32 = 4 * (s_elems + a_elems + other)
-    kv_bytes = {"kv-bf16": 2, "kv-int8": 1, "kv-fp8": 1}.get(kv_kind, 4)
+    kv_bytes = {"kv-bf16": 2, "kv-int8": 1, "kv-fp8": 1, "kv-int8x": 1, "kv-int8h": 1}.get(kv_kind, 4)
+    if kv_kind in ("kv-int8x", "kv-int8h"):  # (the keys' constant feature is not stored)
+        kv -= sum(b * t.shape[1] for layer in layers for k, t in layer.items() if k.startswith("A"))
     kv_scales = sum(8 * b * t.shape[1] for layer in layers for k, t in layer.items() if k.startswith("A")) \
-        if kv_kind in ("kv-int8", "kv-fp8") else 0  # a float32 scale for each slot's key and value
+        if kv_kind in ("kv-int8", "kv-fp8", "kv-int8x", "kv-int8h") else 0  # a float32 scale for each slot's key and value
     per_value = composed_bytes(base) if base.startswith("q") else S_BYTES[base]
     with_a = per_value * s_elems + 4 * (a_elems + other) + extra
     with_kv = per_value * s_elems + kv_bytes * kv + kv_scales + 4 * other + extra
@@ -212,6 +217,18 @@ def rounded_keys_and_values(key_rounding, value_rounding):
 
 def keep(x):
     return x
+
+
+def int8_rows_rotated_but_the_constant(x):
+    """Keys rounded to int8 a row in a Hadamard-rotated basis (outlier features spread over the row first, as
+    QuaRot does for a KV cache), their constant last feature exact."""
+    H = hadamard(x.shape[-1] - 1, x.dtype)
+    return torch.cat((int8_rows(x[..., :-1] @ H) @ H.T, x[..., -1:]), dim=-1)
+
+
+def int8_rows_but_the_constant(x):
+    """Keys rounded to int8 a row but their last feature, the constant 1 of `augment` (kept exact: not stored)."""
+    return torch.cat((int8_rows(x[..., :-1]), x[..., -1:]), dim=-1)
 
 
 def int8_keys_and_values(layer):
@@ -249,6 +266,8 @@ def run(args) -> dict:
             layer._attend = {"kv-bf16": bf16_keys_and_values, "kv-int8": int8_keys_and_values,
                              "kv-fp8": rounded_keys_and_values(fp8_rows, fp8_rows),
                              "k-int8": rounded_keys_and_values(int8_rows, keep),
+                             "kv-int8x": rounded_keys_and_values(int8_rows_but_the_constant, int8_rows),
+                             "kv-int8h": rounded_keys_and_values(int8_rows_rotated_but_the_constant, int8_rows),
                              "v-int8": rounded_keys_and_values(keep, int8_rows)}.get(
                 kv_kind, lambda layer: type(layer)._attend.__get__(layer))(layer)
         t0 = time.perf_counter()
