@@ -266,11 +266,12 @@ def search_mix(model: nn.Module, calibration, text: Text, budget: Budget, state:
                        f"(float weights: 0); ask for a larger KLD or a size")
 
 
-def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points where the least KLD falls (the frontier's corners)."""
+def _pareto(points: list[tuple[float, float]], step: float = 0.99) -> list[tuple[float, float]]:
+    """The frontier's corners: each point where the least KLD has fallen below `step` of the last one kept (a few
+    hundred points for a plot, not one a byte step)."""
     out = []
     for size, kld in points:
-        if not out or kld < out[-1][1]:
+        if not out or kld < step * out[-1][1]:
             out.append((size, kld))
     return out
 
