@@ -107,13 +107,15 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
     assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int4-head",
                                                           "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
-                                                          "linear-fp4-int8-tensor-state", "linear-int4-default-head", "mlp-mixed")
+                                                          "linear-fp4-int8-tensor-state", "linear-int4-default-head",
+                                                          "mlp-mixed")
                                        else "float")
     levels = {a.i for n in onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph.node
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
     assert levels <= ({4} if manifest["activations"] == "int8" else {0})
     # int8 activations in a prefill: DynamicQuantizeMatMul for the stacked q/k/v and gate/up of int4 / int8 layers
-    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head", "linear-int4-default-head")
+    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head", "linear-int4-default-head",
+                         "mlp-mixed")
     assert ("DynamicQuantizeMatMul" in op_types(directory / "prefill.onnx")) == int8_rows
     assert "DynamicQuantizeMatMul" not in op_types(directory / "decode.onnx")
     # the prefill graph's int8 layers (LLM.int8, an int8 lm_head beside 4-bit weights) take int8 activations too
