@@ -560,7 +560,8 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
               show_default=True,
               help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "
                    "per row recomputed at every commit, the open mini-batch's keys and values in float16 in place "
-                   "of A (32% of the float state's bytes for ttt-linear-tiny); int8: 8 bits, calibrated per-row "
+                   "of A (32% of the float state's bytes for ttt-linear-tiny); int12-kv8: the same with those keys "
+                   "(rotated) and values in int8 (26%); int8: 8 bits, calibrated per-row "
                    "scales (needs --calib); int8-tensor: 8 bits, one scale from the initial state.")
 @click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
 @click.option("--skip", multiple=True, metavar="PATTERN",
@@ -692,7 +693,7 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
         write(result, tmp)
     click.echo(table(result))
     click.echo(f"wrote {output}/report.json, report.csv, report.md, report.html, accuracy_vs_size.png, "
-               "kld_by_position.png")
+               "kld_by_position.png, state_vs_kld.png")
     if result["failed"]:
         failures = "; ".join(f"{f['variant']}: {f['error']}" for f in result["failed"])
         raise EdgetttError(f"{len(result['failed'])} variants failed ({failures}); the report in {output} holds the "

@@ -40,10 +40,9 @@ from .config import ModelConfig
 from .mixer import MixerBase, zeros_state
 from .ops import gelu_tanh, layer_norm, segments
 from .ops.linear_attention import reference as la
-from .quant.state_formats import FLOAT32_STATE
+from .quant.state_formats import FLOAT32_STATE, OPEN_DTYPE
 from .quant.state_scales import StateScales
 
-OPEN_DTYPE = torch.float16  # the open mini-batch's keys and values, where the state keeps them
 DEFAULT_DECAY = 0.97  # a new decayed layer's gamma a mini-batch (the distillation learns each head's)
 
 
@@ -154,7 +153,7 @@ class LinearAttentionLayer(StateScales, MixerBase):
         S = f"S{level}"
         kv = self.keeps_keys_and_values()
         if kv:  # every token's ka and vh as the buffer holds them, and A from the buffer
-            ka, vh = ka.to(OPEN_DTYPE).to(qa.dtype), vh.to(OPEN_DTYPE).to(qa.dtype)
+            ka, vh = self.state_format.kept_open(ka, vh)
             A = self._open_sum(st, level, start, qa.dtype)
         else:
             A = st[f"A{level}"]

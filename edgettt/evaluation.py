@@ -145,7 +145,7 @@ def model_facts(model, name: str) -> dict:
     size = weight_bits(model, saved_float_dtype(model))  # as its model directory stores it
     return {"name": name, "family": model.config.family, "form": model.form, "parameters": size["weights"],
             "size_mb": size["size_mb"], "bits_per_weight": size["bits_per_weight"],
-            "quantization": model.config.quantization}
+            "quantization": model.config.quantization, "state_bytes": model.decode_state_bytes()}
 
 
 def save_reference(path, logits: torch.Tensor, windows: torch.Tensor, report: dict, force: bool = False) -> None:

@@ -193,7 +193,7 @@ class LanguageModel(nn.Module):
             kept = layer.formatted_state_names() if fmt.bytes_per_element is not None else ()
             for name, t in tensors.items():
                 total += (t.numel() * fmt.bytes_per_element + t.numel() // t.shape[-1] * fmt.row_bytes if name in kept
-                          else t.numel() * t.element_size())
+                          else fmt.kept_bytes(name, t))
         return int(total)
 
 

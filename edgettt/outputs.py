@@ -53,7 +53,7 @@ DIRECTORY_FILES = {
                "index.html", "edgettt.mjs", "ort.wasm.min.mjs", "ort-wasm-simd-threaded.mjs",
                "ort-wasm-simd-threaded.wasm", "tokenizers.min.mjs", "tokenizers.LICENSE"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
-               "kld_by_position.png"},
+               "kld_by_position.png", "state_vs_kld.png"},
 }
 FILE_PATTERNS = {"model": re.compile(r"model-\d{5}-of-\d{5}\.safetensors")}  # Hugging Face shards
 SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)

@@ -2,7 +2,7 @@
 
 convert (when given a TTT checkpoint) -> calibrate -> quantize every variant -> evaluate each
 against the unquantized converted model (saved reference logits) and the original. Writes
-report.json (a list `rows`, and `failed`: variants that did not finish), report.csv, report.md, two PNG
+report.json (a list `rows`, and `failed`: variants that did not finish), report.csv, report.md, three PNG
 plots and report.html (all of it in one page, the plots inlined).
 """
 
@@ -141,6 +141,7 @@ def _row(name, weights, state, facts, d, orig_ppl) -> dict:
         "dppl_vs_original_pct": 100 * (d["model"]["ppl"] / orig_ppl["ppl"] - 1) if orig_ppl else None,
         "kld_mean": d["kld_mean"], "kld_stderr": d["kld_stderr"], "kld_p99": d["kld_p99"], "kld_max": d["kld_max"],
         "top1": d["top1"], "rms_dp": d["rms_dp"], "kld_by_position": d["kld_by_position"],
+        "state_bytes": facts.get("state_bytes"),  # a sequence's decode state as its format keeps it
     }
 
 
@@ -224,7 +225,8 @@ def dodged(xs: list[float], ys: list[float], near_x: float = 0.02, near_decades:
 
 
 def plot(report: dict, out: Path) -> None:
-    """accuracy_vs_size.png (KLD against size, lower is better) and kld_by_position.png (drift along the text).
+    """accuracy_vs_size.png (KLD against size, lower is better), kld_by_position.png (drift along the text) and
+    state_vs_kld.png (the state formats' bytes against their drift).
     Figures without pyplot: nothing of a caller's matplotlib state (its backend, open figures) is touched."""
     rows, colours = report["rows"], variant_colours(report)
     fig = Figure(figsize=(8, 4.5))
@@ -263,6 +265,30 @@ def plot(report: dict, out: Path) -> None:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
     fig.savefig(out / "kld_by_position.png", dpi=120, bbox_inches="tight")
+    plot_states(report, out, colours)
+
+
+def plot_states(report: dict, out: Path, colours: dict) -> None:
+    """state_vs_kld.png: the state variants' KLD against their decode state's bytes, as a share of the float
+    state's (the variants with float weights and another state format)."""
+    rows, ref = report["rows"], report["rows"][0]
+    fig = Figure(figsize=(8, 4.5))
+    ax = fig.subplots()
+    states = [r for r in rows[1:] if r["weights"] == "float" and r["state"] != "fp32" and r.get("state_bytes")
+              and r["kld_mean"] > 0]
+    for i, r in enumerate(states):
+        share = 100 * r["state_bytes"] / ref["state_bytes"]
+        ax.scatter(share, r["kld_mean"], color=colours[r["variant"]], marker=MARKERS[i % len(MARKERS)], s=60,
+                   label=f"{r['state']} ({share:.1f}%, KLD {r['kld_mean']:.2g})", zorder=3)
+    if not states:
+        ax.text(0.5, 0.5, "no state variants in this report", transform=ax.transAxes, ha="center")
+    ax.set(xlabel="decode state a sequence, % of the float32 state's bytes",
+           ylabel="mean KLD against the float model (log; lower is better)", yscale="log",
+           title=f"{report['model']}: state formats, bytes against drift ({report['ctx']} tokens)")
+    ax.grid(True, which="both", alpha=0.3)
+    if states:
+        ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5), frameon=False)
+    fig.savefig(out / "state_vs_kld.png", dpi=120, bbox_inches="tight")
 
 
 def html(report: dict, out: Path) -> str:
@@ -285,7 +311,7 @@ def html(report: dict, out: Path) -> str:
     images = "".join(
         f'<figure><img alt="{name}" src="data:image/png;base64,'
         f'{base64.b64encode((out / name).read_bytes()).decode()}"><figcaption>{name}</figcaption></figure>'
-        for name in ("accuracy_vs_size.png", "kld_by_position.png"))
+        for name in ("accuracy_vs_size.png", "kld_by_position.png", "state_vs_kld.png"))
     failed = "".join(f"<li>{escape(f['variant'])}: {escape(f['error'])}</li>" for f in report.get("failed", []))
     t = report["text"]
     return f"""<!doctype html>

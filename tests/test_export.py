@@ -51,6 +51,9 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "mlp-mixed": ("mlp", ("--target", "kld=1"), (), {"MatMulNBits", "GatherBlockQuantized"}),
     "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
+    # the open mini-batch's keys (rotated) and values rounded to int8 inside the graphs, carried as float16
+    "linear-int12-kv8-state": ("linear", ("--weights", "int8", "--state", "int12-kv8"), ("--activations", "float"),
+                               {"MatMulNBits", "Round"}),
     "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-int8-head": ("linear", ("--weights", "int8", "--lm-head", "same"), (),

@@ -113,7 +113,7 @@ def test_report_end_to_end(setup, tmp_path):
         assert len(r["kld_by_position"]) == 8
     assert rows["w-int8 s-fp32"]["kld_mean"] < rows["w-int4-rtn-g32 s-fp32"]["kld_mean"]
     assert rows["w-int4-rtn-g32 s-fp32"]["bits_per_weight"] < rows["w-int8 s-fp32"]["bits_per_weight"]
-    for name in ("report.csv", "report.md", "accuracy_vs_size.png", "kld_by_position.png"):
+    for name in ("report.csv", "report.md", "accuracy_vs_size.png", "kld_by_position.png", "state_vs_kld.png"):
         assert (out / name).stat().st_size > 0
     assert "KLD mean" in result.output
     bad = run("report", setup / "ttt", "--weights", "int3", tmp_path / "r2")

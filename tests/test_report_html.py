@@ -33,7 +33,7 @@ def report_dir(tmp_path_factory):
 def test_the_page_is_self_contained_and_holds_every_variant(report_dir):
     page = (report_dir / "report.html").read_text()
     rows = json.loads((report_dir / "report.json").read_text())["rows"]
-    assert page.count("data:image/png;base64,") == 2
+    assert page.count("data:image/png;base64,") == 3
     assert "http://" not in page and "https://" not in page and "<script" not in page  # readable offline
     for row in rows:
         assert row["variant"] in page

@@ -26,7 +26,7 @@ import functools
 import torch
 from torch import nn
 
-from ..converted import OPEN_DTYPE, LinearAttentionLayer
+from ..converted import LinearAttentionLayer
 from ..lact.model import LaCTLayer
 from ..ops import mini_batch_etas
 from ..ops.common import INTERPRETER, mini_batch_supported
@@ -173,7 +173,7 @@ class CompiledDecodeLayer(LinearAttentionKernels):
 
     def _attend(self, attend, level, st, qa, ka, vh, start):
         if self.keeps_keys_and_values() and qa.shape[2] == 1 and self.observer is None and not torch.is_tensor(start):
-            ka, vh = ka.to(OPEN_DTYPE).to(qa.dtype), vh.to(OPEN_DTYPE).to(qa.dtype)  # as the slots hold them
+            ka, vh = self.state_format.kept_open(ka, vh)  # as the slots hold them
             return self._attend_open_token(level, st, qa, ka, vh, start)
         return super()._attend(attend, level, st, qa, ka, vh, start)
 

@@ -11,6 +11,9 @@ graph's state operators all round the state with the formula written here, once.
                  that moves is smaller); a TTT layer keeps the open mini-batch's keys and values
                  (float16) in place of the float32 sum A. Measured against the others in
                  benchmarks/results/state_options.md
+    int12-kv8    int12's S with the open mini-batch in 8 bits: a slot's values in int8 on a step of their own, its
+                 keys likewise after a Hadamard rotation (their constant feature, the 1 of the bias row, not
+                 kept): 26% of the fp32 state where int12 is 32% (benchmarks/results/state_bits.md)
     int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
     int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127 (the
                  plain-rounding baseline the calibrated format is measured against)
@@ -60,6 +63,33 @@ def int8_state_values(codes: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor
 def requantize_int8_state(S: torch.Tensor, S0: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """S as the int8 state stores it (rounded to its grid), in float."""
     return int8_state_values(int8_state_codes(S, S0, scale), S0, scale)
+
+
+OPEN_DTYPE = torch.float16  # the type of the open mini-batch's key and value buffers
+
+
+def hadamard(n: int, dtype=torch.float32) -> torch.Tensor:
+    """An orthonormal [n, n] matrix: the normalised Hadamard matrix of the largest power of two dividing n, repeated
+    along the diagonal (n = 64: one Sylvester matrix; n = 48: three of 16)."""
+    block = n & -n
+    H = torch.ones(1, 1, dtype=dtype)
+    while H.shape[0] < block:
+        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
+    return torch.block_diag(*[H / block ** 0.5] * (n // block))
+
+
+def int8_slots(x: torch.Tensor) -> torch.Tensor:
+    """x [..., D] on an int8 grid a row (a slot: one token's key or value), step max |x| over the row / 127."""
+    step = (x.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-30)
+    return torch.clamp(torch.round(x / step), -STATE_CLIP, STATE_CLIP) * step
+
+
+def int8_rotated_keys(ka: torch.Tensor) -> torch.Tensor:
+    """Keys [..., Dk] (the last feature the constant 1 of `augment`, kept as it is) on an int8 grid a slot in a
+    Hadamard-rotated basis: a few features carry most of a key's size, and rotated they share one step with the
+    rest (plain int8 keys cost 10x the KLD: benchmarks/results/state_bits.md)."""
+    H = hadamard(ka.shape[-1] - 1, ka.dtype).to(ka.device)
+    return torch.cat((int8_slots(ka[..., :-1] @ H) @ H.T, ka[..., -1:]), dim=-1)
 
 
 FINE_STEPS = 15  # the int12 format's second code: steps of step / 15, in [-7, 7] (4 bits, symmetric)
@@ -141,6 +171,15 @@ class StateFormat:
         """What the int8 codes are taken relative to."""
         return S0
 
+    def kept_open(self, ka: torch.Tensor, vh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The open mini-batch's keys and values as a format that keeps them holds them (`keeps_keys_and_values`):
+        rounded to float16, back in their own type."""
+        return ka.to(OPEN_DTYPE).to(ka.dtype), vh.to(OPEN_DTYPE).to(vh.dtype)
+
+    def kept_bytes(self, name: str, t: torch.Tensor) -> float:
+        """Bytes a decode-state tensor other than S (`name`: A1, K1, V1, a conv tail) takes as this format keeps it."""
+        return t.numel() * t.element_size()
+
     def initial_scales(self, initial_states: list[torch.Tensor], calibration, layer: int):
         """(scales per level, bucket width in tokens) a layer gets when the format is applied."""
         return None, 0
@@ -180,6 +219,28 @@ class Int12State(StateFormat):
                 "dequantize": "S0 + (c8 + c4 / 15) * step[row]; crosses the graphs as float32 values on that grid"}
 
 
+class Int12Int8OpenState(Int12State):
+    """int12's S with the open mini-batch's keys and values in 8 bits a value (`int8_rotated_keys`, `int8_slots`),
+    a float16 step a slot and buffer. The graphs round them inside and carry them as float16 values on that grid;
+    the decode token kernel, which reads float16 slots, is not taught the rounding (token_kernel off)."""
+
+    name, token_kernel = "int12-kv8", False
+
+    def kept_open(self, ka, vh):
+        return (int8_rotated_keys(ka.float()).to(OPEN_DTYPE).to(ka.dtype),
+                int8_slots(vh.float()).to(OPEN_DTYPE).to(vh.dtype))
+
+    def kept_bytes(self, name, t):
+        if name[0] not in "KV":
+            return super().kept_bytes(name, t)
+        slots = t.numel() // t.shape[-1]  # a code a value (a key's constant feature: none), a float16 step a slot
+        return slots * (t.shape[-1] - (name[0] == "K") + 2)
+
+    def describe(self):
+        return {**super().describe(), "open": "keys (Hadamard-rotated, the constant feature exact) and values on an "
+                                              "int8 grid a slot; cross the graphs as float16 values on it"}
+
+
 class Int8State(StateFormat):
     """S - S0 with calibrated per-row scales for each position bucket (the commit's position picks it)."""
 
@@ -215,7 +276,8 @@ class Int8TensorState(Int8State):
 
 
 FLOAT32_STATE = StateFormat()
-STATE_FORMATS = {f.name: f for f in (FLOAT32_STATE, Float16State(), Int12State(), Int8State(), Int8TensorState())}
+STATE_FORMATS = {f.name: f for f in (FLOAT32_STATE, Float16State(), Int12State(), Int12Int8OpenState(), Int8State(),
+                                      Int8TensorState())}
 RENAMED = {"int8-calibrated": "int8"}  # old name -> new: still read, with a note where a user typed it
 
 
