@@ -50,7 +50,7 @@ from edgettt import metrics
 from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
 from edgettt.quant.apply import apply_state_format
-from edgettt.quant.state_formats import STATE_CLIP
+from edgettt.quant.state_formats import STATE_CLIP, hadamard, int8_rotated_keys, int8_slots
 
 from . import results
 
@@ -153,13 +153,6 @@ S_BYTES = {"fp32": 4, "int8": 1, "int8-stochastic": 1, "int8-dynamic": 1, "int8-
            "int8-hadamard-dynamic": 1}
 
 
-def hadamard(n: int, dtype) -> torch.Tensor:
-    H = torch.ones(1, 1, dtype=dtype)
-    while H.shape[0] < n:
-        H = torch.cat((torch.cat((H, H), 1), torch.cat((H, -H), 1)), 0)
-    return H / n ** 0.5
-
-
 def composed_bytes(name: str) -> float:
     """Bytes a value of S of a composed option (q<bits>[-had][-ef<bits>|-2level]) keeps."""
     parts = name.split("-")
@@ -193,11 +186,6 @@ def state_bytes(model, name: str) -> dict:
             "fp32_bytes": fp32}
 
 
-def int8_rows(x):
-    step = (x.abs().amax(-1, keepdim=True) / 127).clamp_min(1e-12)
-    return torch.round(x / step) * step
-
-
 def fp8_rows(x):
     """Each row scaled to float8 e4m3's range (448 at the row's max) and rounded to it."""
     scale = (x.abs().amax(-1, keepdim=True) / 448).clamp_min(1e-12)
@@ -219,21 +207,14 @@ def keep(x):
     return x
 
 
-def int8_rows_rotated_but_the_constant(x):
-    """Keys rounded to int8 a row in a Hadamard-rotated basis (outlier features spread over the row first, as
-    QuaRot does for a KV cache), their constant last feature exact."""
-    H = hadamard(x.shape[-1] - 1, x.dtype)
-    return torch.cat((int8_rows(x[..., :-1] @ H) @ H.T, x[..., -1:]), dim=-1)
-
-
-def int8_rows_but_the_constant(x):
+def int8_slots_but_the_constant(x):
     """Keys rounded to int8 a row but their last feature, the constant 1 of `augment` (kept exact: not stored)."""
-    return torch.cat((int8_rows(x[..., :-1]), x[..., -1:]), dim=-1)
+    return torch.cat((int8_slots(x[..., :-1]), x[..., -1:]), dim=-1)
 
 
 def int8_keys_and_values(layer):
     """The layer's linear attention reading ka and vh rounded to int8 a token row (an int8 K/V buffer)."""
-    return rounded_keys_and_values(int8_rows, int8_rows)(layer)
+    return rounded_keys_and_values(int8_slots, int8_slots)(layer)
 
 
 def bf16_keys_and_values(layer):
@@ -265,10 +246,10 @@ def run(args) -> dict:
             layer.requantizer = requantizer
             layer._attend = {"kv-bf16": bf16_keys_and_values, "kv-int8": int8_keys_and_values,
                              "kv-fp8": rounded_keys_and_values(fp8_rows, fp8_rows),
-                             "k-int8": rounded_keys_and_values(int8_rows, keep),
-                             "kv-int8x": rounded_keys_and_values(int8_rows_but_the_constant, int8_rows),
-                             "kv-int8h": rounded_keys_and_values(int8_rows_rotated_but_the_constant, int8_rows),
-                             "v-int8": rounded_keys_and_values(keep, int8_rows)}.get(
+                             "k-int8": rounded_keys_and_values(int8_slots, keep),
+                             "kv-int8x": rounded_keys_and_values(int8_slots_but_the_constant, int8_slots),
+                             "kv-int8h": rounded_keys_and_values(int8_rotated_keys, int8_slots),
+                             "v-int8": rounded_keys_and_values(keep, int8_slots)}.get(
                 kv_kind, lambda layer: type(layer)._attend.__get__(layer))(layer)
         t0 = time.perf_counter()
         logits = []
