@@ -478,7 +478,7 @@ def format_conversion_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def mixed_config(model, cal, calib, budget, state: str, skip):
+def mixed_config(model, cal, calib, budget, state: str):
     """`quantize --target`: the mix of layer formats for `budget`, searched on the calibration's own text; its
     frontier and choice printed."""
     from .data import read_text
@@ -488,11 +488,10 @@ def mixed_config(model, cal, calib, budget, state: str, skip):
     if text is None or text.fingerprint()["sha256"] != cal.text["sha256"]:
         raise EdgetttError(f"{calib}: its text {cal.text['name']} cannot be read as it was (sha256 "
                            f"{cal.text['sha256']}); --target measures on the calibration's text, calibrate again")
-    if skip:
-        raise EdgetttError("--target chooses every layer's format; drop --skip (a layer it keeps in float is a choice)")
     plan = search_mix(model, cal, text, budget, state=state, log=click.echo)
     for row in plan.uniform:
-        click.echo(f"  every layer {row['variant']:16s} {row['size_mb']:8.3f} MB  predicted KLD {row['predicted_kld']:.5f}")
+        click.echo(f"  every layer {row['variant']:16s} {row['size_mb']:8.3f} MB  "
+                   f"predicted KLD {row['predicted_kld']:.5f}")
     click.echo(f"  mix for {budget}: {plan.size_mb:.3f} MB, predicted KLD {plan.predicted_kld:.5f}, measured "
                f"{plan.measured_kld:.5f} on {plan.tokens} tokens of {text.name}")
     return plan.config()
@@ -593,6 +592,8 @@ def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, 
     budget = Budget.parse(target) if target is not None else None
     if budget and (ctx.get_parameter_source("weights").name != "DEFAULT" or head):
         raise EdgetttError("--target chooses every layer's format, lm_head's too; drop --weights and --lm-head")
+    if budget and skip:
+        raise EdgetttError("--target chooses every layer's format; drop --skip (a layer it keeps in float is a choice)")
     if budget and not calib:
         raise EdgetttError(f"--target {budget} measures each layer with GPTQ's statistics: run `edgettt calibrate` "
                            "and pass --calib")
@@ -612,7 +613,7 @@ def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, 
     cal = Calibration.load(calib) if calib else None
     before = weight_bits(model)
     if budget:
-        config = mixed_config(model, cal, calib, budget, state, skip)
+        config = mixed_config(model, cal, calib, budget, state)
 
     def line(row):
         click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:14s} "

@@ -66,8 +66,7 @@ def variants(weights: list[str], states: list[str], skip: tuple[str, ...] = DEFA
              fallback: str = "int8") -> list[Variant]:
     """Every weight variant (a name `quant.config.weight_variant` reads: int4-gptq-g64, or mix:size=MB /
     mix:kld=X) with a float state, then every state format with float weights."""
-    out = [dataclasses.replace(weight_variant_or_mix(w), skip=skip if not w.startswith(MIX_PREFIX) else (),
-                               fallback=fallback) for w in weights]
+    out = [dataclasses.replace(weight_variant_or_mix(w), skip=skip, fallback=fallback) for w in weights]
     out += [Variant("none", state=s, skip=skip, fallback=fallback) for s in states if s != "fp32"]
     return out
 
@@ -124,8 +123,8 @@ def _variant_row(v: Variant, converted: CausalLM, cal, ref_logits, windows, n_by
     plan = search_mix(converted, cal, calib_text, Budget.parse(v.target), v.state) if v.target else None
     layers = quantize_model(model, plan.config() if plan else v.config(), cal)
     d = metrics.drift(ref_logits, collect_logits(model, windows, desc=v.name), windows[:, 1:], n_bytes)
-    row = _row(v.name, "mixed" if v.target else v.weights if v.weights != "none" else "float", v.state, model_facts(model, v.name), d,
-               orig_ppl)
+    weights = "mixed" if v.target else "float" if v.weights == "none" else v.weights
+    row = _row(v.name, weights, v.state, model_facts(model, v.name), d, orig_ppl)
     row["fallback_layers"] = sum(1 for layer in layers if layer.get("fallback"))
     if plan:  # the search's frontier (predicted on the calibration text) for the size-against-KLD plot
         row.update(frontier=plan.frontier, predicted_kld=plan.predicted_kld, layer_variants=plan.choices)

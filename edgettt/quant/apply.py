@@ -61,7 +61,7 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
-def _quantize_layer(name: str, linear: nn.Linear, fmt: str, group: int, config: QuantConfig, hessian) -> QuantLinear:
+def quantize_layer(name: str, linear: nn.Linear, fmt: str, group: int, config: QuantConfig, hessian) -> QuantLinear:
     # a fallback's own grid takes the config's method where it can; a format asked for the layer by name rounds
     # to nearest (lm_head's int8) unless the override names its method (a mix's int4-gptq-g32)
     asked = config.override(name)
@@ -91,7 +91,7 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
         before = linear.weight.numel() * linear.weight.element_size()
         after = before
         if fmt != "float":
-            q = _quantize_layer(name, linear, fmt, group, config, (hessians or {}).get(name))
+            q = quantize_layer(name, linear, fmt, group, config, (hessians or {}).get(name))
             set_module(model, name, q.to(linear.weight.device))
             after = q.nbytes()
         row = {"name": name, "shape": list(linear.weight.shape), "format": asked.get(name, fmt),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 from torch import nn
@@ -40,6 +41,10 @@ class QuantState:
     def storage(self) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Shapes and dtypes of the tensors the format stores for this weight."""
         return weight_format(self.format).storage(self.out_features, self.in_features, self.group_size)
+
+    def nbytes(self) -> int:
+        """Bytes of the tensors the format stores for this weight (what `QuantLinear.nbytes` counts once made)."""
+        return sum(math.prod(shape) * dtype.itemsize for shape, dtype in self.storage().values())
 
     def empty_layer(self) -> "QuantLinear":
         """The layer with its tensors on the meta device: `load_state_dict(assign=True)` puts a saved

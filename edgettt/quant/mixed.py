@@ -33,7 +33,8 @@ from ..data import Text, token_windows
 from ..errors import EdgetttError
 from ..evaluation import collect_logits, encode
 from ..progress import bar
-from .apply import check_calibration_covers, quantizable_linears, quantize_model, set_module, tie_quantized_embedding
+from .apply import (check_calibration_covers, quantizable_linears, quantize_layer, quantize_model, set_module,
+                    tie_quantized_embedding)
 from .config import QuantConfig, weight_variant
 from .linear import QuantLinear, QuantState
 from .weight_formats import weight_format
@@ -94,15 +95,13 @@ def _layer_bytes(linear: nn.Linear, variant: str) -> int | None:
     fmt, _, group = weight_variant(variant)
     if not weight_format(fmt).fits(linear.in_features, group):
         return None
-    storage = QuantState(fmt, group, linear.in_features, linear.out_features).storage()
-    return sum(math.prod(shape) * dtype.itemsize for shape, dtype in storage.values())
+    return QuantState(fmt, group, linear.in_features, linear.out_features).nbytes()
 
 
 def _quantized(name: str, linear: nn.Linear, variant: str, hessian) -> QuantLinear:
-    fmt, method, group = weight_variant(variant)
-    method = method if hessian is not None else "rtn"  # (lm_head: calibration records no input statistics)
-    w = linear.weight.detach().float().cpu()
-    return QuantLinear(w.shape[1], w.shape[0], fmt, group, weight_format(fmt).quantize(w, group, method, hessian))
+    """The layer in `variant`, as `quantize_model` makes it when a mix names the variant for it."""
+    fmt, _, group = weight_variant(variant)
+    return quantize_layer(name, linear, fmt, group, QuantConfig(overrides={name: variant}), hessian)
 
 
 def block_inputs(model: nn.Module, windows: torch.Tensor) -> list[torch.Tensor]:
@@ -240,13 +239,14 @@ def search_mix(model: nn.Module, calibration, text: Text, budget: Budget, state:
                 "predicted_kld": sum(table[n][v] for n in names)}
                for v in candidates if all(v in sizes[n] for n in names)]
 
+    corners = _pareto([(float(s) / 1e6, float(k)) for s, k in zip(size_axis, least) if np.isfinite(k)])
+
     def plan_at(slot: int) -> MixedPlan:
         picked = choices_at(slot)
         choices = {n: list(sizes[n])[j] for n, j in zip(names, picked)}
         size = fixed + sum(sizes[n][choices[n]] for n in names)
-        points = [(float(s) / 1e6, float(k)) for s, k in zip(size_axis, least) if np.isfinite(k)]
         return MixedPlan(budget, choices, size / 1e6, sum(table[n][choices[n]] for n in names), math.nan,
-                         _pareto(points), uniform, table, int(windows[:, 1:].numel()), state)
+                         corners, uniform, table, int(windows[:, 1:].numel()), state)
 
     if budget.kind == "size":
         plan = plan_at(int(np.searchsorted(size_axis, budget.value * 1e6, side="right")) - 1)
