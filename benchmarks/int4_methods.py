@@ -1,6 +1,5 @@
-"""Ways to make int4 more accurate at its bytes, and what a cheaper int4 would give mixed precision (issue 60,
-item 1): on one model, uniform int4 g64 by GPTQ as shipped against three variants of it, and the 1.1x mix if the
-int4 formats kept their scales in float16. Held-out KLD against the float model.
+"""Ways to make int4 more accurate at its bytes: on one model, uniform int4 g64 by GPTQ as shipped against three
+variants of it. Held-out KLD against the float model.
 
     python benchmarks/int4_methods.py --model ttt-linear-tiny-parallel --json OUT.json --md OUT.md
 
@@ -10,13 +9,11 @@ Variants (the effective weights measured in a float copy; none is a shipped form
     gptq-act-order       columns in descending diag(H) order, the group grids fixed from the weights first
     awq-gptq             input channels scaled by diag(H)^(alpha/2) before GPTQ (alpha in 0, .25, .5, .75 a layer,
                          by GPTQ's output error), scaled back after
-    mix-1.1x-fp16-scales `quantize --target size=1.1x` with the int4 candidates' scales counted as float16
 """
 
 from __future__ import annotations
 
 import argparse
-import collections
 import copy
 import platform
 
@@ -28,7 +25,7 @@ import edgettt
 from edgettt import metrics
 from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
-from edgettt.quant import Budget, QuantConfig, layouts, mixed, search_mix
+from edgettt.quant import QuantConfig, layouts
 from edgettt.quant import weight_formats as wf
 from edgettt.quant.apply import set_module, weight_bits
 from edgettt.quant.gptq import gptq
@@ -37,15 +34,20 @@ from edgettt.quant.linear import QuantLinear
 UNIFORM = QuantConfig("int4", 64, "gptq", skip=(), overrides={"lm_head": "int8"})
 
 
-def clipped_grid(w, group, ratios=torch.linspace(1.0, 0.7, 7)):
+def int4_gptq(w, group, H):
+    """The product's int4 GPTQ, dequantized."""
+    return layouts.dequantize_int4(layouts.pack_int4(*wf._grouped_codes(w, group, "gptq", H, 15)))
+
+
+def clipped_grid(w, group, top=15, ratios=torch.linspace(1.0, 0.7, 7)):
     N, K = w.shape
     g = w.reshape(N, K // group, group)
     best = None
     for a in ratios:
         lo, hi = g.amin(-1).clamp_max(0) * a, g.amax(-1).clamp_min(0) * a
-        scale = ((hi - lo) / 15).clamp_min(1e-12)
-        zero = torch.round(-lo / scale).clamp(0, 15)
-        q = (torch.clamp(torch.round(g / scale[..., None]) + zero[..., None], 0, 15) - zero[..., None]) * scale[..., None]
+        scale = ((hi - lo) / top).clamp_min(1e-12)
+        zero = torch.round(-lo / scale).clamp(0, top)
+        q = (torch.clamp(torch.round(g / scale[..., None]) + zero[..., None], 0, top) - zero[..., None]) * scale[..., None]
         err = ((q - g) ** 2).sum(-1)
         if best is None:
             best = [err, scale, zero]
@@ -59,7 +61,7 @@ def clipped_grid(w, group, ratios=torch.linspace(1.0, 0.7, 7)):
 def gptq_clip(w, group, H):
     original, layouts.int4_group_params = layouts.int4_group_params, clipped_grid
     try:
-        return layouts.dequantize_int4(wf._int4_gptq(w, group, H))
+        return int4_gptq(w, group, H)
     finally:
         layouts.int4_group_params = original
 
@@ -86,7 +88,7 @@ def awq_gptq(w, group, H):
     for alpha in (0.0, 0.25, 0.5, 0.75):
         s = act ** alpha
         s = s / s.mean()
-        q = layouts.dequantize_int4(wf._int4_gptq(w * s, group, H / s[:, None] / s[None, :])) / s
+        q = int4_gptq(w * s, group, H / s[:, None] / s[None, :]) / s
         e = torch.einsum("nk,kl,nl->", q - w, H, q - w).item()  # GPTQ's output error
         if best is None or e < best[0]:
             best = (e, q)
@@ -103,15 +105,6 @@ def with_weights(model, uniform, cal, method):
             layer.weight.data = method(w, 64, cal.hessians[name])
             set_module(out, name, layer)
     return out
-
-
-def fp16_scale_bytes(original):
-    def counted(linear, variant):
-        n_bytes = original(linear, variant)
-        if n_bytes is None or not variant.startswith("int4"):
-            return n_bytes
-        return n_bytes - 2 * linear.out_features * (linear.in_features // int(variant.rsplit("g", 1)[1]))
-    return counted
 
 
 def main():
@@ -135,15 +128,6 @@ def main():
     rows = [{"variant": "gptq", "kld": kld(uniform), "note": f"{size:.3f} MB"}]
     for name, method in (("gptq-clip", gptq_clip), ("gptq-act-order", gptq_act_order), ("awq-gptq", awq_gptq)):
         rows.append({"variant": name, "kld": kld(with_weights(model, uniform, cal, method)), "note": "same bytes"})
-    original, mixed._layer_bytes = mixed._layer_bytes, fp16_scale_bytes(mixed._layer_bytes)
-    try:
-        plan = search_mix(model, cal, read_text("python-docs:train"), Budget("size", round(1.1 * size, 6)))
-    finally:
-        mixed._layer_bytes = original
-    counts = collections.Counter(plan.choices.values())
-    rows.append({"variant": "mix-1.1x-fp16-scales", "kld": kld(edgettt.quantize(model, plan.config(), cal)),
-                 "note": f"{plan.size_mb / size:.3f}x the bytes with float16 scales; "
-                         + ", ".join(f"{n} {v}" for v, n in counts.most_common())})
     for r in rows:
         r["of_gptq"] = r["kld"] / rows[0]["kld"]
     result = {"model": args.model, "ctx": args.ctx, "torch": torch.__version__, "python": platform.python_version(),

@@ -89,7 +89,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "quantize --target size=MB at multiples of uniform int4-gptq-g64's bytes: KLD on held-out text against "
      "the uniform model's, the search's time"),
     ("int4_methods_cpu", "cpu", "python benchmarks/int4_methods.py --model ttt-linear-tiny-parallel --json {json} --md {md}",
-     "int4 g64 by GPTQ against clip search, act-order and AWQ-style scaling; the 1.1x mix with float16 int4 scales"),
+     "int4 g64 by GPTQ against clip search, act-order and AWQ-style scaling"),
     ("web_tiny_cpu", "cpu",
      "edgettt export ttt-linear-tiny-parallel {tmp}/w/linear --web"
      " && edgettt quantize ttt-linear-tiny-parallel {tmp}/Q --weights int4 && edgettt export {tmp}/Q {tmp}/w/linear-int4 --web"

@@ -553,8 +553,9 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
 @click.argument("out", type=click.Path())
 @click.option("--weights", default="int8", show_default=True, type=WeightVariant(),
               help="FORMAT[-METHOD][-gGROUP]: int8, int8-gptq, int4-rtn-g64, int4-gptq-g32 (gptq: error feedback, "
-                   "needs --calib; g: the group along the input), nf4-b64, fp4-b64 (bitsandbytes' codebooks, "
-                   "blocks of 64), bnb-int8 (LLM.int8), float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
+                   "needs --calib; g: the group along the input), int6-gptq-g128 (64 levels a group: between int4 "
+                   "and int8), nf4-b64, fp4-b64 (bitsandbytes' codebooks, blocks of 64), bnb-int8 (LLM.int8), "
+                   "float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
 @click.option("--state", type=StateFormatName(_names("state_formats", "STATE_FORMATS")), default="fp32",
               show_default=True,
               help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "

@@ -54,7 +54,8 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     # the open mini-batch's keys (rotated) and values rounded to int8 inside the graphs, carried as float16
     "linear-int12-kv8-state": ("linear", ("--weights", "int8", "--state", "int12-kv8"), ("--activations", "float"),
                                {"MatMulNBits", "Round"}),
-    "linear-int4-head": ("linear", ("--weights", "int4-rtn-g32", "--lm-head", "same"), (),
+    # int6: a 4-bit and a 2-bit MatMulNBits added (and two GatherBlockQuantized for the tied embedding's rows)
+    "linear-int6-head": ("linear", ("--weights", "int6-rtn-g32", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-int8-head": ("linear", ("--weights", "int8", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
@@ -108,8 +109,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     assert check["passed"], check["summary"]
     # int8 activations: MatMulNBits' accuracy level 4, on by default for int4 / int8 / LLM.int8 layers
     # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
-    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int4-head",
-                                                          "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
+    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
                                                           "linear-fp4-int8-tensor-state", "linear-int4-default-head",
                                                           "mlp-mixed")
                                        else "float")
@@ -117,8 +117,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
     assert levels <= ({4} if manifest["activations"] == "int8" else {0})
     # int8 activations in a prefill: DynamicQuantizeMatMul for the stacked q/k/v and gate/up of int4 / int8 layers
-    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int4-head", "linear-int8-head", "linear-int4-default-head",
-                         "mlp-mixed")
+    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int8-head", "linear-int4-default-head", "mlp-mixed")
     assert ("DynamicQuantizeMatMul" in op_types(directory / "prefill.onnx")) == int8_rows
     assert "DynamicQuantizeMatMul" not in op_types(directory / "decode.onnx")
     # the prefill graph's int8 layers (LLM.int8, an int8 lm_head beside 4-bit weights) take int8 activations too
@@ -144,7 +143,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
 def test_both_graphs_read_one_copy_of_the_weights(exported):
     """weights.bin holds each weight once (the tied head's bytes serve MatMulNBits and
     GatherBlockQuantized alike), and each graph reads the model's weights from it."""
-    for name in ("linear-fp32", "linear-int4-head"):
+    for name in ("linear-fp32", "linear-int6-head"):
         model_dir, directory = exported[name]
         data = (directory / "weights.bin").read_bytes()
         weights = edgettt.load(model_dir).weights().values()

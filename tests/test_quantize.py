@@ -101,6 +101,29 @@ def test_int4_rtn_error_is_within_the_uniform_rounding_bound(group):
     assert (err.pow(2).mean() / (step.pow(2).mean() / 12)).item() == pytest.approx(1.0, rel=0.15)
 
 
+@pytest.mark.parametrize("group", [32, 128])
+def test_int6_is_a_4_bit_and_a_2_bit_matmulnbits_part_with_a_sixteenth_of_int4s_error(group):
+    """int6's codes 0..63 are kept as a 4-bit part on 4x the step and a 2-bit part on the step (MatMulNBits' 4- and
+    2-bit layouts; ONNX Runtime itself reads them in tests/test_export.py): the two parts' weights add up to the
+    dequantized one, every weight is within half a step, and 4x int4's levels leave about 1/16 of its squared
+    error."""
+    from edgettt.quant.layouts import dequantize_int6, pack_crumbs, unpack_crumbs
+    from edgettt.quant.weight_formats import nbits_weight
+
+    codes = torch.randint(0, 4, (5, 3, 16), generator=torch.Generator().manual_seed(7))
+    assert torch.equal(unpack_crumbs(pack_crumbs(codes)), codes.to(torch.uint8))
+    w = torch.randn(64, 256, generator=torch.Generator().manual_seed(2))
+    INT6 = weight_format("int6")
+    t = INT6.quantize(w, group)
+    d = dequantize_int6(t)
+    parts = [nbits_weight(p["qweight"], p["scales"], p["zero_points"], 256, bits) for p, bits in zip(INT6._parts(t), (4, 2))]
+    assert torch.allclose(parts[0] + parts[1], d, atol=1e-6)
+    err = (d - w).reshape(64, -1, group)
+    assert (err.abs() <= t["scales"][..., None] / 2 + 1e-6).all()
+    ratio = (err.pow(2).mean() / (dequantize_int4(INT4.quantize(w, group)) - w).pow(2).mean()).item()
+    assert 1 / 20 < ratio < 1 / 12  # (15 / 63)^2 = 1 / 17.6
+
+
 def test_int8_error_bound():
     w = torch.randn(32, 100, generator=torch.Generator().manual_seed(3))
     t = INT8.quantize(w, 64)
@@ -127,6 +150,9 @@ def test_gptq_beats_rounding_on_correlated_inputs():
     out_err = lambda d: (X @ (d - w).T).pow(2).mean().item()  # noqa: E731
     assert out_err(dequantize_int4(INT4.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int4(INT4.quantize(w, 64)))
     assert out_err(dequantize_int8(INT8.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int8(INT8.quantize(w, 64)))
+    int6 = weight_format("int6")
+    assert out_err(int6.dequantize(int6.quantize(w, 64, "gptq", H), 64, 128, 64)) < 0.75 * out_err(
+        int6.dequantize(int6.quantize(w, 64), 64, 128, 64))
 
 
 @pytest.fixture(scope="module")
@@ -330,7 +356,7 @@ HIDDEN_192 = dict(vocab_size=256, hidden_size=192, intermediate_size=512)
 
 
 def test_bad_configs(tiny_model):
-    with pytest.raises(EdgetttError, match="gptq applies to --weights int8 and int4 only"):
+    with pytest.raises(EdgetttError, match="gptq applies to --weights int8, int4 and int6 only"):
         QuantConfig("nf4", method="gptq")
     model = convert(tiny_model("linear", **HIDDEN_192), "exact")
     before = {k: v.clone() for k, v in model.state_dict().items()}

@@ -53,7 +53,8 @@ class QuantConfig:
             raise EdgetttError(f"--state {self.state!r}: expected one of {', '.join(STATE_FORMATS)}")
         if self.method not in (weight_format(self.weights).methods if self.weights != "none" else ("rtn",)):
             takers = [name for name, f in WEIGHT_FORMATS.items() if self.method in f.methods]
-            raise EdgetttError(f"--method {self.method} applies to --weights {' and '.join(takers)} only")
+            raise EdgetttError(f"--method {self.method} applies to --weights {', '.join(takers[:-1])} and {takers[-1]} "
+                               "only")
 
     @property
     def variant(self) -> str:

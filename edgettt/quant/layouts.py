@@ -10,6 +10,12 @@ dequantize with them) without importing the quantizer, which imports the kernels
               scales      float [N, K/g]
               zero_points uint8 [N, ceil(K/g / 2)]  packed the same way
           w = (q - zero_point) * scale
+    int6  asymmetric groups as int4, codes 0..63, each split into a 4-bit and a 2-bit part so that two
+          MatMulNBits (4 and 2 bits) compute it: c = 4 hi + lo, zero = 4 zh + zl,
+              w = (c - zero) * scale = (hi - zh) * 4 scale + (lo - zl) * scale
+              qweight, zero_points          the 4-bit parts, as int4's
+              qweight_low, zero_points_low  the 2-bit parts, four a byte (the lower K index in the low bits)
+              scales float [N, K/g]
 """
 
 from __future__ import annotations
@@ -42,23 +48,24 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
 
 
-def int4_group_params(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Asymmetric min/max scale and integer zero point per group: [N, K/g] each."""
+def int4_group_params(w: torch.Tensor, group: int, top: int = 15) -> tuple[torch.Tensor, torch.Tensor]:
+    """Asymmetric min/max scale and integer zero point per group, codes 0..top (int4: 15, int6: 63): [N, K/g]
+    each."""
     N, K = w.shape
     g = w.reshape(N, K // group, group)
     lo = g.amin(-1).clamp_max(0)
     hi = g.amax(-1).clamp_min(0)
-    scale = ((hi - lo) / 15).clamp_min(1e-12)
-    zero = torch.round(-lo / scale).clamp(0, 15)
+    scale = ((hi - lo) / top).clamp_min(1e-12)
+    zero = torch.round(-lo / scale).clamp(0, top)
     return scale, zero
 
 
-def int4_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+def int4_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, top: int = 15) -> torch.Tensor:
     """Codes of w [N, K] with per-group scale/zero [N, K/g]."""
     group = w.shape[1] // scale.shape[1]
     s = scale.repeat_interleave(group, dim=1)
     z = zero.repeat_interleave(group, dim=1)
-    return torch.clamp(torch.round(w / s) + z, 0, 15)
+    return torch.clamp(torch.round(w / s) + z, 0, top)
 
 
 def pack_int4(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -77,3 +84,36 @@ def dequantize_int4(t: dict[str, torch.Tensor]) -> torch.Tensor:
     codes = unpack_nibbles(t["qweight"]).float()  # [N, blocks, g]
     zero = unpack_nibbles(t["zero_points"])[:, :blocks].float()
     return ((codes - zero[..., None]) * t["scales"][..., None]).reshape(N, blocks * 2 * half)
+
+
+# ---- int6: a 4-bit and a 2-bit MatMulNBits part ----------------------------------------------------------
+
+INT6_TOP = 63
+
+
+def pack_crumbs(codes: torch.Tensor) -> torch.Tensor:
+    """[..., 4m] codes 0..3 -> [..., m] bytes, index 4i + j in bits 2j (MatMulNBits' 2-bit order)."""
+    codes = codes.to(torch.uint8)
+    return codes[..., 0::4] | (codes[..., 1::4] << 2) | (codes[..., 2::4] << 4) | (codes[..., 3::4] << 6)
+
+
+def unpack_crumbs(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of pack_crumbs: [..., m] bytes -> [..., 4m] codes."""
+    return torch.stack([(packed >> shift) & 3 for shift in (0, 2, 4, 6)], dim=-1).flatten(-2)
+
+
+def pack_int6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Codes 0..63 [N, K] and per-group scale and zero [N, K/g] in the int6 layout (module docstring)."""
+    codes, zero = codes.to(torch.int32), zero.to(torch.int32)
+    high = pack_int4(codes >> 2, scale, zero >> 2)
+    N, K = codes.shape
+    blocks = scale.shape[1]
+    return {**high, "qweight_low": pack_crumbs(codes.reshape(N, blocks, K // blocks) & 3),
+            "zero_points_low": pack_crumbs(F.pad(zero & 3, (0, -blocks % 4)))}
+
+
+def dequantize_int6(t: dict[str, torch.Tensor]) -> torch.Tensor:
+    N, blocks, quarter = t["qweight_low"].shape
+    codes = (unpack_nibbles(t["qweight"]).float() * 4 + unpack_crumbs(t["qweight_low"]).float())
+    zero = unpack_nibbles(t["zero_points"])[:, :blocks].float() * 4 + unpack_crumbs(t["zero_points_low"])[:, :blocks]
+    return ((codes - zero[..., None]) * t["scales"][..., None]).reshape(N, blocks * 4 * quarter)

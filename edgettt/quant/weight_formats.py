@@ -6,6 +6,9 @@ and dequantizes it, and names the kernel and the ONNX Runtime operator that comp
               ONNX: com.microsoft.MatMulNBits with 8 bits (the row's scale repeated per block)
     int4      asymmetric groups of g along K in ONNX Runtime's MatMulNBits layout (`layouts.py`);
               Triton kernel `ops/quantized/int4.py`; ONNX: com.microsoft.MatMulNBits
+    int6      as int4 with 64 levels, each code a 4-bit and a 2-bit part (`layouts.py`): a step between int4
+              and int8 for mixed precision (ONNX Runtime's MatMulNBits takes 2, 4 and 8 bits, not 5 or 6);
+              no Triton kernel (the dequantized weight); ONNX: two MatMulNBits, 4 and 2 bits, added
     nf4, fp4  bitsandbytes' blockwise 4-bit (absmax per block of g); ONNX: com.microsoft.MatMulBnb4
     bnb-int8  bitsandbytes' LLM.int8 (int8 rows, absmax SCB; at run time activation columns above the
               outlier threshold 6 go through fp16, the rest through an int8 matmul); ONNX: as int8
@@ -13,7 +16,7 @@ and dequantizes it, and names the kernel and the ONNX Runtime operator that comp
 A tied embedding whose lm_head is quantized reads the head's rows (`rows`; in ONNX the formats with
 `export_rows` gather them from the same bytes: com.microsoft.GatherBlockQuantized).
 
-Methods: `rtn` (round to nearest) everywhere; `gptq` (error feedback, `gptq.py`) for int8 and int4.
+Methods: `rtn` (round to nearest) everywhere; `gptq` (error feedback, `gptq.py`) for int8, int4 and int6.
 
 Each format's ONNX operator is a torch custom op defined here: during `torch.onnx.export` a quantized
 layer calls it (its eager body computes the same in torch), and `onnx_translations()` turns it into
@@ -210,10 +213,7 @@ class Int4(WeightFormat):
     int8_activation_kernels = int8_decode_kernel = fused_decode_products = True
 
     def quantize(self, w, group, method="rtn", hessian=None):
-        if method == "gptq":
-            return _int4_gptq(w, group, hessian)
-        scale, zero = layouts.int4_group_params(w, group)
-        return layouts.pack_int4(layouts.int4_codes(w, scale, zero), scale, zero)
+        return layouts.pack_int4(*_grouped_codes(w, group, method, hessian, 15))
 
     def storage(self, N, K, group):
         blocks = K // group
@@ -250,34 +250,83 @@ class Int4(WeightFormat):
         return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4)
 
 
-def _int4_gptq(w: torch.Tensor, group: int, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GPTQ with per-group asymmetric scales chosen from the error-updated weights."""
+def _grouped_codes(w: torch.Tensor, group: int, method: str, hessian: torch.Tensor | None, top: int):
+    """(codes 0..top [N, K], scale, zero [N, K/g]) of w on asymmetric per-group grids: round to nearest, or GPTQ
+    with each group's grid chosen from the error-updated weights when its first column comes."""
+    if method != "gptq":
+        scale, zero = layouts.int4_group_params(w, group, top)
+        return layouts.int4_codes(w, scale, zero, top), scale, zero
     N, K = w.shape
     codes, scale, zero = torch.zeros(N, K), torch.zeros(N, K // group), torch.zeros(N, K // group)
 
     def round_column(col, column, ahead):
         g = col // group
         if col % group == 0:  # choose the group's grid from the weights as updated so far
-            scale[:, g:g + 1], zero[:, g:g + 1] = layouts.int4_group_params(ahead()[:, :group], group)
-        codes[:, col] = torch.clamp(torch.round(column / scale[:, g]) + zero[:, g], 0, 15)
+            scale[:, g:g + 1], zero[:, g:g + 1] = layouts.int4_group_params(ahead()[:, :group], group, top)
+        codes[:, col] = torch.clamp(torch.round(column / scale[:, g]) + zero[:, g], 0, top)
         return (codes[:, col] - zero[:, g]) * scale[:, g]
 
     gptq(w, hessian, round_column)
-    return layouts.pack_int4(codes, scale, zero)
+    return codes, scale, zero
+
+
+# ---- int6: int4's 4-bit MatMulNBits and a 2-bit one -----------------------------------------------------
+
+class Int6(WeightFormat):
+    """64 levels a group (4x int4's resolution: ~1/16 of its squared error) at 6 bits a weight plus the group's
+    scale and zero, for the layers a mix gives more than int4 and less than int8. A code c = 4 hi + lo is
+    computed as two MatMulNBits products, the 4-bit part on 4x the step, the 2-bit part on the step."""
+
+    name, methods, grouped = "int6", ("rtn", "gptq"), True
+    exports_rows, rows_first = True, True
+
+    def quantize(self, w, group, method="rtn", hessian=None):
+        return layouts.pack_int6(*_grouped_codes(w, group, method, hessian, layouts.INT6_TOP))
+
+    def storage(self, N, K, group):
+        blocks = K // group
+        return {**Int4().storage(N, K, group), "qweight_low": ((N, blocks, group // 4), torch.uint8),
+                "zero_points_low": ((N, math.ceil(blocks / 4)), torch.uint8)}
+
+    def dequantize(self, t, N, K, group):
+        return layouts.dequantize_int6(t)
+
+    def label(self, method, group):
+        return f"{self.name}-{method}-g{group}"
+
+    def export_tensors(self, t):
+        return dict(t)
+
+    @staticmethod
+    def _parts(t):
+        """The two MatMulNBits weights: (4-bit part on 4x the step, 2-bit part on the step)."""
+        return ({"qweight": t["qweight"], "scales": t["scales"] * 4, "zero_points": t["zero_points"]},
+                {"qweight": t["qweight_low"], "scales": t["scales"], "zero_points": t["zero_points_low"]})
+
+    def export_matmul(self, x, t, K, N, group, activations="float"):
+        high, low = self._parts(t)
+        return (export_nbits_matmul(x, high, K, N, group, 4, "float")
+                + export_nbits_matmul(x, low, K, N, group, 2, "float"))
+
+    def export_rows(self, ids, t, K, N, group):
+        return sum(torch.ops.edgettt.gather_nbits(ids, p["qweight"], p["scales"], p["zero_points"], K, N, group, bits)
+                   for p, bits in zip(self._parts(t), (4, 2)))
+
+
+UNPACK = {2: layouts.unpack_crumbs, 4: layouts.unpack_nibbles, 8: lambda codes: codes}  # MatMulNBits' bits
 
 
 def nbits_zeros(zero_points: torch.Tensor, blocks: int, bits: int) -> torch.Tensor:
-    """MatMulNBits' zero points one a block, [N, blocks] (4 bits: unpacked from two a byte)."""
-    return layouts.unpack_nibbles(zero_points)[:, :blocks] if bits == 4 else zero_points
+    """MatMulNBits' zero points one a block, [N, blocks] (unpacked from 8 / bits a byte)."""
+    return UNPACK[bits](zero_points)[:, :blocks]
 
 
 def nbits_weight(qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor, K: int, bits: int):
-    """The dequantized [N, K] weight of MatMulNBits' layout (4 bits: `layouts`; 8 bits: one code a byte)."""
-    if bits == 4:
-        return layouts.dequantize_int4({"qweight": qweight, "scales": scales, "zero_points": zero_points})[:, :K]
-    N, blocks, block = qweight.shape
-    values = (qweight.float() - zero_points.float()[..., None]) * scales[..., None]
-    return values.reshape(N, blocks * block)[:, :K]
+    """The dequantized [N, K] weight of MatMulNBits' layout (codes [N, blocks, block * bits / 8] bytes)."""
+    N, blocks = scales.shape
+    codes = UNPACK[bits](qweight).float()
+    values = (codes - nbits_zeros(zero_points, blocks, bits).float()[..., None]) * scales[..., None]
+    return values.reshape(N, -1)[:, :K]
 
 
 # ---- the kernels as single operations in a torch.compile graph -----------------------------------------
@@ -617,7 +666,8 @@ class LlmInt8(WeightFormat):
 
 # ---- the registry ---------------------------------------------------------------------------------------
 
-WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (Int8(), Int4(), Bnb4("nf4"), Bnb4("fp4"), LlmInt8())}
+WEIGHT_FORMATS: dict[str, WeightFormat] = {f.name: f for f in (Int8(), Int4(), Int6(), Bnb4("nf4"), Bnb4("fp4"),
+                                                                 LlmInt8())}
 METHODS = ("rtn", "gptq")
 
 
