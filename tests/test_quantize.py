@@ -6,14 +6,13 @@ import pytest
 import torch
 
 import edgettt
-from edgettt import metrics
-from edgettt import EdgetttError, convert
-from edgettt.ops.linear_attention import reference as la
+from edgettt import EdgetttError, convert, metrics
 from edgettt.data import read_text
+from edgettt.ops.linear_attention import reference as la
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
-from edgettt.quant.linear import QuantState
 from edgettt.quant.calibration import Calibration, calibrate
 from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
+from edgettt.quant.linear import QuantState
 from edgettt.quant.weight_formats import Int8, WeightFormat
 
 INT4, INT8 = weight_format("int4"), weight_format("int8")
