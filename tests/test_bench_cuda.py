@@ -71,7 +71,7 @@ def test_a_compiled_step_multiplies_quantized_weights_through_the_formats_op(wei
 
 @pytest.mark.parametrize("arch,form,state_format", [("linear", "parallel", "fp32"), ("linear", "parallel", "int12"),
                                                     ("mlp", "parallel", "int12"), ("linear", "exact", "int12"),
-                                                    ("linear", "ttt", "fp32")])
+                                                    ("linear", "parallel", "int12-kv8"), ("linear", "ttt", "fp32")])
 def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model, monkeypatch, arch, form,
                                                                       state_format):
     """`compile_step`: the step and the copy of its results into the state's tensors are one compiled
