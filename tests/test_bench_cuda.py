@@ -116,7 +116,8 @@ def test_a_compiled_step_leaves_its_results_in_the_states_own_tensors(tiny_model
                                            ("parallel:int4", True), ("parallel:int8", True), ("parallel/int12", True),
                                            ("parallel+rows", True), ("parallel:int4+rows", True), ("llama+rows", True),
                                            ("parallel+token", True), ("parallel+rows+token", True), ("exact+token", True),
-                                           ("parallel:int4+token+fused", True), ("parallel:int4+rows+fused", True)])
+                                           ("parallel:int4+token+fused", True), ("parallel:int4+rows+fused", True),
+                                           ("parallel/int12-kv8+token", True)])
 def test_graph_replays_leave_the_state_eager_steps_leave(tiny_model, form, compiled):
     """The layers with their kernels (`use_kernels`); also with the step compiled (`bench --device cuda`:
     `use_compiled_decode`), and with batch-1 weight products as products and sums (`+rows`:

@@ -35,7 +35,7 @@ from ..ops.linear_attention import decode_token  # noqa: F401  (registers edgett
 from ..ops.linear_attention import commits, decode, prefill
 from ..ops.linear_attention import reference as la
 from ..ops.linear_attention import train
-from ..quant.state_formats import TwoLevelRounding
+from ..quant.state_formats import TwoLevelRounding, hadamard
 from ..ttt import TTTLayer
 from .row_products import row_product
 
@@ -209,8 +209,9 @@ class CompiledDecodeLayer(LinearAttentionKernels):
         decay = self.decay(1)
         place = (self.mask_eta, start % self.config.mini_batch_size, self.config.rope_theta, self.config.form == "exact",
                  None if decay is None else decay.gamma)
-        if self.keeps_keys_and_values():  # the int12 format: the open mini-batch's keys and values in slots
-            out = torch.ops.edgettt.decode_token_int12(*common, st["S1"], st["K1"], st["V1"], *place)
+        if self.keeps_keys_and_values():  # the int12 formats: the open mini-batch's keys and values in slots
+            rotation = self.open_rotation if self.state_format.open_int8 else None  # (int12-kv8)
+            out = torch.ops.edgettt.decode_token_int12(*common, st["S1"], st["K1"], st["V1"], *place, rotation)
         else:
             out = torch.ops.edgettt.decode_token(*common, st["S1"], st["A1"], *place)
         return self.finish(x, out[:, :, None], residual)
@@ -240,5 +241,8 @@ def use_compiled_decode(model: nn.Module, token_kernel: bool = True) -> int:
     for layer in layers:
         layer.__class__ = CompiledDecodeLayer
         layer.token_kernel = token_kernel
+        if layer.state_format.open_int8:  # int12-kv8's key rotation, made once here (not in a compiled step)
+            device = next(layer.parameters()).device
+            layer.register_buffer("open_rotation", hadamard(layer.head_dim).to(device), persistent=False)
     with torch.no_grad():  # as a decode runs: counted outside autograd whatever the caller's mode
         return sum(layer.token_kernel and layer.token_kernel_applies() for layer in layers)

@@ -152,6 +152,7 @@ class StateFormat:
     bytes_per_element = None  # of S as stored (None: as the model computes it); A and the rest stay float
     row_bytes = 0  # kept beside the values for each row of S (a step)
     keeps_keys_and_values = False  # the open mini-batch's keys and values (float16) in place of A
+    open_int8 = False  # ... on int8 grids (`kept_open`: keys rotated by `hadamard`, values a slot)
     int8 = False  # crosses an exported graph's boundary as int8 codes (with its scales inside the graph)
     needs_calibration = False
     rounds_at_run_time = False  # at every commit: one ulp of difference can flip a rounding
@@ -222,9 +223,9 @@ class Int12State(StateFormat):
 class Int12Int8OpenState(Int12State):
     """int12's S with the open mini-batch's keys and values in 8 bits a value (`int8_rotated_keys`, `int8_slots`),
     a float16 step a slot and buffer. The graphs round them inside and carry them as float16 values on that grid;
-    the decode token kernel, which reads float16 slots, is not taught the rounding (token_kernel off)."""
+    so do the decode token kernel's float16 slots (`decode_token_int12` given the rotation)."""
 
-    name, token_kernel = "int12-kv8", False
+    name, open_int8 = "int12-kv8", True
 
     def kept_open(self, ka, vh):
         return (int8_rotated_keys(ka.float()).to(OPEN_DTYPE).to(ka.dtype),

@@ -112,9 +112,39 @@ def test_decode_token_int12_matches_reference(device, shape, inner, at_state):
     assert ((S - S_ref).abs() <= step / 14 + 1e-6).all() and off.float().mean() < 1e-3
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("shape", [(2, 3, 16), (1, 2, 64), (1, 1, 24)])  # 24: three Hadamard blocks of 8
+@pytest.mark.parametrize("inner", [1, 3])
+def test_decode_token_int12_kv8_rounds_the_tokens_key_and_value_as_the_format_does(device, shape, inner):
+    """The int12-kv8 format's token (`rotation` given): the token's key on an int8 grid in the Hadamard-rotated
+    basis and its value on one of its own before its slot and its own score, as `int8_rotated_keys` and
+    `int8_slots` round them, and at the commit S from those slots. (Measured: within 2e-7 of the reference. A
+    rounding flipped by float noise would move a slot by one int8 step of its row, 1/127 of its largest value:
+    hence 1e-2 for the slots and 3e-4 for the output. The same key kept in float16 is 3e-3 off its rounded slot.)"""
+    from edgettt.quant.state_formats import hadamard
+
+    eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
+    q, k, v, lr, S0, gamma, beta, _, _ = inputs(*shape, torch.float32, device)
+    S, K, V = int8_state(*shape, 4, inner, S0, device)
+    rotation = hadamard(shape[2]).to(device)
+    runs = {}
+    for name, fn, rot in (("ref", decode_token_int12_ref, rotation), ("kernel", decode_token_int12, rotation),
+                          ("float16 slots", decode_token_int12_ref, None)):
+        state = (S.clone(), K.clone(), V.clone())
+        runs[name] = (fn(q, k, v, lr, S0, gamma, beta, *state, eta, inner, 10000.0, False, None, rot), state)
+    (want, (S_ref, K_ref, V_ref)), (got, (S_got, K_got, V_got)) = runs["ref"], runs["kernel"]
+    assert not torch.isnan(got).any() and rel_err(got, want) < 3e-4
+    if inner < 3:
+        assert rel_err(K_got.float(), K_ref.float()) < 1e-2 and rel_err(V_got.float(), V_ref.float()) < 1e-2
+        assert rel_err(runs["float16 slots"][1][1].float(), K_ref.float()) > 2e-3  # (the rounding is there to see)
+    else:
+        assert (K_got == 0).all() and (V_got == 0).all() and rel_err(S_got, S_ref) < 1e-4
+
+
 @pytest.mark.parametrize("form,batch,state_format", [("parallel", 2, "fp32"), ("exact", 2, "fp32"),
                                                      ("exact", 1, "fp32"), ("parallel", 2, "int12"), ("exact", 1, "int12"),
-                                                     ("decayed", 2, "fp32"), ("decayed", 2, "int12")])
+                                                     ("decayed", 2, "fp32"), ("decayed", 2, "int12"),
+                                                     ("parallel", 2, "int12-kv8")])
 def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, form, batch, state_format):
     """A converted TTT-Linear model stepping through `edgettt::decode_token` (the reference on the
     CPU; aot_eager stands in for inductor) gives the torch path's logits and state across a commit, and the
@@ -131,7 +161,7 @@ def test_a_compiled_step_through_the_token_op_decodes_as_the_layers(tiny_model, 
         apply_state_format(model, state_format)
     ids = torch.randint(0, 61, (batch, 24), generator=torch.Generator().manual_seed(1))
     tol = 1e-5 if state_format == "fp32" else 1e-4
-    int8 = state_format == "int12"
+    int8 = state_format.startswith("int12")
     with torch.no_grad():
         _, state = model.prefill(ids[:, :13])
         other = copy_state(state)

@@ -19,7 +19,8 @@ reference), in place of the ~8 kernels inductor makes of these operations (`edge
 
 `decode_token_int12` (`decode_token_int12_ref`, `edgettt::decode_token_int12`) is the same token with the int12 state
 format: A's place taken by the open mini-batch's keys and values in float16 slots K [B, H, b, d+1], V [B, H, b, d],
-and S rounded to the format's grid at the commit (`quant.state_formats.two_level_round`).
+and S rounded to the format's grid at the commit (`quant.state_formats.two_level_round`). Given `rotation` [d, d]
+(the int12-kv8 format's Hadamard matrix) it puts the token's key and value on that format's int8 grids first.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.state_formats import FINE_STEPS, STATE_CLIP, two_level_round
+from ...quant.state_formats import FINE_STEPS, STATE_CLIP, int8_rotated_keys, int8_slots, two_level_round
 from .. import LN_EPS, layer_norm, rotary
 from ..common import fresh, next_power_of_2
 from .decode import _round_half_even, decode_step_ref
@@ -188,10 +189,14 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay
 # S [B, H, d+1, d] on the format's grid in the model's float type; the open mini-batch's ka and vh in float16
 # slots K [B, H, b, d+1], V [B, H, b, d] in place of A (`converted.LinearAttentionLayer._attend_open_token`):
 #     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j;   at the last token: S <- round2(S + eta_b K^T V), K = V = 0
+# With `rotation` (the int12-kv8 format: `hadamard(d)`) a token's key and value are put on their int8 grids first
+# (`int8_rotated_keys`, `int8_slots`), as that format's slots hold them.
 
 def decode_token_int12_ref(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
-                          at_state: bool = False, decay=None):
+                          at_state: bool = False, decay=None, rotation=None):
     q, qa, ka, vh = token_values_ref(q, k, v, lr, S if at_state else S0, gamma, beta, inner, theta)
+    if rotation is not None:
+        ka, vh = int8_rotated_keys(ka.float()), int8_slots(vh.float())
     K[:, :, inner], V[:, :, inner] = ka.to(K.dtype), vh.to(V.dtype)
     keys, values = K[:, :, :inner + 1].float(), V[:, :, :inner + 1].float()
     scores = (qa.float()[:, :, None] * keys).sum(-1)  # [B, H, inner + 1]
@@ -218,10 +223,17 @@ def _two_level_rounded(s, s0, ok_cols, STATE_CLIP: tl.constexpr, FINE: tl.conste
 
 
 @triton.jit
+def _on_int8_grid(x, STATE_CLIP: tl.constexpr):
+    """Vector x on an int8 grid of its own (`state_formats.int8_slots`): step max |x| / STATE_CLIP, half to even."""
+    step = tl.maximum(tl.max(tl.abs(x), axis=0) / STATE_CLIP, 1e-30)
+    return tl.minimum(tl.maximum(_round_half_even(x / step), -STATE_CLIP), STATE_CLIP) * step
+
+
+@triton.jit
 def _decode_token_int12_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr, s_ptr, kk_ptr, vv_ptr, o_ptr, eta_ptr,
-                              decay_ptr, INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr,
+                              decay_ptr, rot_ptr, INNER, LAST, H, D, SLOTS, LOG2_THETA, EPS, STATE_CLIP: tl.constexpr,
                               FINE: tl.constexpr, COMMIT: tl.constexpr, AT_STATE: tl.constexpr, BLOCK_D: tl.constexpr,
-                              MINI: tl.constexpr, DECAY: tl.constexpr):
+                              MINI: tl.constexpr, DECAY: tl.constexpr, OPEN8: tl.constexpr):
     # one (sequence, head): S as a [d, d] tile and its bias row, the open slots as [MINI, d] tiles and the
     # keys' bias column (1 in a filled slot); every state load issued first, as in `_decode_token_kernel`
     bh = tl.program_id(0)
@@ -245,6 +257,10 @@ def _decode_token_int12_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr
     q, k, vh, gamma, beta = _token_values(q_ptr, k_ptr, v_ptr, lr_ptr, g_ptr, b_ptr, bh, h, i, ok, w, w_bias,
                                           INNER + 0.0, D, LOG2_THETA, EPS)
     eta_i = tl.load(eta_ptr + INNER).to(tl.float32)
+    if OPEN8:  # int12-kv8: the key on an int8 grid in the rotated basis (k R, rounded, times R^T), the value on its own
+        rot = tl.load(rot_ptr + tile, mask=mask, other=0.0)
+        k = tl.sum(rot * _on_int8_grid(tl.sum(k[:, None] * rot, axis=0), STATE_CLIP)[None, :], axis=1)
+        vh = _on_int8_grid(vh, STATE_CLIP)
     # this token into its slot, and from here on as the slot holds it
     tl.store(slots_k + INNER * (D + 1) + i, k.to(kk_ptr.dtype.element_ty), mask=ok)
     tl.store(slots_k + INNER * (D + 1) + D, tl.full([], 1.0, kk_ptr.dtype.element_ty))
@@ -285,19 +301,22 @@ def _decode_token_int12_kernel(q_ptr, k_ptr, v_ptr, lr_ptr, s0_ptr, g_ptr, b_ptr
 
 
 def decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: int, theta: float,
-                      at_state: bool = False, decay=None):
+                      at_state: bool = False, decay=None, rotation=None):
     assert decay is None or not at_state, "a decayed form is a parallel one (values at S0)"
     B, H, D = q.shape
     q, k, v, lr = q.contiguous(), k.contiguous(), v.contiguous(), lr.contiguous()
     for t in (S0, gamma, beta, S, K, V):
         assert t.is_contiguous(), "decode_token_int12 needs contiguous parameters and state"
+    assert rotation is None or rotation.shape == (D, D)
+    rotation = None if rotation is None else rotation.float().contiguous()  # (no copy where it is already)
     out = fresh(torch.empty_like(q))
     slots = K.shape[2]
     _decode_token_int12_kernel[(B * H,)](q, k, v, lr, S0, gamma, beta, S, K, V, out, eta_tok,
-                                        eta_tok if decay is None else decay, inner, slots - 1, H, D, slots,
+                                        eta_tok if decay is None else decay, eta_tok if rotation is None else rotation,
+                                        inner, slots - 1, H, D, slots,
                                         math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
                                         COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
-                                        MINI=next_power_of_2(slots), DECAY=decay is not None,
+                                        MINI=next_power_of_2(slots), DECAY=decay is not None, OPEN8=rotation is not None,
                                         num_warps=token_warps(next_power_of_2(D), inner == slots - 1, int8=True))
     return out
 
@@ -306,12 +325,13 @@ def decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: in
 def decode_token_int12_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lr: torch.Tensor, S0: torch.Tensor,
                          gamma: torch.Tensor, beta: torch.Tensor, S: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                          eta_tok: torch.Tensor, inner: int, theta: float, at_state: bool,
-                         decay: Optional[torch.Tensor]) -> torch.Tensor:
-    """The int12 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere."""
+                         decay: Optional[torch.Tensor], rotation: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """The int12 state's token as one operation in a compiled step: the kernel on CUDA, the reference elsewhere
+    (`rotation`: the int12-kv8 format's, its open keys and values in 8 bits)."""
     fn = decode_token_int12 if q.is_cuda else decode_token_int12_ref
-    return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay)
+    return fn(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay, rotation)
 
 
 @decode_token_int12_op.register_fake
-def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay):
+def _(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner, theta, at_state, decay, rotation=None):
     return torch.empty_like(q)
