@@ -31,7 +31,8 @@ from .state_file import RECENT_TOKENS, Snapshot
 from .tokenizer import ByteTokenizer, JsonTokenizer
 
 ROLES = ("input_ids", "logits", "logits_from", "position", "inner_position", "state")
-ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(float16)": "float16"}
+ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
+             "tensor(float16)": "float16"}
 
 
 def is_export(path) -> bool:

@@ -51,7 +51,8 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     "mlp-mixed": ("mlp", ("--target", "kld=1"), (), {"MatMulNBits", "GatherBlockQuantized"}),
     "mlp-int8-two-level-state": ("mlp", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
                                  {"MatMulNBits", "Scan", "Round"}),  # (the state rounded in the graphs, float across)
-    # the open mini-batch's keys (rotated) and values rounded to int8 inside the graphs, carried as float16
+    # the open mini-batch's keys (rotated) and values rounded to int8 inside the graphs; S, K and V cross the
+    # graphs in their codes (test_a_state_kept_in_codes_crosses_the_graphs_in_them)
     "linear-int12-kv8-state": ("linear", ("--weights", "int8", "--state", "int12-kv8"), ("--activations", "float"),
                                {"MatMulNBits", "Round"}),
     # int6: a 4-bit and a 2-bit MatMulNBits added (and two GatherBlockQuantized for the tied embedding's rows)
@@ -156,6 +157,23 @@ def test_both_graphs_read_one_copy_of_the_weights(exported):
             assert sum(length for _, length in ranges[graph]) >= 0.95 * big, (name, graph)
         every = ranges["prefill.onnx"] | ranges["decode.onnx"]
         assert len({data[o:o + n] for o, n in every}) == len(every)  # no content twice
+
+
+def test_a_state_kept_in_codes_crosses_the_graphs_in_them(exported):
+    """int12-kv8: every decode-state tensor the format keeps in codes is graph inputs and outputs in those codes
+    (S: c8 int8, c4 two a byte, a float32 step a row; K and V: int8 codes, a float16 step a slot), so the state an
+    application holds between steps is the model's own byte count, 26% of the float state's (the variant's
+    verification, decode against prefill, is test_every_variant_matches_torch_in_onnxruntime's)."""
+
+    model_dir, directory = exported["linear-int12-kv8-state"]
+    manifest = json.loads((directory / "manifest.json").read_text())
+    parts = {(s["tensor"], s.get("part"), s["dtype"]) for s in manifest["state"]}
+    assert {("S1", "c8", "int8"), ("S1", "c4", "uint8"), ("S1", "step", "float32"), ("K1", "codes", "int8"),
+            ("K1", "step", "float16"), ("V1", "codes", "int8"), ("V1", "step", "float16")} <= parts
+    held = sum(np.prod(s["shape"]) * np.dtype(s["dtype"]).itemsize for s in manifest["state"])
+    assert held == edgettt.load(model_dir).decode_state_bytes()
+    graph = onnx.load(str(directory / "decode.onnx"), load_external_data=False).graph
+    assert {i.name for i in graph.input} >= {"state.0.S1.c8", "state.0.K1.codes"}
 
 
 def test_int4_weights_are_the_models_own_bytes(exported):

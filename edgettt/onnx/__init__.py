@@ -164,7 +164,13 @@ def state_specs(model: CausalLM) -> list[dict]:
             if name in formatted and fmt.int8:  # the scales (and the initial state) are inside the graphs
                 spec["dtype"] = "int8"
                 spec["quantization"] = fmt.describe()
-            specs.append(spec)
+            parts = fmt.crossing(name, spec["shape"])
+            if parts is None:
+                specs.append(spec)
+                continue
+            for part, dtype, shape in parts:  # a tensor kept in codes crosses as them (`StateFormat.crossing`)
+                specs.append(dict(spec, name=f"{i}.{name}.{part}", part=part, dtype=dtype, shape=shape,
+                                  quantization=fmt.describe()))
     return specs
 
 
@@ -183,6 +189,20 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
     return params
 
 
+def crossing_params(model: CausalLM, specs: list[dict]) -> dict[tuple[int, str], tuple]:
+    """(format, S0 of its level or None) of every state tensor that crosses the graphs in parts, by (layer,
+    tensor)."""
+    params = {}
+    for spec in specs:
+        if "part" in spec and (spec["layer"], spec["tensor"]) not in params:
+            mixer = model.state_layers()[spec["layer"]][1]
+            S0 = None
+            if spec["tensor"] in mixer.formatted_state_names():
+                S0 = mixer.initial_states()[mixer.state_level(spec["tensor"]) - 1].detach().float()
+            params[spec["layer"], spec["tensor"]] = (mixer.state_format, S0)
+    return params
+
+
 def last_commit(position: torch.Tensor, block: int) -> torch.Tensor:
     """Tokens seen at the last mini-batch commit, for `position` tokens seen."""
     return position - position % block
@@ -197,12 +217,13 @@ class PrefillGraph(nn.Module):
     def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
+        self.crossing = crossing_params(model, specs)
 
     def forward(self, input_ids, logits_from):
         logits, state = self.model.prefill(input_ids, logits_from=logits_from)
         seen = input_ids.new_ones(input_ids.shape[1]).sum()  # T as a tensor: any length
         committed = last_commit(seen, self.model.config.mini_batch_size)
-        return (logits, *flatten_state(self.specs, self.int8_params, state, committed))
+        return (logits, *flatten_state(self.specs, self.int8_params, state, committed, self.crossing))
 
 
 class DecodeGraph(nn.Module):
@@ -211,26 +232,44 @@ class DecodeGraph(nn.Module):
     def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
+        self.crossing = crossing_params(model, specs)
 
     def forward(self, input_ids, position, *states):
         b = self.model.config.mini_batch_size
         committed = last_commit(position, b)  # the states in were last committed here
         layers = [{} for _ in self.model.model.layers]
+        parts = {}
         for spec, t in zip(self.specs, states):
+            if "part" in spec:  # gathered, decoded below
+                parts.setdefault((spec["layer"], spec["tensor"]), []).append(t)
+                continue
             if spec["dtype"] == "int8":
                 S0, scale_of, rows = self.int8_params[spec["name"]]
                 t = onnx_ops.dequantize_state(t, S0, scale_of(committed), rows)
             layers[spec["layer"]][spec["tensor"]] = t
+        filled = (torch.arange(b) < position % b).float()  # the open mini-batch's slots in use
+        for (layer, name), kept in parts.items():
+            fmt, S0 = self.crossing[layer, name]
+            layers[layer][name] = fmt.decode(name, kept, S0, filled)
         logits, state = self.model.prefill(input_ids, State(position, layers), decode=True)
-        return (logits, *flatten_state(self.specs, self.int8_params, state, last_commit(position + 1, b)))
+        return (logits, *flatten_state(self.specs, self.int8_params, state, last_commit(position + 1, b),
+                                       self.crossing))
 
 
-def flatten_state(specs: list[dict], int8_params: dict, state: State, committed: torch.Tensor) -> list[torch.Tensor]:
-    """The state tensors in graph order; int8 ones quantized with the scales of their last commit."""
-    out = []
+def flatten_state(specs: list[dict], int8_params: dict, state: State, committed: torch.Tensor,
+                  crossing: dict) -> list[torch.Tensor]:
+    """The state tensors in graph order; int8 ones quantized with the scales of their last commit, those kept in
+    codes as their parts (`StateFormat.encode`)."""
+    out, encoded = [], {}
     for spec in specs:
         t = state.layers[spec["layer"]][spec["tensor"]]
-        if spec["dtype"] == "int8":
+        if "part" in spec:
+            key = spec["layer"], spec["tensor"]
+            if key not in encoded:
+                fmt, S0 = crossing[key]
+                encoded[key] = iter(fmt.encode(spec["tensor"], t, S0))
+            t = next(encoded[key])  # (the parts in the order `crossing` names them, as the specs list them)
+        elif spec["dtype"] == "int8":
             S0, scale_of, rows = int8_params[spec["name"]]
             t = onnx_ops.quantize_state(t, S0, scale_of(committed), rows)
         out.append(t)

@@ -13,7 +13,8 @@ graph's state operators all round the state with the formula written here, once.
                  benchmarks/results/state_options.md
     int12-kv8    int12's S with the open mini-batch in 8 bits: a slot's values in int8 on a step of their own, its
                  keys likewise after a Hadamard rotation (their constant feature, the 1 of the bias row, not
-                 kept): 26% of the fp32 state where int12 is 32% (benchmarks/results/state_bits.md)
+                 kept): 26% of the fp32 state where int12 is 32% (benchmarks/results/state_bits.md); crosses the
+                 exported graphs' boundary in those codes (`crossing`, `encode`, `decode`)
     int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
     int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127 (the
                  plain-rounding baseline the calibrated format is measured against)
@@ -181,6 +182,21 @@ class StateFormat:
         """Bytes a decode-state tensor other than S (`name`: A1, K1, V1, a conv tail) takes as this format keeps it."""
         return t.numel() * t.element_size()
 
+    def crossing(self, name: str, shape: list[int]) -> list[tuple[str, str, list[int]]] | None:
+        """How the decode-state tensor `name` (per-sequence `shape`) crosses an exported graph's boundary when
+        the format keeps it in codes: (part, dtype, per-sequence shape) of each tensor it crosses as
+        (`encode`, `decode`); None: as it is."""
+        return None
+
+    def encode(self, name: str, t: torch.Tensor, S0: torch.Tensor | None) -> list[torch.Tensor]:
+        """The parts `crossing` names, of the state tensor t [B, ...] (S0: the initial state of its level)."""
+        raise NotImplementedError
+
+    def decode(self, name: str, parts: list[torch.Tensor], S0: torch.Tensor | None,
+               filled: torch.Tensor) -> torch.Tensor:
+        """`encode`'s inverse, in the model's type (filled [b]: 1 for the open mini-batch's slots in use)."""
+        raise NotImplementedError
+
     def initial_scales(self, initial_states: list[torch.Tensor], calibration, layer: int):
         """(scales per level, bucket width in tokens) a layer gets when the format is applied."""
         return None, 0
@@ -238,8 +254,43 @@ class Int12Int8OpenState(Int12State):
         return slots * (t.shape[-1] - (name[0] == "K") + 2)
 
     def describe(self):
-        return {**super().describe(), "open": "keys (Hadamard-rotated, the constant feature exact) and values on an "
-                                              "int8 grid a slot; cross the graphs as float16 values on it"}
+        return {"format": self.name, "scales": "S: one per sequence, head and row, recomputed at every commit; the "
+                                               "open keys and values: one a slot",
+                "dequantize": "S = S0 + (c8 + c4 / 15) * step[row]; V = codes * step[slot]; K = [(codes * "
+                              "step[slot]) @ H^T, 1 where the slot is filled] (H: the normalised Hadamard matrix)",
+                "crossing": "S as c8 int8, c4 two a byte (column j low nibble, j + Dv/2 high, each + 8) and step "
+                            "float32; K and V as codes int8 and step float16"}
+
+    def crossing(self, name, shape):
+        if name[0] == "S" and shape[-1] % 2 == 0:
+            *lead, Dv = shape
+            return [("c8", "int8", shape), ("c4", "uint8", [*lead, Dv // 2]), ("step", "float32", lead)]
+        if name[0] in "KV":
+            H, b, D = shape
+            return [("codes", "int8", [H, b, D - (name[0] == "K")]), ("step", "float16", [H, b])]
+        return None
+
+    def encode(self, name, t, S0):
+        if name[0] == "S":
+            coarse, fine, step = two_level_codes(t.float(), S0.float())
+            return [coarse.to(torch.int8), pack_fine(fine), step[..., 0]]
+        x = t.float()
+        if name[0] == "K":  # (the slots hold values on the int8 grid of the rotated basis: the codes come back)
+            x = x[..., :-1] @ hadamard(x.shape[-1] - 1).to(x.device)
+        step = (x.abs().amax(-1) / STATE_CLIP).clamp_min(1e-30)
+        codes = torch.clamp(torch.round(x / step[..., None]), -STATE_CLIP, STATE_CLIP)
+        return [codes.to(torch.int8), step.to(OPEN_DTYPE)]
+
+    def decode(self, name, parts, S0, filled):
+        if name[0] == "S":
+            c8, c4, step = parts
+            return two_level_values(c8.float(), unpack_fine(c4), step[..., None], S0.float())
+        codes, step = parts
+        x = codes.float() * step.float()[..., None]
+        if name[0] == "K":
+            x = x @ hadamard(x.shape[-1]).to(x.device).T
+            x = torch.cat((x, filled.to(x.dtype)[:, None].expand(*x.shape[:-1], 1)), dim=-1)
+        return x.to(OPEN_DTYPE)
 
 
 class Int8State(StateFormat):
