@@ -70,9 +70,10 @@ DECODE_KERNELS = [
        ["INNER", "LAST", "H", "D"], dict(COMMIT=False, AT_STATE=False, BLOCK_D=d if d == 64 else 128, DECAY=False),
        decode_token.token_warps(d if d == 64 else 128, commit=False, int8=False))
       for d in (64, 96)],
-    *[(f"token, int8 state, d = {d}", decode_token._decode_token_int12_kernel, {**TOKEN, "kk_ptr": "*fp16", "vv_ptr": "*fp16"},
+    *[(f"token, int8 state, d = {d}", decode_token._decode_token_int12_kernel,
+       {**TOKEN, "kk_ptr": "*fp16", "vv_ptr": "*fp16", "rot_ptr": F32},
        ["INNER", "LAST", "H", "D", "SLOTS"], dict(STATE_CLIP=4.0, FINE=15, COMMIT=False, AT_STATE=False,
-                                                  BLOCK_D=d if d == 64 else 128, MINI=16, DECAY=False),
+                                                  BLOCK_D=d if d == 64 else 128, MINI=16, DECAY=False, OPEN8=False),
        decode_token.token_warps(d if d == 64 else 128, commit=False, int8=True))
       for d in (64, 96)],
     *[(f"int4 GEMV, {label}", int4._int4_gemv_kernel,
