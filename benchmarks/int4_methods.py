@@ -47,7 +47,8 @@ def clipped_grid(w, group, top=15, ratios=torch.linspace(1.0, 0.7, 7)):
         lo, hi = g.amin(-1).clamp_max(0) * a, g.amax(-1).clamp_min(0) * a
         scale = ((hi - lo) / top).clamp_min(1e-12)
         zero = torch.round(-lo / scale).clamp(0, top)
-        q = (torch.clamp(torch.round(g / scale[..., None]) + zero[..., None], 0, top) - zero[..., None]) * scale[..., None]
+        codes = torch.clamp(torch.round(g / scale[..., None]) + zero[..., None], 0, top)
+        q = (codes - zero[..., None]) * scale[..., None]
         err = ((q - g) ** 2).sum(-1)
         if best is None:
             best = [err, scale, zero]
@@ -59,16 +60,16 @@ def clipped_grid(w, group, top=15, ratios=torch.linspace(1.0, 0.7, 7)):
 
 
 def gptq_clip(w, group, H):
-    original, layouts.int4_group_params = layouts.int4_group_params, clipped_grid
+    original, layouts.group_grid = layouts.group_grid, clipped_grid
     try:
         return int4_gptq(w, group, H)
     finally:
-        layouts.int4_group_params = original
+        layouts.group_grid = original
 
 
 def gptq_act_order(w, group, H):
     N, K = w.shape
-    scale, zero = layouts.int4_group_params(w, group)
+    scale, zero = layouts.group_grid(w, group)
     perm = torch.argsort(torch.diag(H), descending=True)
     codes = torch.zeros(N, K)
 

@@ -110,7 +110,8 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     assert check["passed"], check["summary"]
     # int8 activations: MatMulNBits' accuracy level 4, on by default for int4 / int8 / LLM.int8 layers
     # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
-    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int8-head", "linear-bnb-int8", "mlp-nf4",
+    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int8-head",
+                                                          "linear-bnb-int8", "mlp-nf4",
                                                           "linear-fp4-int8-tensor-state", "linear-int4-default-head",
                                                           "mlp-mixed")
                                        else "float")

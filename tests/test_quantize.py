@@ -115,7 +115,8 @@ def test_int6_is_a_4_bit_and_a_2_bit_matmulnbits_part_with_a_sixteenth_of_int4s_
     INT6 = weight_format("int6")
     t = INT6.quantize(w, group)
     d = dequantize_int6(t)
-    parts = [nbits_weight(p["qweight"], p["scales"], p["zero_points"], 256, bits) for p, bits in zip(INT6._parts(t), (4, 2))]
+    parts = [nbits_weight(p["qweight"], p["scales"], p["zero_points"], 256, bits)
+             for p, bits in zip(INT6._parts(t), (4, 2))]
     assert torch.allclose(parts[0] + parts[1], d, atol=1e-6)
     err = (d - w).reshape(64, -1, group)
     assert (err.abs() <= t["scales"][..., None] / 2 + 1e-6).all()

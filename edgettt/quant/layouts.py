@@ -1,4 +1,4 @@
-"""The int8 and int4 storage layouts: how a weight matrix becomes bytes and back (plain torch).
+"""The int8, int4 and int6 storage layouts: how a weight matrix becomes bytes and back (plain torch).
 
 A leaf: it imports nothing of edgettt, so the kernels can read these layouts (their references
 dequantize with them) without importing the quantizer, which imports the kernels.
@@ -48,7 +48,7 @@ def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
     return torch.stack((packed & 0x0F, packed >> 4), dim=-1).flatten(-2)
 
 
-def int4_group_params(w: torch.Tensor, group: int, top: int = 15) -> tuple[torch.Tensor, torch.Tensor]:
+def group_grid(w: torch.Tensor, group: int, top: int = 15) -> tuple[torch.Tensor, torch.Tensor]:
     """Asymmetric min/max scale and integer zero point per group, codes 0..top (int4: 15, int6: 63): [N, K/g]
     each."""
     N, K = w.shape
@@ -60,7 +60,7 @@ def int4_group_params(w: torch.Tensor, group: int, top: int = 15) -> tuple[torch
     return scale, zero
 
 
-def int4_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, top: int = 15) -> torch.Tensor:
+def group_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, top: int = 15) -> torch.Tensor:
     """Codes of w [N, K] with per-group scale/zero [N, K/g]."""
     group = w.shape[1] // scale.shape[1]
     s = scale.repeat_interleave(group, dim=1)

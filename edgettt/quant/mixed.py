@@ -6,8 +6,8 @@ or a drift budget with the least drift or the fewest bytes.
 
 1. Sensitivity: every quantizable layer (lm_head too) is quantized alone in each candidate variant
    (`CANDIDATES`: int4 in groups of 128 / 64 / 32, int6 in groups of 128 / 64 and int8, by GPTQ where the
-   calibration holds the layer's input statistics), the rest of the model left in float, and its KLD against the float model measured on
-   `tokens` of the calibration text for its coarsest variant, the others scaled from it by their output errors
+   calibration holds the layer's input statistics), the rest of the model left in float, and its KLD against the
+   float model measured on `tokens` of the calibration text for its coarsest variant, the others scaled from it by their output errors
    (`sensitivities`). Its bytes are those the format stores.
 2. Choice: the drift of a mix is taken as the sum of its layers' drifts (first order, measured against the
    mix itself afterwards), so the best mix for every size is a multiple-choice knapsack, solved exactly by
@@ -39,7 +39,8 @@ from .config import QuantConfig, weight_variant
 from .linear import QuantLinear, QuantState
 from .weight_formats import weight_format
 
-CANDIDATES = ("int4-gptq-g128", "int4-gptq-g64", "int4-gptq-g32", "int6-gptq-g128", "int6-gptq-g64", "int8-gptq", "float")
+CANDIDATES = ("int4-gptq-g128", "int4-gptq-g64", "int4-gptq-g32", "int6-gptq-g128", "int6-gptq-g64", "int8-gptq",
+              "float")
 BUDGET_KINDS = {"size": "MB of weights as stored", "kld": "mean KLD against the float model"}
 RETRIES = 3  # a KLD budget: how many tighter choices are tried while the measured KLD is above it
 

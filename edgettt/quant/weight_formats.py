@@ -254,15 +254,15 @@ def _grouped_codes(w: torch.Tensor, group: int, method: str, hessian: torch.Tens
     """(codes 0..top [N, K], scale, zero [N, K/g]) of w on asymmetric per-group grids: round to nearest, or GPTQ
     with each group's grid chosen from the error-updated weights when its first column comes."""
     if method != "gptq":
-        scale, zero = layouts.int4_group_params(w, group, top)
-        return layouts.int4_codes(w, scale, zero, top), scale, zero
+        scale, zero = layouts.group_grid(w, group, top)
+        return layouts.group_codes(w, scale, zero, top), scale, zero
     N, K = w.shape
     codes, scale, zero = torch.zeros(N, K), torch.zeros(N, K // group), torch.zeros(N, K // group)
 
     def round_column(col, column, ahead):
         g = col // group
         if col % group == 0:  # choose the group's grid from the weights as updated so far
-            scale[:, g:g + 1], zero[:, g:g + 1] = layouts.int4_group_params(ahead()[:, :group], group, top)
+            scale[:, g:g + 1], zero[:, g:g + 1] = layouts.group_grid(ahead()[:, :group], group, top)
         codes[:, col] = torch.clamp(torch.round(column / scale[:, g]) + zero[:, g], 0, top)
         return (codes[:, col] - zero[:, g]) * scale[:, g]
 

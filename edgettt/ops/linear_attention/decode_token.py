@@ -316,7 +316,8 @@ def decode_token_int12(q, k, v, lr, S0, gamma, beta, S, K, V, eta_tok, inner: in
                                         inner, slots - 1, H, D, slots,
                                         math.log2(theta), LN_EPS, STATE_CLIP=STATE_CLIP, FINE=FINE_STEPS,
                                         COMMIT=inner == slots - 1, AT_STATE=at_state, BLOCK_D=next_power_of_2(D),
-                                        MINI=next_power_of_2(slots), DECAY=decay is not None, OPEN8=rotation is not None,
+                                        MINI=next_power_of_2(slots), DECAY=decay is not None,
+                                        OPEN8=rotation is not None,
                                         num_warps=token_warps(next_power_of_2(D), inner == slots - 1, int8=True))
     return out
 
