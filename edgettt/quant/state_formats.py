@@ -9,8 +9,8 @@ graph's state operators all round the state with the formula written here, once.
                  row recomputed from the state at every commit (no calibration, nothing clipped): 1.5
                  bytes a value and 4 a row (S0: the learned initial state, a model constant; the part
                  that moves is smaller); a TTT layer keeps the open mini-batch's keys and values
-                 (float16) in place of the float32 sum A. Measured against the others in
-                 benchmarks/results/state_options.md
+                 (float16) in place of the float32 sum A; S crosses the exported graphs' boundary in its codes.
+                 Measured against the others in benchmarks/results/state_options.md
     int12-kv8    int12's S with the open mini-batch in 8 bits: a slot's values in int8 on a step of their own, its
                  keys likewise after a Hadamard rotation (their constant feature, the 1 of the bias row, not
                  kept): 26% of the fp32 state where int12 is 32% (benchmarks/results/state_bits.md); crosses the
@@ -220,11 +220,18 @@ class Float16State(StateFormat):
         return lambda S, position: S.half().to(S.dtype)
 
 
+def _open_kind(name: str) -> str | None:
+    """"S", "K" or "V" for a TTT layer's S<level>, K<level>, V<level> (`converted.LinearAttentionLayer.init_state`),
+    else None (LaCT's fast weights, conv tails: they cross as they are)."""
+    return name[0] if len(name) > 1 and name[0] in "SKV" and name[1:].isdigit() else None
+
+
 class Int12State(StateFormat):
     """S - S0 on a 12-bit grid in two codes (int8 + int4) a value, the step of each row recomputed from
     the state at every commit; the open mini-batch's keys and values in float16 in place of the float32
     sum A (a TTT layer's state; LaCT's running sums stay float). In the ONNX graphs the rounding is
-    inside, and S crosses as float32 (its codes as graph inputs and outputs are not built)."""
+    inside, and a TTT layer's S crosses in its codes (`crossing`; LaCT's fast weights as float32 values on the
+    grid)."""
 
     name, bytes_per_element, row_bytes, rounds_at_run_time, keeps_keys_and_values = "int12", 1.5, 4, True, True
 
@@ -233,7 +240,25 @@ class Int12State(StateFormat):
 
     def describe(self):
         return {"format": self.name, "scales": "one per sequence, head and row, recomputed at every commit",
-                "dequantize": "S0 + (c8 + c4 / 15) * step[row]; crosses the graphs as float32 values on that grid"}
+                "dequantize": "S = S0 + (c8 + c4 / 15) * step[row]",
+                "crossing": "S as c8 int8, c4 two a byte (column j low nibble, j + Dv/2 high, each + 8) and step "
+                            "float32"}
+
+    # S's codes come back exactly from its values: the row's largest |S - S0| is 127 steps by construction, the
+    # rest multiples of step / 15 (`two_level_codes` of a state on the grid gives its codes again)
+    def crossing(self, name, shape):
+        if _open_kind(name) != "S" or shape[-1] % 2:
+            return None
+        *lead, Dv = shape
+        return [("c8", "int8", shape), ("c4", "uint8", [*lead, Dv // 2]), ("step", "float32", lead)]
+
+    def encode(self, name, t, S0):
+        coarse, fine, step = two_level_codes(t.float(), S0.float())
+        return [coarse.to(torch.int8), pack_fine(fine), step[..., 0]]
+
+    def decode(self, name, parts, S0, filled):
+        c8, c4, step = parts
+        return two_level_values(c8.float(), unpack_fine(c4), step[..., None], S0.float())
 
 
 class Int12Int8OpenState(Int12State):
@@ -254,40 +279,34 @@ class Int12Int8OpenState(Int12State):
         return slots * (t.shape[-1] - (name[0] == "K") + 2)
 
     def describe(self):
-        return {"format": self.name, "scales": "S: one per sequence, head and row, recomputed at every commit; the "
-                                               "open keys and values: one a slot",
+        return {**super().describe(),
                 "dequantize": "S = S0 + (c8 + c4 / 15) * step[row]; V = codes * step[slot]; K = [(codes * "
                               "step[slot]) @ H^T, 1 where the slot is filled] (H: the normalised Hadamard matrix)",
-                "crossing": "S as c8 int8, c4 two a byte (column j low nibble, j + Dv/2 high, each + 8) and step "
-                            "float32; K and V as codes int8 and step float16"}
+                "crossing": super().describe()["crossing"] + "; K and V as codes int8 and step float16 a slot"}
 
+    # a slot's codes come back from its float16 values (within 0.06 of a step of the code; the keys rotated again)
     def crossing(self, name, shape):
-        if name[0] == "S" and shape[-1] % 2 == 0:
-            *lead, Dv = shape
-            return [("c8", "int8", shape), ("c4", "uint8", [*lead, Dv // 2]), ("step", "float32", lead)]
-        if name[0] in "KV":
-            H, b, D = shape
-            return [("codes", "int8", [H, b, D - (name[0] == "K")]), ("step", "float16", [H, b])]
-        return None
+        if _open_kind(name) not in ("K", "V"):
+            return super().crossing(name, shape)
+        H, b, D = shape
+        return [("codes", "int8", [H, b, D - (name[0] == "K")]), ("step", "float16", [H, b])]
 
     def encode(self, name, t, S0):
-        if name[0] == "S":
-            coarse, fine, step = two_level_codes(t.float(), S0.float())
-            return [coarse.to(torch.int8), pack_fine(fine), step[..., 0]]
+        if _open_kind(name) == "S":
+            return super().encode(name, t, S0)
         x = t.float()
-        if name[0] == "K":  # (the slots hold values on the int8 grid of the rotated basis: the codes come back)
+        if name[0] == "K":
             x = x[..., :-1] @ hadamard(x.shape[-1] - 1).to(x.device)
         step = (x.abs().amax(-1) / STATE_CLIP).clamp_min(1e-30)
         codes = torch.clamp(torch.round(x / step[..., None]), -STATE_CLIP, STATE_CLIP)
         return [codes.to(torch.int8), step.to(OPEN_DTYPE)]
 
     def decode(self, name, parts, S0, filled):
-        if name[0] == "S":
-            c8, c4, step = parts
-            return two_level_values(c8.float(), unpack_fine(c4), step[..., None], S0.float())
+        if _open_kind(name) == "S":
+            return super().decode(name, parts, S0, filled)
         codes, step = parts
         x = codes.float() * step.float()[..., None]
-        if name[0] == "K":
+        if name[0] == "K":  # (the constant feature: 1 in a filled slot)
             x = x @ hadamard(x.shape[-1]).to(x.device).T
             x = torch.cat((x, filled.to(x.dtype)[:, None].expand(*x.shape[:-1], 1)), dim=-1)
         return x.to(OPEN_DTYPE)
