@@ -8,7 +8,7 @@ and dequantizes it, and names the kernel and the ONNX Runtime operator that comp
               Triton kernel `ops/quantized/int4.py`; ONNX: com.microsoft.MatMulNBits
     int6      as int4 with 64 levels, each code a 4-bit and a 2-bit part (`layouts.py`): a step between int4
               and int8 for mixed precision (ONNX Runtime's MatMulNBits takes 2, 4 and 8 bits, not 5 or 6);
-              no Triton kernel (the dequantized weight); ONNX: two MatMulNBits, 4 and 2 bits, added
+              int4's Triton kernels, twice (the 2-bit part as nibbles); ONNX: two MatMulNBits, 4 and 2 bits, added
     nf4, fp4  bitsandbytes' blockwise 4-bit (absmax per block of g); ONNX: com.microsoft.MatMulBnb4
     bnb-int8  bitsandbytes' LLM.int8 (int8 rows, absmax SCB; at run time activation columns above the
               outlier threshold 6 go through fp16, the rest through an int8 matmul); ONNX: as int8
@@ -290,6 +290,31 @@ class Int6(WeightFormat):
 
     def dequantize(self, t, N, K, group):
         return layouts.dequantize_int6(t)
+
+    def matmul(self, x, layer):
+        """Two launches of the int4 kernels where they run (the 2-bit part's codes 0..3 as int4 nibbles, made once
+        a layer: 8 bits a weight on the GPU, the same numbers): 4 x (hi - zh) s + (lo - zl) s; else the
+        dequantized weight."""
+        kernel = kernel_device(x) and not x.requires_grad and not compiling(x)
+        if kernel:  # (Triton imported only where a kernel can run)
+            from ..ops.quantized.int4 import kernel_supports
+
+            kernel = kernel_supports(layer.group_size)
+        if not kernel:
+            return F.linear(x, layer.weight.to(x.dtype))
+        low = layer.__dict__.get("_int6_low_as_int4")
+        if low is None or low[0].device != layer.qweight_low.device:
+            low = layer.__dict__["_int6_low_as_int4"] = self.low_as_int4(layer.tensors())
+        return (4 * int4_product(x, layer.qweight, layer.scales, layer.zero_points, False, True, None)
+                + int4_product(x, low[0], layer.scales, low[1], False, True, None))
+
+    @staticmethod
+    def low_as_int4(t):
+        """The 2-bit part in int4's layout: (qweight [N, K/g, g/2], zero_points [N, ceil(K/g / 2)])."""
+        blocks = t["scales"].shape[1]
+        zeros = layouts.unpack_crumbs(t["zero_points_low"])[:, :blocks]
+        return (layouts.pack_nibbles(layouts.unpack_crumbs(t["qweight_low"])),
+                layouts.pack_nibbles(F.pad(zeros, (0, blocks % 2))))
 
     def label(self, method, group):
         return f"{self.name}-{method}-g{group}"

@@ -50,7 +50,7 @@ def test_converted_model_with_kernels_matches_torch_path(tiny_model, monkeypatch
 
 
 @torch.no_grad()
-@pytest.mark.parametrize("weights", ["int4", "int8"])
+@pytest.mark.parametrize("weights", ["int4", "int8", "int6"])  # int6: two int4 products (its 2-bit part as nibbles)
 def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monkeypatch, weights):
     model = convert(tiny_model("linear", seed=4, hidden_size=64, intermediate_size=96), "parallel")
     quantize_model(model, QuantConfig(weights=weights, group_size=32))
@@ -60,7 +60,8 @@ def test_quantized_model_with_kernel_matches_dequantized_matmul(tiny_model, monk
     quantized_kernels(monkeypatch, False)
     expected = model(ids)
     quantized_kernels(monkeypatch, True)
-    calls = count_calls(monkeypatch, [(f"edgettt.ops.quantized.{weights}", f"{weights}_matmul")])
+    kernel = "int8" if weights == "int8" else "int4"
+    calls = count_calls(monkeypatch, [(f"edgettt.ops.quantized.{kernel}", f"{kernel}_matmul")])
     assert rel_err(model(ids), expected) < 1e-5
     assert len(calls) > 0, "the kernel was not taken"
 
