@@ -7,8 +7,8 @@ or a drift budget with the least drift or the fewest bytes.
 1. Sensitivity: every quantizable layer (lm_head too) is quantized alone in each candidate variant
    (`CANDIDATES`: int4 in groups of 128 / 64 / 32, int6 in groups of 128 / 64 and int8, by GPTQ where the
    calibration holds the layer's input statistics), the rest of the model left in float, and its KLD against the
-   float model measured on `tokens` of the calibration text for its coarsest variant, the others scaled from it by their output errors
-   (`sensitivities`). Its bytes are those the format stores.
+   float model measured on `tokens` of the calibration text for its coarsest variant, the others scaled from it
+   by their output errors (`sensitivities`). Its bytes are those the format stores.
 2. Choice: the drift of a mix is taken as the sum of its layers' drifts (first order, measured against the
    mix itself afterwards), so the best mix for every size is a multiple-choice knapsack, solved exactly by
    dynamic programming over the bytes: the frontier, minimum predicted KLD for each size. A size budget takes

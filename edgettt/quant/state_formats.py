@@ -79,10 +79,17 @@ def hadamard(n: int, dtype=torch.float32) -> torch.Tensor:
     return torch.block_diag(*[H / block ** 0.5] * (n // block))
 
 
-def int8_slots(x: torch.Tensor) -> torch.Tensor:
-    """x [..., D] on an int8 grid a row (a slot: one token's key or value), step max |x| over the row / 127."""
+def int8_slot_codes(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, step) of x [..., D] on an int8 grid a row (a slot: one token's key or value): step [..., 1] = max |x|
+    over the row / 127, codes as float values in [-127, 127]."""
     step = (x.abs().amax(-1, keepdim=True) / STATE_CLIP).clamp_min(1e-30)
-    return torch.clamp(torch.round(x / step), -STATE_CLIP, STATE_CLIP) * step
+    return torch.clamp(torch.round(x / step), -STATE_CLIP, STATE_CLIP), step
+
+
+def int8_slots(x: torch.Tensor) -> torch.Tensor:
+    """x on its int8 grid a slot (`int8_slot_codes`), as values."""
+    codes, step = int8_slot_codes(x)
+    return codes * step
 
 
 def int8_rotated_keys(ka: torch.Tensor) -> torch.Tensor:
@@ -273,7 +280,7 @@ class Int12Int8OpenState(Int12State):
                 int8_slots(vh.float()).to(OPEN_DTYPE).to(vh.dtype))
 
     def kept_bytes(self, name, t):
-        if name[0] not in "KV":
+        if _open_kind(name) not in ("K", "V"):
             return super().kept_bytes(name, t)
         slots = t.numel() // t.shape[-1]  # a code a value (a key's constant feature: none), a float16 step a slot
         return slots * (t.shape[-1] - (name[0] == "K") + 2)
@@ -297,9 +304,8 @@ class Int12Int8OpenState(Int12State):
         x = t.float()
         if name[0] == "K":
             x = x[..., :-1] @ hadamard(x.shape[-1] - 1).to(x.device)
-        step = (x.abs().amax(-1) / STATE_CLIP).clamp_min(1e-30)
-        codes = torch.clamp(torch.round(x / step[..., None]), -STATE_CLIP, STATE_CLIP)
-        return [codes.to(torch.int8), step.to(OPEN_DTYPE)]
+        codes, step = int8_slot_codes(x)
+        return [codes.to(torch.int8), step[..., 0].to(OPEN_DTYPE)]
 
     def decode(self, name, parts, S0, filled):
         if _open_kind(name) == "S":
