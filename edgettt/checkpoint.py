@@ -25,6 +25,7 @@ from .lact.model import LaCTForCausalLM
 from .model import CausalLM
 from .outputs import as_output
 from .quant.apply import prepare_quantized
+from .quant.weight_formats import stored_tensor_names
 from .tokenizer import load_tokenizer
 from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, stored_matrices,
                          weights_header, write_weights)
@@ -82,8 +83,8 @@ def _built(model_class, config, weights: dict[str, torch.Tensor], source: Path, 
     `dtype`, or, dtype "stored", holding each tensor as the file stores it (to convert and save without
     computing, with no second copy). `model.stored_dtype` is the precision of the file's float matrices."""
     stored = next((t.dtype for t in weights.values() if t.is_floating_point() and t.dim() >= 2), None)
-    if dtype is None and not config.quantization:
-        weights = upcast_16bit(weights)
+    if dtype is None:
+        weights = upcast_16bit(weights, keep=quantized_storage(weights) if config.quantization else ())
     with torch.device("meta"):
         model = model_class(config)
     if config.quantization:
@@ -98,16 +99,35 @@ def _built(model_class, config, weights: dict[str, torch.Tensor], source: Path, 
     return model.eval()
 
 
-def upcast_16bit(weights: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def upcast_16bit(weights: dict[str, torch.Tensor], keep=()) -> dict[str, torch.Tensor]:
     """Weights stored in bfloat16 or float16 (half the bytes of a shipped model) as float32, which holds
     them exactly: a model computes in float32 whatever its file's precision (`load_model(dtype=)` picks
-    another). Quantized models keep their stored types: their formats read them as stored."""
-    return {name: t.float() if t.dtype in (torch.bfloat16, torch.float16) else t for name, t in weights.items()}
+    another). The tensors named in `keep` stay as stored: a quantized format's own (its scales), which it reads
+    as stored."""
+    return {name: t.float() if t.dtype in (torch.bfloat16, torch.float16) and name not in keep else t
+            for name, t in weights.items()}
+
+
+def quantized_storage(weights: dict[str, torch.Tensor]) -> set[str]:
+    """The tensors of a quantized model's file that its weight and state formats store (a layer's qweight and
+    scales, the state's scales); the rest (norms, layers kept in float) are plain weights."""
+    stored = tuple(f".{name}" for name in stored_tensor_names())
+    return {name for name in weights if name.endswith(stored) or ".state_" in name}
 
 
 def read_config(path: Path):
     """A model directory's config.json through its family's loader (checked, no weights read)."""
     return family_classes(model_type(path / "config.json"))[0].load(path / "config.json")
+
+
+def stored_config(spec):
+    """The config a model directory (or a shipped model's name) holds, read without its weights: what a command
+    checks before any work. None for what has no config.json to read (a ttt-lm-jax checkpoint; a path the
+    loader then names as missing)."""
+    path = resolve_model_path(spec)
+    if not (path / "config.json").is_file() or find_checkpoint(path) is not None:
+        return None
+    return read_config(path)
 
 
 def family_classes(kind: str | None):

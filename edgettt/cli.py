@@ -360,6 +360,7 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     settings = distill_settings(distill_spec) if distill else None
     out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data),
                                                     tokenizer_file and Path(tokenizer_file)])
+    check_convertible(src, form, distill or decay is not None)
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
     tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
@@ -415,17 +416,52 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
         click.echo(format_conversion_report(report))
 
 
+def check_convertible(src, form: str, tunes: bool) -> None:
+    """Before any work: SRC is a float model, and converting it changes something (a model already in the form
+    asked for is only re-labelled, unless --distill or --decay tunes it)."""
+    from .checkpoint import stored_config
+
+    config = stored_config(src)
+    if config is None:
+        return
+    if config.quantization:
+        raise EdgetttError(f"{src}: a quantized model; convert the float model, then quantize the converted one")
+    asked = "lact" if config.family == "lact" and form == "exact" else form  # LaCT's exact form is its own
+    if config.form == asked and not tunes:
+        raise EdgetttError(f"{src}: already the {form} form, so converting it changes nothing; convert the original "
+                           "checkpoint, or add --distill to tune this one further")
+
+
 def check_exportable_form(model_path) -> None:
     """Before any work: a converted model given to `report --onnx` must be the parallel form."""
-    from .checkpoint import read_config, resolve_model_path
+    from .checkpoint import stored_config
 
-    path = resolve_model_path(model_path)
-    if not (path / "config.json").is_file():
-        return  # an original checkpoint (converted to the parallel form), or an error the loader names
-    form = getattr(read_config(path), "form", "ttt")
+    form = getattr(stored_config(model_path), "form", "ttt")  # (an original checkpoint: converted to it)
     if form not in ("ttt", "parallel"):
         raise EdgetttError(f"{model_path}: --onnx exports the parallel form, this model is the {form} form; give "
                            "the original checkpoint or a parallel-form model")
+
+
+def check_unquantized(model_path, command: str, states=()) -> None:
+    """Before any work: `command` (quantize, calibrate, report) starts from a model that is not quantized yet, and
+    each state format in `states` applies to its family (from config.json, no weights read)."""
+    from .checkpoint import family_classes, model_type, resolve_model_path, stored_config
+
+    config = stored_config(model_path)
+    if config is None:
+        return
+    if command == "quantize" and config.form == "ttt":
+        raise EdgetttError(f"{model_path}: an original TTT model; quantize a converted one (`edgettt convert "
+                           f"{model_path} OUT --form parallel`)")
+    if config.quantization:
+        q = config.quantization
+        raise EdgetttError(f"{model_path}: already quantized ({q.get('target') or q.get('variant')} weights, "
+                           f"{q.get('state')} state); {command} the float model it was quantized from")
+    model_class = family_classes(model_type(resolve_model_path(model_path) / "config.json"))[2]
+    for name in states:
+        refusal = model_class.state_format_refusal(name)
+        if refusal:
+            raise EdgetttError(f"{model_path}: {refusal}")
 
 
 LARGE_DRIFT = 1.10  # a parallel form's perplexity this far above the original's gets a note
@@ -502,10 +538,12 @@ def stored_size(model_path, weights: int) -> dict:
     half the float32 it computes in); empty where no model directory's headers say (a ttt-lm-jax file, a
     tensor type edgettt does not know). What info, quantize and eval give as a model's size."""
     from .checkpoint import resolve_model_path
+    from .jax_checkpoint import find_checkpoint
     from .weights_io import stored_bytes
 
     directory = resolve_model_path(model_path)
-    n_bytes = stored_bytes(directory) if (directory / "config.json").is_file() else None
+    model_directory = (directory / "config.json").is_file() and find_checkpoint(directory) is None
+    n_bytes = stored_bytes(directory) if model_directory else None
     if n_bytes is None or not weights:
         return {}
     return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / weights}
@@ -535,6 +573,7 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
     from .quant.calibration import calibrate as run_calibration
 
     out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)])
+    check_unquantized(model_path, "calibrate")
     text = read_text(data)
     model = load(model_path)
     cal = run_calibration(model, text, seq_len, samples, seed, percentile)
@@ -610,6 +649,7 @@ def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, 
     if config.needs_calibration() and not calib:
         raise EdgetttError(f"--weights {config.variant} --state {state} needs a calibration: run `edgettt calibrate` "
                            "and pass --calib")
+    check_unquantized(model_path, "quantize", [state])
     model = load(model_path)
     cal = Calibration.load(calib) if calib else None
     before = weight_bits(model)
@@ -681,9 +721,10 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     form = form or ("parallel" if onnx else "exact")
     out = Output.plan(output, "report", force,
                       inputs=[model_input(model_path), text_input(data), text_input(calib_data)])
-    text, calib_text = read_text(data), read_text(calib_data)
     if onnx and model_path is not None:
         check_exportable_form(model_path)
+    check_unquantized(model_path, "report on", states)
+    text, calib_text = read_text(data), read_text(calib_data)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
@@ -1021,7 +1062,8 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
     """
     from . import load
     from .data import read_text
-    from .onnx import default_activations, export_model
+    from .checkpoint import stored_config
+    from .onnx import EXPORTABLE_FORMS, default_activations, export_model, unexportable_form
     from .onnx_files import WEIGHTS_FILE, graph_bytes
     from .outputs import Output
     from .runner import is_export
@@ -1036,6 +1078,9 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
         data = copy_export(model_path, out, runtime)
         click.echo(f"wrote {out.path}: {model_path} with {web_line(data)}")
         return
+    config = stored_config(model_path)  # the form, before the weights are read
+    if config is not None and config.form not in EXPORTABLE_FORMS:
+        raise EdgetttError(f"{model_path}: {unexportable_form(config.form)}")
     text = None if no_verify else read_text(verify_data)
     model = load(model_path)
     if click.get_current_context().get_parameter_source("activations").name == "DEFAULT":

@@ -25,7 +25,8 @@ def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
     if model.tokenizer is None:
         raise EdgetttError(
             f"{source}: vocabulary of {model.config.vocab_size} is too small for byte-level text and the "
-            "directory has no tokenizer.json; add one, or skip the measurement (--no-report)"
+            "directory has no tokenizer.json; add the model's tokenizer.json to it (convert: or skip the "
+            "measurement with --no-report)"
         )
     return model.tokenizer.encode_bytes(text.data)
 
@@ -172,6 +173,22 @@ def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     return logits, windows, meta
 
 
+def vocab_size(model: CausalLM | ExportLogits) -> int:
+    return model.vocab_size if isinstance(model, ExportLogits) else model.config.vocab_size
+
+
+def check_comparable(model, name: str, ref, ref_name: str, text: Text) -> None:
+    """Before any logits are computed: the reference has the model's vocabulary and reads the text as the same
+    tokens (a drift between two tokenizations would measure nothing)."""
+    if vocab_size(ref) != vocab_size(model):
+        raise EdgetttError(f"{ref_name}: a vocabulary of {vocab_size(ref)}, {name} has {vocab_size(model)}; give the "
+                           "model it was converted or quantized from as the reference")
+    sample = Text(text.name, text.data[:4096])
+    if encode(ref, sample, ref_name) != encode(model, sample, name):
+        raise EdgetttError(f"{ref_name}: its tokenizer reads {text.name} as other tokens than {name}'s; give the "
+                           "model it was converted or quantized from as the reference")
+
+
 def evaluate(model: CausalLM | ExportLogits, name: str, text: Text, ctx: int, max_tokens: int | None,
              ref: CausalLM | None = None, ref_name: str | None = None, ref_file=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Perplexity and bits per byte of `model`; with a reference model or saved reference logits,
@@ -182,13 +199,15 @@ def evaluate(model: CausalLM | ExportLogits, name: str, text: Text, ctx: int, ma
         if meta["text"]["sha256"] != text.fingerprint()["sha256"]:
             raise EdgetttError(f"{ref_file}: reference logits were made on {meta['text']['name']} "
                                f"(sha256 {meta['text']['sha256']}), not on {text.name}; pass the same --data")
-        vocab = model.vocab_size if isinstance(model, ExportLogits) else model.config.vocab_size
+        vocab = vocab_size(model)
         if ref_logits.shape[-1] != vocab:
             raise EdgetttError(f"{ref_file}: reference vocabulary {ref_logits.shape[-1]} differs from the model's "
                                f"{vocab}")
         ref_facts = meta["model"]
     else:
         windows = token_windows(encode(model, text, name), ctx, max_tokens)
+    if ref is not None:
+        check_comparable(model, name, ref, ref_name, text)
     logits = collect_logits(model, windows, desc=name)
     if ref is not None:
         ref_logits, ref_facts = collect_logits(ref, windows, desc=ref_name), model_facts(ref, ref_name)

@@ -122,6 +122,17 @@ class LanguageModel(nn.Module):
 
     EMBEDDING_KEY = "model.embed_tokens.weight"
     STATE_LAYER = "seq_modeling_block"  # each block's module that keeps a state (`quant.state_scales.StateScales`)
+    OPEN_MINI_BATCH = True  # its state keeps the open mini-batch's keys and values (what int12-kv8 holds in 8 bits)
+
+    @classmethod
+    def state_format_refusal(cls, name: str) -> str | None:
+        """Why the state format `name` does not apply to this family (a format that would change nothing under
+        its name), else None."""
+        fmt = state_format(name)
+        if fmt.open_int8 and not cls.OPEN_MINI_BATCH:
+            return (f"the state format {fmt.name} keeps the open mini-batch's keys and values in 8 bits; this family's "
+                    "state has none, so it would be int12 under another name; use --state int12")
+        return None
 
     def __init__(self, config, backbone: nn.Module):
         super().__init__()

@@ -14,7 +14,9 @@ keep it in a file, `cache_prefix` prefills a prompt's shared beginning once for 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import math
 import resource
 import sys
 import time
@@ -60,7 +62,54 @@ def load_manifest(directory: Path) -> dict:
         found = manifest.get("edgettt_export") if isinstance(manifest, dict) else None
         raise EdgetttError(f"{file}: not an edgettt export manifest (format {found!r}); make it with `edgettt export`")
     check_manifest(manifest, directory, file)
+    check_files(manifest, directory, file)
     return manifest
+
+
+# an export's files as its manifest records them (`file_record`): their bytes and a fingerprint of a sample of them,
+# so a file cut short, replaced or damaged is named before ONNX Runtime reads it
+FINGERPRINT_BLOCKS, FINGERPRINT_BLOCK = 16, 1 << 16
+MAX_STATE_ELEMENTS = 1 << 34  # a state tensor's elements a sequence, as a manifest may say (64 GiB of float32)
+STATE_DTYPES = ("float32", "float16", "int8", "uint8")
+
+
+def file_fingerprint(path: Path) -> str:
+    """sha256 of a file's size and of 16 blocks of 64 KiB spread evenly over it (the whole file when smaller):
+    a few reads whatever the size, and any cut, swap or overwrite of a block it samples changes it."""
+    size = path.stat().st_size
+    digest = hashlib.sha256(str(size).encode())
+    with open(path, "rb") as f:
+        if size <= FINGERPRINT_BLOCKS * FINGERPRINT_BLOCK:
+            digest.update(f.read())
+        else:
+            for i in range(FINGERPRINT_BLOCKS):
+                f.seek((size - FINGERPRINT_BLOCK) * i // (FINGERPRINT_BLOCKS - 1))
+                digest.update(f.read(FINGERPRINT_BLOCK))
+    return digest.hexdigest()[:16]
+
+
+def file_record(directory: Path, names) -> dict[str, dict]:
+    """The manifest's `files`: each named file's bytes and fingerprint, as written."""
+    return {name: {"bytes": (directory / name).stat().st_size, "fingerprint": file_fingerprint(directory / name)}
+            for name in sorted(names)}
+
+
+def check_files(m: dict, directory: Path, file: Path) -> None:
+    """The export's files against the manifest's record of them (exports that predate it have none)."""
+    files = m.get("files")
+    if files is None:
+        return
+    _require(isinstance(files, dict) and all(isinstance(v, dict) and _positive_int(v.get("bytes"))
+                                             and isinstance(v.get("fingerprint"), str) for v in files.values()),
+             file, "files must map file names to their bytes and fingerprint")
+    for name, record in files.items():
+        path = inside_file(directory, name, file, "files")
+        size = path.stat().st_size
+        _require(size == record["bytes"], file, f"{name} is {size:,} bytes, the export wrote {record['bytes']:,}: cut "
+                                                "short or replaced")
+        _require(file_fingerprint(path) == record["fingerprint"], file,
+                 f"{name}'s bytes are not the ones the export wrote (fingerprint {file_fingerprint(path)}, recorded "
+                 f"{record['fingerprint']}): changed or damaged")
 
 
 def write_manifest(directory: Path, manifest: dict) -> None:
@@ -121,6 +170,16 @@ def check_manifest(m: dict, directory: Path, file: Path) -> None:
         _require(out == decode_in, file, f"graphs.{kind}.outputs' states differ from decode's state inputs")
     _require(any(x["role"] in ("position", "inner_position") for x in graphs["decode"]["inputs"]), file,
              "graphs.decode.inputs has no position")
+    state = m.get("state")
+    _require(isinstance(state, list) and all(_state_entry(s) for s in state), file,
+             "state must list objects with name, dtype and a shape of positive integers")
+    _require({s["name"] for s in state} == decode_in, file, "state does not name the decode graph's state inputs")
+
+
+def _state_entry(s) -> bool:
+    return (isinstance(s, dict) and isinstance(s.get("name"), str) and s.get("dtype") in STATE_DTYPES
+            and isinstance(s.get("shape"), list) and all(_positive_int(n) for n in s["shape"])
+            and math.prod(s["shape"]) <= MAX_STATE_ELEMENTS)
 
 
 def _io_entry(x) -> bool:
@@ -156,6 +215,9 @@ def session(path: Path, config: dict[str, str], threads: int | None = None) -> o
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own types; name the op it lacks
+        if "out of bounds or can not be read" in str(exc):  # an export without a record of its files' bytes
+            raise EdgetttError(f"{path}: its weights file is shorter than the graph reads: the export is damaged; "
+                               "export the model again") from None
         raise EdgetttError(f"{path}: onnxruntime {ort.__version__} cannot load it ({str(exc).splitlines()[0]}); "
                           "a newer onnxruntime may have the operator it names, or export the model again") from None
 

@@ -24,6 +24,7 @@ from .errors import EdgetttError
 
 STATE_FORMAT = "edgettt-state"
 RECENT_TOKENS = 64  # the tokens a snapshot keeps for the repetition penalty (its window, llama.cpp's 64)
+MAX_POSITION = 2**40  # a position read from a file: beyond any text (10^12 tokens), within the graphs' int64
 
 
 @dataclass
@@ -94,7 +95,8 @@ def load(path, manifest: dict, export: str) -> Snapshot:
         position, recent = int(meta.get("position", "")), json.loads(meta.get("recent", ""))
     except ValueError:
         bad("its position or recent tokens are not numbers")
-    if position < 1 or not isinstance(recent, list) or not all(
+    if not 1 <= position <= MAX_POSITION or not isinstance(recent, list) or not all(
             isinstance(t, int) and 0 <= t < manifest["vocab_size"] for t in recent):
-        bad("its position or recent tokens are out of range")
+        bad(f"its position or recent tokens are out of range (a position from 1 to 2**40, tokens below "
+            f"{manifest['vocab_size']})")
     return Snapshot(position, {name: tensors[f"state.{name}"] for name in specs}, logits, recent[-RECENT_TOKENS:])

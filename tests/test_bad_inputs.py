@@ -28,6 +28,8 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
+from safetensors.numpy import load_file as load_numpy
+from safetensors.numpy import save_file as save_numpy
 from safetensors.torch import load_file, save_file
 
 from edgettt.cli import cli
@@ -57,6 +59,9 @@ def world(tmp_path_factory) -> Path:
     ok("quantize", w / "par", w / "q8", "--weights", "int8", "--state", "int8", "--calib", w / "calib.st")
     ok("eval", w / "par", "--data", w / "text.txt", "--ctx", 32, "--save-logits", w / "logits.st")
     ok("export", w / "par", w / "export", "--no-verify")
+    ok("run", w / "export", "--prompt", "ab", "--max-new-tokens", 1, "--save-state", w / "s.st")
+    ok("create", w / "v128", "--set", f"hidden_size={HIDDEN}", "--set", "num_hidden_layers=1", "--set",
+       f"num_attention_heads={HEADS}", "--set", "intermediate_size=64", "--set", "vocab_size=128")
     (w / "notes.txt").write_text("my notes, not edgettt's\n")
     (w / "blob.bin").write_bytes(bytes(range(256)) * 4)
     shutil.copytree(Path(__file__).parent / "jax_fixtures" / "ttt-linear", w / "jax")
@@ -157,6 +162,33 @@ def flax_array(shape, dtype: str, raw: bytes) -> bytes:
 
 def jax_edit(change: Callable[[list], list]):
     return lambda w: write_jax(w, change(jax_records(w)))
+
+
+def state_meta(file: Path, **changes) -> None:
+    """A saved state file with its metadata changed."""
+    with safe_open(str(file), "np") as f:
+        meta = {**(f.metadata() or {}), **changes}
+    tensors = load_numpy(str(file))
+    save_numpy(tensors, str(file), metadata=meta)
+
+
+def cut_weights(w: Path) -> None:
+    file = w / "export" / "weights.bin"
+    os.truncate(file, file.stat().st_size // 2)
+
+
+def flip_byte(file: Path, at: int = 0) -> None:
+    data = bytearray(file.read_bytes())
+    data[at] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def other_tokenizer(w: Path) -> None:
+    """A copy of the parallel model whose tokenizer.json reads the text as other tokens (same vocabulary)."""
+    from conftest import word_tokenizer
+
+    shutil.copytree(w / "par", w / "wt")
+    shutil.copyfile(word_tokenizer(w / "tok.json", 256), w / "wt" / "tokenizer.json")
 
 
 class Unpickled:
@@ -611,6 +643,58 @@ CASES = [
       "--onnx exports the parallel form"),
     c("report-onnx-exact-model", lambda w: ["report", w / "ex", w / "r", "--onnx"], ONE, "this model is the exact form",
       lambda w: ok("convert", w / "ttt", w / "ex", "--no-report")),
+    # ---- numbers read from files: bounded before they are used
+    c("run-state-position-huge", lambda w: ["run", w / "export", "--load-state", w / "s.st", "--prompt", "x"], ONE,
+      "out of range", lambda w: state_meta(w / "s.st", position=str(10**24))),
+    c("run-state-position-past-2-40", lambda w: ["run", w / "export", "--load-state", w / "s.st", "--prompt", "x"],
+      ONE, "out of range", lambda w: state_meta(w / "s.st", position=str(2**40 + 1))),
+    c("info-export-state-shape-huge", lambda w: ["info", w / "export"], ONE, "state must list",
+      lambda w: manifest_edit(w, lambda m: set_path(m, "state.0.shape", [2**20, 2**20, 2**20]))),
+    c("info-export-state-dtype", lambda w: ["info", w / "export"], ONE, "state must list",
+      lambda w: manifest_edit(w, lambda m: set_path(m, "state.0.dtype", "complex128"))),
+    # ---- a reference that is not comparable: refused before any logits are computed
+    c("eval-ref-other-vocab", lambda w: ["eval", w / "par", "--ref", w / "v128", "--data", w / "text.txt", "--ctx",
+                                         16], ONE, "a vocabulary of 128"),
+    c("eval-export-ref-other-vocab", lambda w: ["eval", w / "export", "--ref", w / "v128", "--data", w / "text.txt",
+                                                "--ctx", 16], ONE, "a vocabulary of 128"),
+    c("eval-ref-other-tokenizer", lambda w: ["eval", w / "par", "--ref", w / "wt", "--data", w / "text.txt", "--ctx",
+                                             16], ONE, "other tokens", other_tokenizer),
+    # ---- a model a command cannot start from: said from config.json, before its weights are read
+    c("report-quantized-model", lambda w: ["report", w / "q8", w / "r"], ONE, "already quantized"),
+    c("calibrate-quantized-model", lambda w: ["calibrate", w / "q8", w / "c.st", "--data", w / "text.txt"], ONE,
+      "already quantized"),
+    c("quantize-quantized-model", lambda w: ["quantize", w / "q8", w / "q"], ONE, "already quantized"),
+    c("convert-quantized-model", lambda w: ["convert", w / "q8", w / "o", "--no-report"], ONE, "a quantized model"),
+    c("export-exact-form", lambda w: ["export", w / "ex", w / "e"], ONE, "recurrent across mini-batches",
+      lambda w: ok("convert", w / "ttt", w / "ex", "--no-report")),
+    c("convert-to-its-own-form", lambda w: ["convert", w / "par", w / "o", "--form", "parallel", "--no-report"], ONE,
+      "changes nothing"),
+    # ---- a format whose idea does not apply to a family: refused, not written under its name
+    c("quantize-lact-int12-kv8", lambda w: ["quantize", "lact-tiny", w / "q", "--state", "int12-kv8"], ONE,
+      "use --state int12"),
+    c("report-lact-int12-kv8", lambda w: ["report", "lact-tiny", w / "r", "--state", "int12-kv8"], ONE,
+      "use --state int12"),
+    # ---- an export's files against its manifest's record of them
+    c("info-export-weights-cut", lambda w: ["info", w / "export"], ONE, "cut short", cut_weights),
+    c("run-export-weights-cut", lambda w: ["run", w / "export", "--prompt", "x"], ONE, "cut short", cut_weights),
+    c("eval-export-weights-cut", lambda w: ["eval", w / "export", "--data", w / "text.txt"], ONE, "cut short",
+      cut_weights),
+    c("bench-export-weights-cut", lambda w: ["bench", w / "export", "--pp", 4, "--tg", 2, "-r", 1], ONE, "cut short",
+      cut_weights),
+    c("web-export-weights-cut", lambda w: ["export", w / "export", w / "web", "--web"], ONE, "cut short", cut_weights),
+    c("run-export-weights-changed", lambda w: ["run", w / "export", "--prompt", "x"], ONE, "not the ones the export",
+      lambda w: flip_byte(w / "export" / "weights.bin")),
+    c("run-export-graph-changed", lambda w: ["run", w / "export", "--prompt", "x"], ONE, "not the ones the export",
+      lambda w: flip_byte(w / "export" / "decode.onnx", at=-1)),
+    c("run-old-export-weights-cut", lambda w: ["run", w / "export", "--prompt", "x"], ONE, "shorter than the graph",
+      lambda w: (manifest_edit(w, lambda m: m.pop("files")), cut_weights(w))),
+    # ---- a link out of a folder: never followed into what is published
+    c("web-export-weights-link-outside", lambda w: ["export", w / "export", w / "web", "--web"], ONE, "a link to",
+      lambda w: (shutil.move(w / "export" / "weights.bin", w / "w.bin"),
+                 (w / "export" / "weights.bin").symlink_to(w / "w.bin"), manifest_edit(w, lambda m: m.pop("files")))),
+    c("web-export-tokenizer-link-outside", lambda w: ["export", w / "export", w / "web", "--web"], ONE, "a link to",
+      lambda w: ((w / "export" / "tokenizer_config.json").unlink(),
+                 (w / "export" / "tokenizer_config.json").symlink_to(w / "notes.txt"))),
     # ---- a binary file given as text: refused before it is measured
     c("eval-data-binary", lambda w: ["eval", w / "par", "--data", w / "blob.bin"], ONE, "a binary file, not text"),
     c("calibrate-data-binary", lambda w: ["calibrate", w / "par", w / "c.st", "--data", w / "blob.bin"], ONE,

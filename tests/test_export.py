@@ -250,8 +250,8 @@ def test_an_exporter_failure_is_one_line_and_leaves_nothing(tmp_path, monkeypatc
 
 
 def test_export_refusals(root, exported, tmp_path):
-    result = run("export", root / "ttt-linear", tmp_path / "o")  # an original TTT checkpoint
-    assert result.exit_code == 1 and "model.layers.0.seq_modeling_block" in result.output
+    result = run("export", root / "ttt-linear", tmp_path / "o")  # an original TTT checkpoint: said from its config
+    assert result.exit_code == 1 and f"{root / 'ttt-linear'}: form 'ttt'" in result.output
     assert "--form parallel" in result.output and not (tmp_path / "o").exists()
     _, directory = exported["linear-fp32"]
     result = run("export", root / "linear", directory)
@@ -269,6 +269,11 @@ def test_runner_names_an_operator_onnxruntime_lacks(exported, tmp_path):
     model = onnx.load(str(broken / "prefill.onnx"))
     next(n for n in model.graph.node if n.op_type == "MatMulBnb4").op_type = "MatMulBnb9"
     onnx.save(model, str(broken / "prefill.onnx"))
+    manifest = json.loads((broken / "manifest.json").read_text())
+    with pytest.raises(edgettt.EdgetttError, match="prefill.onnx.*(not the ones the export wrote|cut short or replaced)"):
+        Runner(broken)  # the edit, found by the manifest's record of the files; without the record, ONNX Runtime:
+    del manifest["files"]["prefill.onnx"]
+    (broken / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(edgettt.EdgetttError, match="MatMulBnb9.*|onnxruntime .* cannot load"):
         Runner(broken)
     result = run("run", broken, "--prompt", "x")

@@ -150,3 +150,28 @@ def test_info_takes_a_jax_checkpoint():
     assert result.exit_code == 0, result.output
     facts = json.loads(result.output)
     assert facts["family"] == "ttt-mlp" and facts["parameters"] > 0
+
+
+@pytest.mark.parametrize("config_name", [None, "config.json", "model_config.json"])
+def test_info_eval_and_bench_take_a_jax_folder_as_convert_does(tmp_path, config_name):
+    """A streaming_params folder with the JAX config saved beside it as config.json (or model_config.json, or none):
+    every command that reads a model opens it (info and eval once took config.json for a model directory's)."""
+    folder = tmp_path / "ckpt"
+    folder.mkdir()
+    (folder / "streaming_params").write_bytes((FIXTURES / "ttt-mlp-config-beside" / "streaming_params").read_bytes())
+    if config_name:
+        (folder / config_name).write_text((FIXTURES / "ttt-mlp-config-beside" / "model_config.json").read_text())
+    word_tokenizer(folder / "tokenizer.json", 90)
+    text = tmp_path / "text.txt"
+    text.write_text(" ".join(f"w{(i * 7) % 89 + 1}" for i in range(200)))
+
+    def ok(*args):
+        result = CliRunner().invoke(cli, [str(a) for a in args])
+        assert result.exit_code == 0, result.output
+        return result.output
+
+    facts = json.loads(ok("info", folder, "--json"))
+    assert facts["family"] == "ttt-mlp" and facts["parameters"] > 0
+    ok("eval", folder, "--data", text, "--ctx", 32, "--json", tmp_path / "e.json")
+    assert json.loads((tmp_path / "e.json").read_text())["model"]["parameters"] == facts["parameters"]
+    assert "tg2@d0" in ok("bench", folder, "--pp", 8, "--tg", 2, "-r", 1)

@@ -17,6 +17,7 @@ import onnxruntime
 import torch
 
 from ..checkpoint import resolve_model_path
+from ..jax_checkpoint import find_checkpoint
 from ..config import PRESETS
 from ..errors import EdgetttError
 from ..onnx_files import graph_bytes
@@ -82,13 +83,19 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
         if device == "cuda" and (is_export(path) or is_genai(path)):
             raise EdgetttError(f"{path}: an ONNX model; --device cuda times models through torch: give model "
                                "directories or shipped names (or time exports on the CPU)")
-        if not is_export(path) and not is_genai(path) and not (resolve_model_path(path) / "config.json").is_file():
+        if not is_export(path) and not is_genai(path) and not is_model(path):
             raise EdgetttError(f"{path}: neither an export (manifest.json), an onnxruntime-genai model "
-                               f"({GENAI_CONFIG}) nor a model (config.json); give export directories from "
-                               "`edgettt export` or models")
+                               f"({GENAI_CONFIG}) nor a model (config.json or a ttt-lm-jax checkpoint); give "
+                               "export directories from `edgettt export` or models")
         if is_genai(path) and not installed("onnxruntime_genai"):
             raise EdgetttError(f"{path}: an onnxruntime-genai model, and onnxruntime-genai is not installed; "
                                "pip install onnxruntime-genai")
+
+
+def is_model(path: str) -> bool:
+    """A model directory, a shipped model's name or a ttt-lm-jax checkpoint (its file or folder)."""
+    resolved = resolve_model_path(path)
+    return (resolved / "config.json").is_file() or (resolved.exists() and find_checkpoint(resolved) is not None)
 
 
 def installed(package: str) -> bool:

@@ -234,6 +234,7 @@ class LaCTBackbone(nn.Module):
 class LaCTForCausalLM(LanguageModel):
     EMBEDDING_KEY = "model.embeddings.weight"
     STATE_LAYER = "attn"
+    OPEN_MINI_BATCH = False  # the fast weights are updated a chunk at a time; nothing of a chunk is kept open
 
     def __init__(self, config: LaCTConfig):
         super().__init__(config, LaCTBackbone(config))

@@ -37,7 +37,7 @@ from ..progress import bar
 from ..quant.apply import set_module, weight_bits
 from ..quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
 from ..quant.state_formats import state_format
-from ..runner import write_manifest
+from ..runner import file_record, write_manifest
 from ..web import add_web_files
 from . import genai, onnx_ops
 from .verify import verify
@@ -128,14 +128,19 @@ def stacked_linear(layers: list[nn.Module], activations: str) -> nn.Module | Non
     return ExportLinear(layers[0], activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
 
 
+EXPORTABLE_FORMS = ("parallel", "lact")
+
+
+def unexportable_form(form: str) -> str:
+    return (f"form {form!r} is recurrent across mini-batches and has no parallel prefill graph; convert with "
+            "`edgettt convert SRC OUT --form parallel` and export that")
+
+
 def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
-    if model.form not in ("parallel", "lact"):
-        first = model.state_layers()[0][0]
-        raise EdgetttError(f"{first}: form {model.form!r} is recurrent across mini-batches and has no "
-                           "parallel prefill graph; convert with `edgettt convert SRC OUT --form parallel` and export "
-                           "that")
+    if model.form not in EXPORTABLE_FORMS:
+        raise EdgetttError(f"{model.state_layers()[0][0]}: {unexportable_form(model.form)}")
     if getattr(model.config, "use_muon", False):
         raise EdgetttError(f"{model.state_layers()[0][0]}: Muon orthogonalises in bfloat16, which onnxruntime's CPU "
                            "matmuls do not take; export a model without use_muon")
@@ -391,6 +396,9 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
         model.tokenizer.save(directory)
     log(f"  {genai.GENAI_GRAPH} and {genai.GENAI_CONFIG} for onnxruntime-genai")
     data["genai"] = genai.write_genai_files(directory, data)
+    # what the runner, the page and genai read as data (genai_config.json is theirs to edit: not recorded)
+    recorded = {g["file"] for g in data["graphs"].values()} | {WEIGHTS_FILE, genai.GENAI_GRAPH, "tokenizer.json"}
+    data["files"] = file_record(directory, [name for name in recorded if (directory / name).is_file()])
     write_manifest(directory, data)
     return data
 

@@ -156,6 +156,9 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
                            "`edgettt convert`)")
     if model.config.quantization:
         raise EdgetttError(f"{name}: already quantized; quantize the unquantized converted model")
+    refusal = model.state_format_refusal(config.state)
+    if refusal:
+        raise EdgetttError(f"{name}: {refusal}")
     check_calibration_covers(calibration, model, config, source)
     rows = quantize_(model, config, calibration.hessians if calibration is not None else None, report=report)
     apply_state_format(model, config.state, calibration)

@@ -14,7 +14,8 @@ graph's state operators all round the state with the formula written here, once.
     int12-kv8    int12's S with the open mini-batch in 8 bits: a slot's values in int8 on a step of their own, its
                  keys likewise after a Hadamard rotation (their constant feature, the 1 of the bias row, not
                  kept): 26% of the fp32 state where int12 is 32% (benchmarks/results/state_bits.md); crosses the
-                 exported graphs' boundary in those codes (`crossing`, `encode`, `decode`)
+                 exported graphs' boundary in those codes (`crossing`, `encode`, `decode`); a family whose state
+                 keeps no open mini-batch (LaCT) refuses it (`LanguageModel.state_format_refusal`)
     int8         S - S0 in int8, one calibrated scale per head and row for each position bucket
     int8-tensor  S itself in int8, one uncalibrated scale per layer and level: max |S0| / 127 (the
                  plain-rounding baseline the calibrated format is measured against)

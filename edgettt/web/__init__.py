@@ -19,6 +19,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
+from ..errors import EdgetttError
 from ..onnx_files import WEIGHTS_FILE
 from ..outputs import DIRECTORY_FILES, as_output
 from ..runner import load_manifest, write_manifest
@@ -59,11 +60,16 @@ def copy_export(export_dir, out, runtime: dict[str, bytes], force: bool = False)
     files; the export is read, not changed. Returns the new manifest."""
     source = Path(export_dir)
     manifest = load_manifest(source)  # checked: every file it names is there
+    files = [file for file in sorted(source.iterdir()) if file.name in EXPORT_FILES]
+    for file in files:  # the folder is for serving: nothing from outside the export goes into it
+        if file.resolve().parent != source.resolve() or not file.is_file():
+            raise EdgetttError(f"{file}: {'a link to ' + str(file.resolve()) if file.is_symlink() else 'not a file'}, "
+                               "outside the export's own files; copy the file itself into the export, or export the "
+                               "model again")
     out = as_output(out, "export", force, inputs=[source])
     with out.write() as tmp:
-        for file in sorted(source.iterdir()):
-            if file.name in EXPORT_FILES and file.is_file():
-                shutil.copyfile(file, tmp / file.name)
+        for file in files:
+            shutil.copyfile(file, tmp / file.name)
         manifest.pop("web", None)
         return add_web_files(tmp, manifest, runtime)
 

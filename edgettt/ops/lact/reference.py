@@ -9,6 +9,12 @@ import torch
 import torch.nn.functional as F
 
 
+def wide(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 at least: the references compute in float32, and in float64 when given it (the export's
+    check against float64 runs them so)."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
 @dataclass
 class LowRank:
     """A fast weight W = left @ right + IDENTITY * I (the rectangular identity), [H, rows, cols]: LaCT's
@@ -38,16 +44,16 @@ class LowRank:
 def project_ref(xf, w):
     """x W^T for a dense W or a `LowRank` one (float32)."""
     if not isinstance(w, LowRank):
-        return xf @ w.float().transpose(-1, -2)
+        return xf @ wide(w).transpose(-1, -2)
     rows, cols = w.left.shape[-2], xf.shape[-1]
     own = xf[..., :rows] if rows <= cols else F.pad(xf, (0, rows - cols))  # x I^T (rows beyond cols: 0)
-    return (xf @ w.right.float().transpose(-1, -2)) @ w.left.float().transpose(-1, -2) + LowRank.IDENTITY * own
+    return (xf @ wide(w.right).transpose(-1, -2)) @ wide(w.left).transpose(-1, -2) + LowRank.IDENTITY * own
 
 
 def features_ref(x, w0, w2, rate=None):
-    xf = x.float()
+    xf = wide(x)
     phi = F.silu(project_ref(xf, w0)) * project_ref(xf, w2)
-    return (phi if rate is None else phi * rate.float()).to(x.dtype)
+    return (phi if rate is None else phi * wide(rate)).to(x.dtype)
 
 
 def momentum_coefficients(m: torch.Tensor):
@@ -63,7 +69,7 @@ def momentum_coefficients(m: torch.Tensor):
 def chunk_momenta_ref(gates, gate_in, chunk: int, front: int = 0):
     B, H, T = gates.shape
     N = chunk_count(front, T, chunk)
-    G = padded_chunks(gates.float(), front, N, chunk).sum(-1)
+    G = padded_chunks(wide(gates), front, N, chunk).sum(-1)
     G = torch.cat((G[:, :, :1] + gate_in[:, :, None], G[:, :, 1:]), dim=2)
     return G / chunk, G[:, :, -1]
 
@@ -86,7 +92,7 @@ def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int 
     unrolled into the coefficients E, P (`momentum_coefficients`)."""
     B, H, T, _ = phi_q.shape
     N = chunk_count(front, T, chunk)
-    U = padded_chunks(v.float(), front, N, chunk).transpose(-1, -2) @ padded_chunks(keys.float(), front, N, chunk)
+    U = padded_chunks(wide(v), front, N, chunk).transpose(-1, -2) @ padded_chunks(wide(keys), front, N, chunk)
     U = torch.cat((U[:, :, :1] + u0[:, :, None], U[:, :, 1:]), dim=2)  # [B, H, N, dv, dh]
     if m is None:
         D, d_in = U, torch.zeros_like(w1)
@@ -94,7 +100,7 @@ def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int 
         E, P = momentum_coefficients(m)
         D = torch.einsum("bhin,bhixy->bhnxy", E, U) + P[..., None, None] * d_in[:, :, None]
     W = w1[:, :, None] + (torch.cumsum(D, dim=2) - D)  # W_c: what chunk c's tokens read
-    out = padded_chunks(phi_q.float(), front, N, chunk) @ W.transpose(-1, -2)
+    out = padded_chunks(wide(phi_q), front, N, chunk) @ W.transpose(-1, -2)
     out = out.reshape(B, H, N * chunk, -1)[:, :, front:front + T].to(v.dtype)
     d_prev = torch.cat((d_in[:, :, None], D), dim=2)[:, :, -2]
     ends = {"w": W[:, :, -1] + D[:, :, -1], "w_open": W[:, :, -1], "u": U[:, :, -1], "d": D[:, :, -1],
@@ -103,8 +109,8 @@ def chunk_attention_ref(phi_q, keys, v, w1, u0, d_in, m, chunk: int, front: int 
 
 
 def decode_step_ref(phi_q, key, v, w1, g1, d, m, commit: bool):
-    out = (w1 @ phi_q.float()[..., None])[..., 0].to(v.dtype)
-    g1 += v.float()[..., :, None] * key.float()[..., None, :]
+    out = (w1 @ wide(phi_q)[..., None])[..., 0].to(v.dtype)
+    g1 += wide(v)[..., :, None] * wide(key)[..., None, :]
     if commit:
         D = g1 if m is None else g1 + m[..., None, None] * d
         if d is not None:

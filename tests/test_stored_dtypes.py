@@ -1,0 +1,88 @@
+"""Every command on models whose files store float32, bfloat16 or float16 (a model computes in float32
+whatever its file holds; `checkpoint.upcast_16bit`): each step of the pipeline on a small TTT-Linear model
+and a small LaCT model stored in each precision, through click's runner."""
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+from test_lact import W1_ONLY, random_model, save_public
+
+from edgettt.checkpoint import save_model
+from edgettt.cli import cli
+
+# float32 files: every other test's models; exports are the slow step (~30 s each here), so each 16-bit type
+# gets one of each family's
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+TTT = ["--set", "hidden_size=32", "--set", "num_hidden_layers=2", "--set", "num_attention_heads=4", "--set",
+       "intermediate_size=64", "--set", "mini_batch_size=8"]
+
+
+def ok(*args):
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, f"{' '.join(map(str, args))}\n{result.output}"
+    return result.output
+
+
+def stored_dtypes(model_dir) -> set[str]:
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as f:
+        return {str(f.get_slice(k).get_dtype()) for k in f.keys()}
+
+
+def store(source, out, dtype: torch.dtype):
+    from edgettt import load
+
+    save_model(load(source, dtype="stored"), out, store=dtype)
+    return out
+
+
+@pytest.fixture(params=list(DTYPES))
+def world(request, tmp_path):
+    dtype = DTYPES[request.param]
+    (tmp_path / "text.txt").write_text("def f(x):\n    return x + 1\n" * 60)
+    ok("create", tmp_path / "ttt32", *TTT)
+    store(tmp_path / "ttt32", tmp_path / "ttt", dtype)
+    return tmp_path, request.param
+
+
+def test_every_command_on_a_ttt_model_stored_in_each_precision(world):
+    w, name = world
+    text = ["--data", w / "text.txt"]
+    assert {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[name] in stored_dtypes(w / "ttt")
+    ok("info", w / "ttt")
+    ok("convert", w / "ttt", w / "par", "--form", "parallel", *text, "--ctx", 16, "--max-tokens", 200)
+    assert stored_dtypes(w / "par") == stored_dtypes(w / "ttt")  # the file's precision kept
+    ok("eval", w / "par", "--ref", w / "ttt", *text, "--ctx", 16, "--max-tokens", 200)
+    ok("calibrate", w / "par", w / "cal.st", *text, "--seq-len", 16, "--samples", 2)
+    ok("quantize", w / "par", w / "qn", "--weights", "none")
+    ok("quantize", w / "par", w / "q8", "--weights", "int8-gptq", "--state", "int8", "--calib", w / "cal.st")
+    ok("quantize", w / "par", w / "q4", "--weights", "int4-gptq-g32", "--state", "int12", "--calib", w / "cal.st")
+    for q in ("qn", "q8", "q4"):
+        ok("info", w / q)
+        ok("eval", w / q, "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200, "--json", w / f"{q}.json")
+        drift = json.loads((w / f"{q}.json").read_text())["drift"]
+        assert drift["kld_mean"] < (1e-9 if q == "qn" else 0.5)
+    ok("export", w / "q4", w / "e4", "--verify-data", w / "text.txt")
+    ok("run", w / "e4", "--prompt", "def", "--max-new-tokens", 3, "--save-state", w / "s.st")
+    ok("run", w / "e4", "--load-state", w / "s.st", "--prompt", "x", "--max-new-tokens", 3)
+    ok("eval", w / "e4", "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200)
+    ok("info", w / "e4")
+    ok("bench", w / "par", w / "e4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
+    ok("report", w / "par", w / "rep", "--data", w / "text.txt", "--calib-data", w / "text.txt", "--ctx", 16,
+       "--max-tokens", 200, "--weights", "int8", "--state", "fp16")
+
+
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_a_lact_model_stored_in_each_precision_converts_quantizes_and_exports(tmp_path, name):
+    """LaCT's parallel form exported from a 16-bit file: its check against float64 runs the references in
+    float64 (they once cast to float32 there)."""
+    src = save_public(random_model(**W1_ONLY, vocab_size=256), tmp_path / "src32")
+    store(src, tmp_path / "src", DTYPES[name])
+    (tmp_path / "text.txt").write_text("def f(x):\n    return x + 1\n" * 20)
+    ok("convert", tmp_path / "src", tmp_path / "par", "--form", "parallel", "--no-report")
+    ok("quantize", tmp_path / "par", tmp_path / "qn", "--weights", "none")
+    ok("eval", tmp_path / "qn", "--ref", tmp_path / "par", "--data", tmp_path / "text.txt", "--ctx", 16)
+    ok("export", tmp_path / "par", tmp_path / "e", "--verify-data", tmp_path / "text.txt")
+    ok("run", tmp_path / "e", "--prompt", "def", "--max-new-tokens", 3)
