@@ -170,7 +170,19 @@ def load_reference(path) -> tuple[torch.Tensor, torch.Tensor, dict]:
     except (SafetensorError, OSError, KeyError, ValueError) as exc:
         raise EdgetttError(f"{path}: not a reference-logits file written by edgettt eval ({exc}); save them with "
                            "`edgettt eval --save-logits`") from None
+    check_reference(path, logits, windows)
     return logits, windows, meta
+
+
+def check_reference(path, logits: torch.Tensor, windows: torch.Tensor) -> None:
+    """Saved logits [N, T, V] (float) and their windows [N, T + 1] of token ids below V, as `save_reference` writes
+    them: anything else is refused before it is used."""
+    shaped = (logits.dim() == 3 and windows.dim() == 2 and logits.is_floating_point()
+              and windows.dtype == torch.int64 and tuple(windows.shape) == (logits.shape[0], logits.shape[1] + 1))
+    if not shaped or windows.numel() == 0 or not 0 <= int(windows.min()) <= int(windows.max()) < logits.shape[-1]:
+        raise EdgetttError(f"{path}: its logits {list(logits.shape)} and token windows {list(windows.shape)} "
+                           f"({windows.dtype}) do not fit together; save reference logits again with "
+                           "`edgettt eval --save-logits`")
 
 
 def vocab_size(model: CausalLM | ExportLogits) -> int:

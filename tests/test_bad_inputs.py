@@ -652,6 +652,12 @@ CASES = [
       lambda w: manifest_edit(w, lambda m: set_path(m, "state.0.shape", [2**20, 2**20, 2**20]))),
     c("info-export-state-dtype", lambda w: ["info", w / "export"], ONE, "state must list",
       lambda w: manifest_edit(w, lambda m: set_path(m, "state.0.dtype", "complex128"))),
+    c("eval-ref-logits-token-out-of-range", lambda w: ["eval", w / "par", "--data", w / "text.txt", "--ctx", 32,
+                                                       "--ref-logits", w / "logits.st"], ONE, "do not fit together",
+      lambda w: edit_safetensors(w / "logits.st", lambda t: t["windows"].__setitem__((0, 5), 10**6))),
+    c("eval-ref-logits-windows-float", lambda w: ["eval", w / "par", "--data", w / "text.txt", "--ctx", 32,
+                                                  "--ref-logits", w / "logits.st"], ONE, "do not fit together",
+      lambda w: edit_safetensors(w / "logits.st", lambda t: t.update(windows=t["windows"].float()))),
     # ---- a reference that is not comparable: refused before any logits are computed
     c("eval-ref-other-vocab", lambda w: ["eval", w / "par", "--ref", w / "v128", "--data", w / "text.txt", "--ctx",
                                          16], ONE, "a vocabulary of 128"),
@@ -707,7 +713,7 @@ CASES = [
 
 
 def test_the_suite_covers_every_command_with_over_100_cases():
-    assert len(CASES) >= 199 and len({case.id for case in CASES}) == len(CASES)  # the README says 199
+    assert len(CASES) >= 273 and len({case.id for case in CASES}) == len(CASES)  # docs/cli.md says 273
     commands = {case.args(Path("w"))[0] for case in CASES}
     assert {"create", "convert", "eval", "calibrate", "quantize", "report", "export", "run", "info",
             "bench"} <= commands

@@ -1,6 +1,8 @@
-"""Every command on models whose files store float32, bfloat16 or float16 (a model computes in float32
-whatever its file holds; `checkpoint.upcast_16bit`): each step of the pipeline on a small TTT-Linear model
-and a small LaCT model stored in each precision, through click's runner."""
+"""Every command on models whose files store bfloat16 or float16 (float32 files: every other test's models).
+A model computes in float32 whatever its file holds (`checkpoint.upcast_16bit`); what differs is how a file
+is read and written, which each step below does in both 16-bit types. An export traces the float32 model
+whatever its file held (and takes ~30 s here), so one export of each family covers it: TTT's from a bfloat16
+file, LaCT's from a float16 one."""
 
 import json
 
@@ -10,12 +12,12 @@ from click.testing import CliRunner
 from safetensors import safe_open
 from test_lact import W1_ONLY, random_model, save_public
 
+from edgettt import load
 from edgettt.checkpoint import save_model
 from edgettt.cli import cli
 
-# float32 files: every other test's models; exports are the slow step (~30 s each here), so each 16-bit type
-# gets one of each family's
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+FILE_DTYPES = {"bfloat16": "BF16", "float16": "F16"}
 TTT = ["--set", "hidden_size=32", "--set", "num_hidden_layers=2", "--set", "num_attention_heads=4", "--set",
        "intermediate_size=64", "--set", "mini_batch_size=8"]
 
@@ -32,25 +34,18 @@ def stored_dtypes(model_dir) -> set[str]:
 
 
 def store(source, out, dtype: torch.dtype):
-    from edgettt import load
-
     save_model(load(source, dtype="stored"), out, store=dtype)
     return out
 
 
-@pytest.fixture(params=list(DTYPES))
-def world(request, tmp_path):
-    dtype = DTYPES[request.param]
-    (tmp_path / "text.txt").write_text("def f(x):\n    return x + 1\n" * 60)
-    ok("create", tmp_path / "ttt32", *TTT)
-    store(tmp_path / "ttt32", tmp_path / "ttt", dtype)
-    return tmp_path, request.param
-
-
-def test_every_command_on_a_ttt_model_stored_in_each_precision(world):
-    w, name = world
+@pytest.mark.parametrize("name", list(DTYPES))
+def test_every_command_on_a_ttt_model_stored_in_each_precision(tmp_path, name):
+    w = tmp_path
+    (w / "text.txt").write_text("def f(x):\n    return x + 1\n" * 60)
     text = ["--data", w / "text.txt"]
-    assert {"float32": "F32", "bfloat16": "BF16", "float16": "F16"}[name] in stored_dtypes(w / "ttt")
+    ok("create", w / "ttt32", *TTT)
+    store(w / "ttt32", w / "ttt", DTYPES[name])
+    assert FILE_DTYPES[name] in stored_dtypes(w / "ttt")
     ok("info", w / "ttt")
     ok("convert", w / "ttt", w / "par", "--form", "parallel", *text, "--ctx", 16, "--max-tokens", 200)
     assert stored_dtypes(w / "par") == stored_dtypes(w / "ttt")  # the file's precision kept
@@ -63,26 +58,29 @@ def test_every_command_on_a_ttt_model_stored_in_each_precision(world):
         ok("info", w / q)
         ok("eval", w / q, "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200, "--json", w / f"{q}.json")
         drift = json.loads((w / f"{q}.json").read_text())["drift"]
-        assert drift["kld_mean"] < (1e-9 if q == "qn" else 0.5)
-    ok("export", w / "q4", w / "e4", "--verify-data", w / "text.txt")
-    ok("run", w / "e4", "--prompt", "def", "--max-new-tokens", 3, "--save-state", w / "s.st")
-    ok("run", w / "e4", "--load-state", w / "s.st", "--prompt", "x", "--max-new-tokens", 3)
-    ok("eval", w / "e4", "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200)
-    ok("info", w / "e4")
-    ok("bench", w / "par", w / "e4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
+        assert drift["kld_mean"] < (1e-9 if q == "qn" else 0.5)  # none: the float model's own numbers
+    ok("bench", w / "par", w / "q4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
     ok("report", w / "par", w / "rep", "--data", w / "text.txt", "--calib-data", w / "text.txt", "--ctx", 16,
        "--max-tokens", 200, "--weights", "int8", "--state", "fp16")
+    if name == "bfloat16":
+        ok("export", w / "q4", w / "e4", "--verify-data", w / "text.txt")
+        ok("run", w / "e4", "--prompt", "def", "--max-new-tokens", 3, "--save-state", w / "s.st")
+        ok("run", w / "e4", "--load-state", w / "s.st", "--prompt", "x", "--max-new-tokens", 3)
+        ok("eval", w / "e4", "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200)
+        ok("info", w / "e4")
+        ok("bench", w / "e4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
 
 
 @pytest.mark.parametrize("name", list(DTYPES))
 def test_a_lact_model_stored_in_each_precision_converts_quantizes_and_exports(tmp_path, name):
     """LaCT's parallel form exported from a 16-bit file: its check against float64 runs the references in
     float64 (they once cast to float32 there)."""
-    src = save_public(random_model(**W1_ONLY, vocab_size=256), tmp_path / "src32")
+    src = save_public(random_model(**W1_ONLY, vocab_size=256, num_hidden_layers=1), tmp_path / "src32")
     store(src, tmp_path / "src", DTYPES[name])
     (tmp_path / "text.txt").write_text("def f(x):\n    return x + 1\n" * 20)
     ok("convert", tmp_path / "src", tmp_path / "par", "--form", "parallel", "--no-report")
     ok("quantize", tmp_path / "par", tmp_path / "qn", "--weights", "none")
     ok("eval", tmp_path / "qn", "--ref", tmp_path / "par", "--data", tmp_path / "text.txt", "--ctx", 16)
-    ok("export", tmp_path / "par", tmp_path / "e", "--verify-data", tmp_path / "text.txt")
-    ok("run", tmp_path / "e", "--prompt", "def", "--max-new-tokens", 3)
+    if name == "float16":
+        ok("export", tmp_path / "par", tmp_path / "e", "--verify-data", tmp_path / "text.txt")
+        ok("run", tmp_path / "e", "--prompt", "def", "--max-new-tokens", 3)
