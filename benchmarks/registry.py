@@ -168,6 +168,14 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel --no-report"
      " && edgettt export {tmp}/P {tmp}/E --no-verify && python benchmarks/profile_onnx.py {tmp}/E --steps 64 --json {json}",
      "where a 125m decode step's time goes in ONNX Runtime, by operator"),
+    ("decode_floor_cpu", "cpu",
+     "edgettt quantize ttt-linear-tiny-parallel {tmp}/T --weights int4 && edgettt export {tmp}/T {tmp}/tiny-int4"
+     " --no-verify && edgettt create {tmp}/M --preset 125m && edgettt convert {tmp}/M {tmp}/P --form parallel"
+     " --no-report && edgettt quantize {tmp}/P {tmp}/Q --weights int4 && edgettt export {tmp}/Q {tmp}/125m-int4"
+     " --no-verify && python benchmarks/decode_floor_cpu.py {tmp}/tiny-int4 {tmp}/125m-int4 --threads 1"
+     " --json {json} --markdown {md}",
+     "a decode step's floor on this CPU: weight bytes against the copy bandwidth, nodes against ONNX Runtime's "
+     "cost per node, beside the measured step (the edge issue's limits)"),
     # ---- accuracy studies
     ("state_options", "cpu",
      "python benchmarks/state_options.py --model ttt-linear-tiny --ctx 8192 --max-tokens 32768 --json {json}"
