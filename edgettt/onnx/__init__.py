@@ -28,6 +28,7 @@ from torch import nn
 
 from ..checkpoint import model_fingerprint
 from ..errors import EdgetttError
+from ..evaluation import release_freed_memory
 from ..mixer import fuse_input_projections
 from ..model import CausalLM, State
 from ..onnx_files import WEIGHTS_FILE, share_weights
@@ -413,6 +414,7 @@ def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, fo
     with out.write() as tmp:
         data = write_export(model, tmp, name, opset, log, activations)
         if verify_text is not None:
+            release_freed_memory()  # what the traces left in the heap, before the verification's sessions
             log(f"  verifying in onnxruntime on {verify_text.name}")
             data["verification"] = verify(model, tmp, verify_text)
             write_manifest(tmp, data)

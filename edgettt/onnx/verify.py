@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..evaluation import encode
+from ..evaluation import encode, release_freed_memory
 from ..metrics import kld, logit_error
 from ..model import CausalLM
 from ..quant.apply import set_module
@@ -64,12 +64,15 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
     decode_vs_prefill = compare(ort_logits[:, split:], decoded)
     checks = [prefill_vs_torch, decode_vs_prefill]
     genai_vs_runner = None
-    if runner.manifest.get("genai", {}).get("written"):  # model.onnx as genai drives it: the same numbers
-        genai_logits = genai.run_graph(Path(directory), runner.manifest, ids.numpy(), split)
+    manifest = runner.manifest
+    del runner  # its two sessions' weights, before genai's session prepacks its own: one set held at a time
+    release_freed_memory()
+    if manifest.get("genai", {}).get("written"):  # model.onnx as genai drives it: the same numbers
+        genai_logits = genai.run_graph(Path(directory), manifest, ids.numpy(), split)
         genai_vs_runner = compare(np.concatenate((first, decoded), axis=1), genai_logits)
         checks.append(genai_vs_runner)
     quantization = model.config.quantization or {}
-    if runner.manifest.get("activations") == "int8":
+    if manifest.get("activations") == "int8":
         floor = int8_activation_noise(model, ids, ref)
         limit = max(KLD_MAX_INT8_ACTIVATIONS, NOISE_FACTOR * floor)
         passed = all(c["kld_mean"] <= limit for c in checks)
