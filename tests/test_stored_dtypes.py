@@ -1,8 +1,9 @@
 """Every command on models whose files store bfloat16 or float16 (float32 files: every other test's models).
 A model computes in float32 whatever its file holds (`checkpoint.upcast_16bit`); what differs is how a file
 is read and written, which each step below does in both 16-bit types. An export traces the float32 model
-whatever its file held (and takes ~30 s here), so one export of each family covers it: TTT's from a bfloat16
-file, LaCT's from a float16 one."""
+whatever its file held (and takes ~30 s here): TTT's from a bfloat16 file is the README's own pipeline (the
+shipped models are bfloat16 files: tests/test_readme.py quantizes, exports, runs with a saved and loaded state,
+evaluates and benches ttt-linear-tiny-parallel's), so here LaCT's, from a float16 file."""
 
 import json
 
@@ -60,15 +61,9 @@ def test_every_command_on_a_ttt_model_stored_in_each_precision(tmp_path, name):
         drift = json.loads((w / f"{q}.json").read_text())["drift"]
         assert drift["kld_mean"] < (1e-9 if q == "qn" else 0.5)  # none: the float model's own numbers
     ok("bench", w / "par", w / "q4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
-    ok("report", w / "par", w / "rep", "--data", w / "text.txt", "--calib-data", w / "text.txt", "--ctx", 16,
-       "--max-tokens", 200, "--weights", "int8", "--state", "fp16")
-    if name == "bfloat16":
-        ok("export", w / "q4", w / "e4", "--verify-data", w / "text.txt")
-        ok("run", w / "e4", "--prompt", "def", "--max-new-tokens", 3, "--save-state", w / "s.st")
-        ok("run", w / "e4", "--load-state", w / "s.st", "--prompt", "x", "--max-new-tokens", 3)
-        ok("eval", w / "e4", "--ref", w / "par", *text, "--ctx", 16, "--max-tokens", 200)
-        ok("info", w / "e4")
-        ok("bench", w / "e4", "--pp", 8, "--tg", 2, "--depth", 0, "-r", 1)
+    if name == "float16":  # (a bfloat16 file's report: the README's main job, on the shipped ttt-linear-tiny)
+        ok("report", w / "par", w / "rep", "--data", w / "text.txt", "--calib-data", w / "text.txt", "--ctx", 16,
+           "--max-tokens", 200, "--weights", "int8", "--state", "fp16")
 
 
 @pytest.mark.parametrize("name", list(DTYPES))
