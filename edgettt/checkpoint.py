@@ -120,14 +120,19 @@ def read_config(path: Path):
     return family_classes(model_type(path / "config.json"))[0].load(path / "config.json")
 
 
+def model_directory(spec) -> Path | None:
+    """The model directory `spec` names (a path or a shipped model's name): one whose config.json describes it,
+    not a ttt-lm-jax checkpoint's folder with its JAX config beside it. None for anything else."""
+    path = resolve_model_path(spec)
+    return path if (path / "config.json").is_file() and find_checkpoint(path) is None else None
+
+
 def stored_config(spec):
     """The config a model directory (or a shipped model's name) holds, read without its weights: what a command
     checks before any work. None for what has no config.json to read (a ttt-lm-jax checkpoint; a path the
     loader then names as missing)."""
-    path = resolve_model_path(spec)
-    if not (path / "config.json").is_file() or find_checkpoint(path) is not None:
-        return None
-    return read_config(path)
+    path = model_directory(spec)
+    return read_config(path) if path is not None else None
 
 
 def family_classes(kind: str | None):

@@ -537,13 +537,11 @@ def stored_size(model_path, weights: int) -> dict:
     """`size_mb` and `bits_per_weight` of `weights` as a model directory's files store them (a bfloat16 file:
     half the float32 it computes in); empty where no model directory's headers say (a ttt-lm-jax file, a
     tensor type edgettt does not know). What info, quantize and eval give as a model's size."""
-    from .checkpoint import resolve_model_path
-    from .jax_checkpoint import find_checkpoint
+    from .checkpoint import model_directory
     from .weights_io import stored_bytes
 
-    directory = resolve_model_path(model_path)
-    model_directory = (directory / "config.json").is_file() and find_checkpoint(directory) is None
-    n_bytes = stored_bytes(directory) if model_directory else None
+    directory = model_directory(model_path)
+    n_bytes = stored_bytes(directory) if directory is not None else None
     if n_bytes is None or not weights:
         return {}
     return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / weights}

@@ -107,8 +107,9 @@ def check_files(m: dict, directory: Path, file: Path) -> None:
         size = path.stat().st_size
         _require(size == record["bytes"], file, f"{name} is {size:,} bytes, the export wrote {record['bytes']:,}: cut "
                                                 "short or replaced")
-        _require(file_fingerprint(path) == record["fingerprint"], file,
-                 f"{name}'s bytes are not the ones the export wrote (fingerprint {file_fingerprint(path)}, recorded "
+        fingerprint = file_fingerprint(path)
+        _require(fingerprint == record["fingerprint"], file,
+                 f"{name}'s bytes are not the ones the export wrote (fingerprint {fingerprint}, recorded "
                  f"{record['fingerprint']}): changed or damaged")
 
 
