@@ -4,7 +4,7 @@ model builder), so that `edgettt bench` can time it beside edgettt's exports.
 
     python benchmarks/anchor_llama.py --preset 125m --out anchors/ --precision fp32,int4
 
-For the preset's sizes (`edgettt.config.PRESETS`: hidden, layers, heads, intermediate; vocabulary
+For the preset's sizes (`edgettt.families.ttt.config.PRESETS`: hidden, layers, heads, intermediate; vocabulary
 32000; tied embeddings, as `edgettt create --preset` makes them) it writes a Hugging Face Llama with
 random weights (`anchors/llama-125m-hf/`, a word-level tokenizer of the same vocabulary: the builder
 copies one, the benchmark feeds token ids) and runs the builder for each precision on the CPU
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from edgettt.config import PRESET_VOCAB, PRESETS  # noqa: E402
+from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS  # noqa: E402
 
 
 def write_hf_llama(preset: str, out: Path, max_positions: int) -> None:

@@ -43,7 +43,7 @@ import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from edgettt.config import PRESET_VOCAB, PRESETS  # noqa: E402
+from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS  # noqa: E402
 from edgettt.benchmark import cpu_name  # noqa: E402
 
 SHAPES = [(768, 768), (768, 2048), (2048, 768), (768, 32000), (768, 2304), (768, 4096)]  # + stacked q/k/v, gate/up

@@ -27,7 +27,8 @@ from edgettt.data import read_text
 from edgettt.onnx import write_export
 from edgettt.onnx_files import graph_bytes
 from edgettt.onnx.speed import time_round
-from edgettt.quant import QuantConfig, calibrate, quantize_model
+from edgettt.calibration import calibrate
+from edgettt.quant import QuantConfig, quantize_model
 from edgettt.runner import Runner
 
 VARIANTS = {"float": None, "int8": QuantConfig("int8"), "int4-gptq-g64": QuantConfig("int4", 64, "gptq"),
@@ -36,7 +37,7 @@ VARIANTS = {"float": None, "int8": QuantConfig("int8"), "int4-gptq-g64": QuantCo
 
 def export_variants(name: str, root: Path) -> dict[str, Path]:
     base = edgettt.load(name)
-    cal = calibrate(base, read_text("python-docs:train"), seq_len=512, samples=2)
+    cal = calibrate(base, read_text("python-docs:train"), ctx=512, samples=2)
     out = {}
     for variant, config in VARIANTS.items():
         model = edgettt.load(name)

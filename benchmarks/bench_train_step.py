@@ -6,7 +6,7 @@ torch mini-batch loop, and the bytes autograd saves for the backward (what limit
 Runs on CUDA when there is one (TTT-Linear on the mini-batch loop; --kernels: through the training
 kernel, `edgettt.fast_paths.use_kernels`), else on the CPU. Saved bytes count every tensor autograd keeps for the backward, once per
 storage. Medians of --repeats steps after one warm-up step (which compiles, with --compile:
-`edgettt.fast_paths.compile_ttt_steps`).
+`edgettt.families.ttt.kernels.compile_ttt_steps`).
 """
 
 import argparse
@@ -55,7 +55,7 @@ def main():
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
     if args.compile:
-        from edgettt.fast_paths import compile_ttt_steps
+        from edgettt.families.ttt.kernels import compile_ttt_steps
 
         compile_ttt_steps()
     device = "cuda" if torch.cuda.is_available() else "cpu"

@@ -25,10 +25,10 @@ import torch
 
 
 def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
-    from edgettt.config import PRESET_VOCAB, PRESETS, ModelConfig
+    from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.conversion import convert
     from edgettt.benchmark.llama import Llama
-    from edgettt.random_init import random_model
+    from edgettt.families.ttt.random_init import random_model
     from edgettt.benchmark import LLAMA_PREFIX, llama_config
 
     if kind == "llama":
@@ -49,7 +49,7 @@ def build(kind: str, preset: str, fuse: bool = True, weights: str = "none"):
 
         quantize_(model, QuantConfig(weights, 64))
     if fuse:  # q/k/v and gate/up one GEMM each, as the Llama's (and as `edgettt bench --device cuda` runs)
-        from edgettt.mixer import fuse_input_projections
+        from edgettt.families.base import fuse_input_projections
         from edgettt.quant import stacked_projection
 
         fuse_input_projections(model, stacked_projection)

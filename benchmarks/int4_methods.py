@@ -25,10 +25,11 @@ import edgettt
 from edgettt import metrics
 from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
-from edgettt.quant import QuantConfig, layouts
+from edgettt.formats import layouts
+from edgettt.quant import QuantConfig
 from edgettt.quant import weight_formats as wf
 from edgettt.quant.apply import set_module, weight_bits
-from edgettt.quant.gptq import gptq
+from edgettt.calibration.gptq import gptq
 from edgettt.quant.linear import QuantLinear
 
 UNIFORM = QuantConfig("int4", 64, "gptq", skip=(), overrides={"lm_head": "int8"})
@@ -36,7 +37,7 @@ UNIFORM = QuantConfig("int4", 64, "gptq", skip=(), overrides={"lm_head": "int8"}
 
 def int4_gptq(w, group, H):
     """The product's int4 GPTQ, dequantized."""
-    return layouts.dequantize_int4(layouts.pack_int4(*wf._grouped_codes(w, group, "gptq", H, 15)))
+    return layouts.dequantize_int4(layouts.pack_int4(*wf._grouped_codes(w, group, lambda w, round_column: gptq(w, H, round_column), 15)))
 
 
 def clipped_grid(w, group, top=15, ratios=torch.linspace(1.0, 0.7, 7)):
@@ -117,7 +118,7 @@ def main():
     args = p.parse_args()
     torch.manual_seed(0)
     model = edgettt.load(args.model)
-    cal = edgettt.calibrate(model, "python-docs:train", seq_len=args.ctx, samples=8)
+    cal = edgettt.calibrate(model, "python-docs:train", ctx=args.ctx, samples=8)
     windows = token_windows(encode(model, read_text("python-docs")), args.ctx, 100_000)
     ref = collect_logits(model, windows, desc="float")
     uniform = edgettt.quantize(model, UNIFORM, cal)

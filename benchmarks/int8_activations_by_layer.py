@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import edgettt  # noqa: E402
 from edgettt.data import read_text  # noqa: E402
 from edgettt.evaluation import encode  # noqa: E402
-from edgettt.quant import layouts  # noqa: E402
+from edgettt.formats import layouts  # noqa: E402
 from edgettt.quant.linear import QuantLinear  # noqa: E402
 
 GROUPS = {"q/k/v": ("q_proj", "k_proj", "v_proj"), "o": ("o_proj",), "gate/up": ("gate_proj", "up_proj"),

@@ -25,7 +25,8 @@ import edgettt
 from edgettt import metrics
 from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
-from edgettt.quant import Budget, QuantConfig, search_mix
+from edgettt.calibration import Budget, search_mix
+from edgettt.quant import QuantConfig
 from edgettt.quant.apply import weight_bits
 
 UNIFORM = QuantConfig("int4", 64, "gptq", skip=(), overrides={"lm_head": "int8"})
@@ -37,7 +38,7 @@ def kld_of(model, windows, ref) -> float:
 
 def measure(name: str, factors: list[float], ctx: int) -> list[dict]:
     model = edgettt.load(name)
-    cal = edgettt.calibrate(model, "python-docs:train", seq_len=ctx, samples=8)
+    cal = edgettt.calibrate(model, "python-docs:train", ctx=ctx, samples=8)
     windows = token_windows(encode(model, read_text("python-docs")), ctx, 100_000)
     ref = collect_logits(model, windows, desc="float")
     uniform = edgettt.quantize(model, UNIFORM, cal)

@@ -16,12 +16,12 @@
 
 import importlib
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 # Imported on first use, so that `edgettt.runner` (the edge runner) imports without torch.
-_LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("config", "ModelConfig"),
-         "convert": ("conversion", "convert"), "CausalLM": ("model", "CausalLM"), "State": ("model", "State"),
-         "random_model": ("random_init", "random_model"), "QuantConfig": ("quant.config", "QuantConfig"),
+_LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("families.ttt.config", "ModelConfig"),
+         "convert": ("conversion", "convert"), "CausalLM": ("families.ttt.model", "CausalLM"), "State": ("families.base", "State"),
+         "random_model": ("families.ttt.random_init", "random_model"), "QuantConfig": ("quant.config", "QuantConfig"),
          "prepare": ("fast_paths", "prepare"), "FastPaths": ("fast_paths", "FastPaths"),
          **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save", "bench")}}
 

@@ -1,3 +1,3 @@
-from .cli import main
+from edgettt.cli import main
 
 main()

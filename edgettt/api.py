@@ -2,7 +2,7 @@
 
     model = edgettt.load("ttt-linear-tiny")                       # a directory or a shipped model
     fast = edgettt.convert(model, form="exact")
-    cal = edgettt.calibrate(fast, "python-docs:train", seq_len=512, samples=4)
+    cal = edgettt.calibrate(fast, "python-docs:train", ctx=512, samples=4)
     q = edgettt.quantize(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
     result = edgettt.evaluate(q, "python-docs", ctx=512, ref=fast)     # .ppl, .bits_per_byte, .drift
     result = edgettt.report(model, "report/", weights=["int8", "int4-gptq-g64"], ctx=512)
@@ -22,35 +22,35 @@ from pathlib import Path
 
 import torch
 
-from . import benchmark, evaluation
-from .checkpoint import save_model
-from .data import Text, read_text
-from .errors import EdgetttError
-from .model import CausalLM
-from .onnx import ACTIVATIONS, default_activations, export_model
-from .outputs import Output
-from .quant import calibration
-from .quant.apply import quantize_model, skip_patterns
-from .quant.config import QuantConfig
-from .reporting import build_report, table, variants, write
-from .runner import Runner, is_export
-from .web import copy_export
-from .web import runtime_files as web_runtime_files
+from edgettt import benchmark, evaluation
+from edgettt.checkpoint import save_model
+from edgettt.data import Text, read_text
+from edgettt.errors import EdgetttError
+from edgettt.families.base import LanguageModel
+from edgettt.onnx import ACTIVATIONS, default_activations, export_model
+from edgettt.outputs import Output
+from edgettt.calibration import statistics as calibration
+from edgettt.quant.apply import quantize_model, skip_patterns
+from edgettt.quant.config import QuantConfig
+from edgettt.reporting import build_report, table, variants, write
+from edgettt.runner import Runner, is_export
+from edgettt.web import copy_export
+from edgettt.web import runtime_files as web_runtime_files
 
 
 def _text(text) -> Text:
     return text if isinstance(text, Text) else read_text(text)
 
 
-def calibrate(model: CausalLM, text="python-docs:train", seq_len: int = 2048, samples: int = 8, seed: int = 0,
+def calibrate(model: LanguageModel, text="python-docs:train", ctx: int = 2048, samples: int = 8, seed: int = 0,
               percentile: float = 99.99):
     """Statistics quantization needs from a converted model on sample text: the inputs of every linear
     layer (GPTQ Hessians) and the accumulated state's magnitudes, with int8 state scales. Returns a
     `Calibration` (`.save(path)`, `Calibration.load(path)`)."""
-    return calibration.calibrate(model, _text(text), seq_len, samples, seed, percentile)
+    return calibration.calibrate(model, _text(text), ctx, samples, seed, percentile)
 
 
-def quantize(model: CausalLM, config: QuantConfig | None = None, calibration=None, report=None) -> CausalLM:
+def quantize(model: LanguageModel, config: QuantConfig | None = None, calibration=None, report=None) -> LanguageModel:
     """A quantized copy of a converted model (the model given is left as it is): weights, decode state
     and the record of both in its config, as `config` says (default: int8 weights, fp32 state).
     `calibration` (from `calibrate`) is needed for GPTQ and the int8 state. `report(row)` sees one
@@ -82,8 +82,8 @@ class Evaluation:
         return self.report.get("drift")
 
 
-def evaluate(model: CausalLM, text="python-docs", ctx: int | list[int] = 512, max_tokens: int | None = 100_000,
-             ref: CausalLM | None = None, ref_logits=None, name: str = "model") -> Evaluation | list[Evaluation]:
+def evaluate(model: LanguageModel, text="python-docs", ctx: int | list[int] = 512, max_tokens: int | None = 100_000,
+             ref: LanguageModel | None = None, ref_logits=None, name: str = "model") -> Evaluation | list[Evaluation]:
     """Perplexity and bits per byte of `model` on `text` in windows of `ctx` tokens; against `ref` (a
     model) or `ref_logits` (a file saved by `edgettt eval --save-logits`), the drift. A list of window
     lengths gives a list of Evaluations, one a length (`edgettt eval --ctx 512,2048,8192`)."""
@@ -144,7 +144,7 @@ class Report:
         return table(self.data)
 
 
-def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:train",
+def report(model: LanguageModel, out, text="python-docs", calib_text="python-docs:train",
            weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn-g64", "int4-gptq-g64", "nf4-b64"),
            states=("int12", "int8", "int8-tensor", "fp16"), form: str = "exact", ctx: int = 2048,
            max_tokens: int = 100_000, skip=(), fallback: str = "int8", onnx: bool = False,
@@ -162,7 +162,7 @@ def report(model: CausalLM, out, text="python-docs", calib_text="python-docs:tra
     return Report(Path(out), data)
 
 
-def save(model: CausalLM, out, force: bool = False, store: torch.dtype | None = None) -> None:
+def save(model: LanguageModel, out, force: bool = False, store: torch.dtype | None = None) -> None:
     """Write a model directory (config.json, weights, tokenizer) atomically; replaced only with force=True;
     `store=torch.bfloat16` keeps the floating matrices in half the bytes (`weights_io.stored_matrices`)."""
     save_model(model, out, force=force, store=store)

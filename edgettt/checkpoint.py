@@ -16,19 +16,15 @@ from pathlib import Path
 
 import torch
 
-from .config import ModelConfig
-from .errors import EdgetttError
-from .jax_checkpoint import find_checkpoint, load_jax_checkpoint
-from .lact.checkpoint import check_lact_sizes
-from .lact.config import LACT_MODEL_TYPE, LaCTConfig
-from .lact.model import LaCTForCausalLM
-from .model import CausalLM
-from .outputs import as_output
-from .quant.apply import prepare_quantized
-from .quant.weight_formats import stored_tensor_names
-from .tokenizer import load_tokenizer
-from .weights_io import (FLOAT_DTYPES, MAX_SHARD_BYTES, STORAGE_DTYPES, check_weights, read_weights, stored_matrices,
-                         weights_header, write_weights)
+from edgettt.errors import EdgetttError
+from edgettt.families.base import LanguageModel
+from edgettt.families.registry import FAMILIES, family_for_type, family_of
+from edgettt.outputs import as_output
+from edgettt.quant.apply import prepare_quantized
+from edgettt.quant.weight_formats import stored_tensor_names
+from edgettt.tokenizer import load_tokenizer
+from edgettt.weights_io import (MAX_SHARD_BYTES, check_weights, read_weights, stored_matrices, weights_header,
+                                write_weights)
 
 SHIPPED_MODELS = Path(__file__).parent / "models"
 
@@ -48,16 +44,15 @@ def resolve_model_path(spec: str | os.PathLike) -> Path:
     return path
 
 
-def load_model(path: str | os.PathLike, dtype: torch.dtype | str | None = None) -> CausalLM:
+def load_model(path: str | os.PathLike, dtype: torch.dtype | str | None = None) -> LanguageModel:
     """Load an original TTT checkpoint (ttt-lm-pytorch's layout, or a ttt-lm-jax checkpoint file or
     its folder), a LaCT checkpoint (public layout), an edgettt model directory, or a shipped model by name.
     It computes in float32 whatever the file's precision; `dtype` casts it instead, or "stored" keeps each
     tensor as stored (for converting and saving, not for computing)."""
     path = resolve_model_path(path)
-    if path.exists() and os.access(path, os.R_OK):
-        jax_file = find_checkpoint(path)
-        if jax_file is not None:
-            return load_jax_model(jax_file, dtype)
+    foreign = foreign_checkpoint(path)
+    if foreign is not None:
+        return load_foreign_model(*foreign, dtype)
     if not path.is_dir():
         what = "not a directory" if path.exists() else "no such directory"
         names = ", ".join(shipped_models())
@@ -65,16 +60,28 @@ def load_model(path: str | os.PathLike, dtype: torch.dtype | str | None = None) 
                            "a ttt-lm-jax checkpoint" + (f", or a shipped model ({names})" if names else ""))
     if not os.access(path, os.R_OK | os.X_OK):
         raise EdgetttError(f"{path}: directory not readable; check its permissions")
-    config_class, check_config_sizes, model_class = family_classes(model_type(path / "config.json"))
-    config = read_config(path)
-    check_config_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
-    return _built(model_class, config, read_weights(path), path, dtype)
+    family = family_for_type(model_type(path / "config.json"), path / "config.json")
+    config = family.config_class.load(path / "config.json")
+    family.check_sizes(config, weights_header(path), path / "config.json")  # before anything is built from the config
+    return _built(family.model_class, config, read_weights(path), path, dtype)
 
 
-def load_jax_model(checkpoint: Path, dtype: torch.dtype | str | None = None) -> CausalLM:
-    """The TTT model of a ttt-lm-jax checkpoint file (`jax_checkpoint`), with the tokenizer.json beside it."""
-    config, weights, checkpoint = load_jax_checkpoint(checkpoint)
-    return _built(CausalLM, config, weights, checkpoint, dtype, tokenizer_dir=checkpoint.parent)
+def foreign_checkpoint(path: Path):
+    """(family, checkpoint file) where `path` is a checkpoint in another layout that a family reads (ttt-lm-jax's
+    streaming checkpoints: the file or its folder), else None."""
+    if not (path.exists() and os.access(path, os.R_OK)):
+        return None
+    for family in FAMILIES:
+        found = family.foreign_checkpoint(path)
+        if found is not None:
+            return family, found
+    return None
+
+
+def load_foreign_model(family, checkpoint: Path, dtype: torch.dtype | str | None = None) -> LanguageModel:
+    """The model of a checkpoint in another layout (`foreign_checkpoint`), with the tokenizer.json beside it."""
+    config, weights, checkpoint = family.load_foreign(checkpoint)
+    return _built(family.model_class, config, weights, checkpoint, dtype, tokenizer_dir=checkpoint.parent)
 
 
 def _built(model_class, config, weights: dict[str, torch.Tensor], source: Path, dtype,
@@ -117,14 +124,14 @@ def quantized_storage(weights: dict[str, torch.Tensor]) -> set[str]:
 
 def read_config(path: Path):
     """A model directory's config.json through its family's loader (checked, no weights read)."""
-    return family_classes(model_type(path / "config.json"))[0].load(path / "config.json")
+    return family_for_type(model_type(path / "config.json"), path / "config.json").config_class.load(path / "config.json")
 
 
 def model_directory(spec) -> Path | None:
     """The model directory `spec` names (a path or a shipped model's name): one whose config.json describes it,
     not a ttt-lm-jax checkpoint's folder with its JAX config beside it. None for anything else."""
     path = resolve_model_path(spec)
-    return path if (path / "config.json").is_file() and find_checkpoint(path) is None else None
+    return path if (path / "config.json").is_file() and foreign_checkpoint(path) is None else None
 
 
 def stored_config(spec):
@@ -133,14 +140,6 @@ def stored_config(spec):
     loader then names as missing)."""
     path = model_directory(spec)
     return read_config(path) if path is not None else None
-
-
-def family_classes(kind: str | None):
-    """(config class, size check against the weights file, model class) of a config.json's model_type:
-    LaCT's for `lact_swiglu`, else the TTT family's (whose config loader names what it reads)."""
-    if kind == LACT_MODEL_TYPE:
-        return LaCTConfig, check_lact_sizes, LaCTForCausalLM
-    return ModelConfig, check_sizes, CausalLM
 
 
 def model_type(config_file: Path) -> str | None:
@@ -153,7 +152,7 @@ def model_type(config_file: Path) -> str | None:
     return raw.get("model_type") if isinstance(raw, dict) else None
 
 
-def model_fingerprint(model: CausalLM) -> str:
+def model_fingerprint(model: LanguageModel) -> str:
     """sha256 prefix of the weights (names, shapes, dtypes and bytes): what a calibration is tied to."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.weights().items()):
@@ -163,55 +162,7 @@ def model_fingerprint(model: CausalLM) -> str:
     return digest.hexdigest()[:16]
 
 
-def check_sizes(config: ModelConfig, header: dict, source: Path) -> None:
-    """The config's sizes against the tensors the file holds, before a model is built from them: a
-    config that disagrees with its weights (a typo of 10**9) must not allocate anything."""
-    bad_dtype = sorted(k for k, (_, dtype) in header.items() if dtype not in FLOAT_DTYPES + STORAGE_DTYPES)
-    if bad_dtype:
-        name = bad_dtype[0]
-        raise EdgetttError(f"{source.parent}: {name} has dtype {header[name][1] or 'unsupported'}; weights must be "
-                           "float16, bfloat16, float32 or float64 (integers only in quantized models); re-save them "
-                           "as float")
-    C, V, L = config.hidden_size, config.vocab_size, config.num_hidden_layers
-    H, d, b = config.num_attention_heads, config.head_dim, config.mini_batch_size
-    expect = {"model.embed_tokens.weight": ((V, C), "vocab_size, hidden_size"),
-              "model.norm.weight": ((C,), "hidden_size")}
-    block = "model.layers.0.seq_modeling_block."
-    for name in ("ttt_norm_weight", "value_norm.weight"):
-        expect[block + name] = ((H, d), "num_attention_heads, head dim")
-    for name in ("learnable_token_idx", "mask_eta"):
-        expect[block + name] = ((b,), "mini_batch_size")
-    expect["model.layers.0.mlp.gate_proj.weight"] = ((config.intermediate_size, C), "intermediate_size, hidden_size")
-    for name, (shape, keys) in expect.items():
-        if name in header and header[name][0] != shape:
-            raise EdgetttError(f"{source}: {keys} {list(shape)} disagree with {name} {list(header[name][0])} in the "
-                               "weights file; the checkpoint does not match its config")
-    for name in ("scales", "scb"):  # a quantized gate_proj (int8, int4, LLM.int8): one row of scales per output
-        shape = header.get(f"model.layers.0.mlp.gate_proj.{name}", (None,))[0]
-        if shape is not None and shape[0] != config.intermediate_size:
-            raise EdgetttError(f"{source}: intermediate_size {config.intermediate_size} disagrees with "
-                               f"model.layers.0.mlp.gate_proj.{name} {list(shape)} in the weights file; the "
-                               "checkpoint does not match its config")
-    if "model.embed_tokens.weight" not in header and not (config.tie_word_embeddings and "lm_head.qweight" in header):
-        raise EdgetttError(f"{source.parent}: the weights file has no model.embed_tokens.weight; not a TTT model's "
-                           "weights")
-    layers = {int(k.split(".")[2]) for k in header if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
-    if layers != set(range(L)):
-        raise EdgetttError(f"{source}: num_hidden_layers {L} disagrees with the weights file's {len(layers)} layers; "
-                           "the checkpoint does not match its config")
-
-
-def source_card(config) -> str:
-    """MODEL_CARD.md of a model whose weights came from elsewhere (`config.extra["source"]`, e.g. a
-    ttt-lm-jax checkpoint): where from, what its authors say of them, and what the model is."""
-    form = {"ttt": "the original mini-batch TTT computation"}.get(config.form, f"edgettt's {config.form} form")
-    return (f"# {config.family}, {config.hidden_size} wide, {config.num_hidden_layers} layers\n\n"
-            f"{config.extra['source']}\n\n"
-            f"Checkpoint: `{config.extra.get('source_file', 'unknown')}`. Form: {form}. Vocabulary "
-            f"{config.vocab_size:,}; TTT base learning rate {config.ttt_base_lr}, mini-batch {config.mini_batch_size}.\n")
-
-
-def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str, str] | None = None,
+def save_model(model: LanguageModel, path, force: bool = False, extra_files: dict[str, str] | None = None,
                weights_format: str = "safetensors", max_shard_bytes: int = MAX_SHARD_BYTES,
                store: torch.dtype | None = None) -> None:
     """Write config.json, the weights (and the tokenizer, extra text files) atomically.
@@ -228,7 +179,8 @@ def save_model(model: CausalLM, path, force: bool = False, extra_files: dict[str
         if model.tokenizer is not None:
             model.tokenizer.save(tmp)
         extra_files = dict(extra_files or {})
-        if model.config.extra.get("source") and "MODEL_CARD.md" not in extra_files:
-            extra_files["MODEL_CARD.md"] = source_card(model.config)
+        card = family_of(model.config).source_card
+        if model.config.extra.get("source") and card is not None and "MODEL_CARD.md" not in extra_files:
+            extra_files["MODEL_CARD.md"] = card(model.config)
         for name, text in extra_files.items():
             (tmp / name).write_text(text)

@@ -20,37 +20,15 @@ from pathlib import Path
 
 import click
 
-from .errors import EdgetttError
-
-RENAMED_COMMANDS = {"speed": "bench"}  # old name -> new: the old one still runs, with a note
-MOVED_OPTIONS = {  # an option that left a command -> where its setting went (said beside click's error)
-    "--steps": "--distill steps=N", "--lr": "--distill lr=X", "--batch": "--distill batch=N",
-    "--minutes": "--distill minutes=M", "--distill-ctx": "--distill ctx=N/N", "--hard-weight": "--distill hard_weight=W",
-    "--pool": "--distill pool=N", "-o": "the output is the command's last argument, OUT",
-    "--output": "the output is the command's last argument, OUT", "--method": "the method is part of --weights' name "
-    "(int4-gptq-g32)", "--keep-exports": "edgettt.report(..., ) in Python "
-    "or `edgettt export` of the variant", "--group-size": "the group is part of --weights' name (int4-gptq-g32)",
-    "--quantize-lm-head": "--lm-head same", "--top-k": "--sampling top-k=K", "--top-p": "--sampling top-p=P",
-    "--seed": "run: --sampling seed=N"}
-
+from edgettt.errors import EdgetttError
 
 class Group(click.Group):
-    def get_command(self, ctx, name):
-        if name in RENAMED_COMMANDS:
-            click.echo(f"note: `edgettt {name}` is now `edgettt {RENAMED_COMMANDS[name]}`", err=True)
-            name = RENAMED_COMMANDS[name]
-        return super().get_command(ctx, name)
-
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except KeyboardInterrupt:  # Ctrl-C: outputs are staged and renamed when complete, so none is half-written
             click.echo("\ninterrupted: nothing was written or replaced", err=True)
             ctx.exit(130)
-        except click.NoSuchOption as exc:
-            if exc.option_name in MOVED_OPTIONS:
-                exc.message += f" ({exc.option_name} moved: {MOVED_OPTIONS[exc.option_name]})"
-            raise
         except EdgetttError as exc:
             raise click.ClickException(str(exc)) from None
         except BrokenPipeError:  # `edgettt ... | head`: the reader left; nothing to say to it
@@ -78,13 +56,46 @@ class WeightVariant(click.ParamType):
     name = "VARIANT"
 
     def convert(self, value, param, ctx):
-        from .quant.config import weight_variant
+        from edgettt.quant.config import weight_variant
 
         try:
             weight_variant(value)
         except EdgetttError as exc:
             self.fail(str(exc).split(": ", 1)[1], param, ctx)
         return value
+
+
+class Checked(click.ParamType):
+    """A value checked by one of edgettt's parsers, imported when used (they import torch; `edgettt run` starts
+    without it): its one-line refusal is a malformed command line (exit 2), as click's own are."""
+
+    def __init__(self, name: str, check):
+        self.name, self.check = name, check
+
+    def convert(self, value, param, ctx):
+        try:
+            return self.check(value)
+        except EdgetttError as exc:
+            self.fail(str(exc).split(": ", 1)[-1], param, ctx)
+
+
+def budget(text: str):
+    from edgettt.calibration.mixed import Budget
+
+    return Budget.parse(text)
+
+
+def weight_variants(text: str) -> list[str]:
+    from edgettt.reporting import weight_variant_or_mix
+
+    names = [w.strip() for w in text.split(",") if w.strip()] if isinstance(text, str) else list(text)
+    for name in names:
+        weight_variant_or_mix(name)
+    return names
+
+
+def state_variants(text: str) -> list[str]:
+    return [state_format_name(s.strip()) for s in text.split(",") if s.strip()] if isinstance(text, str) else text
 
 
 class RegistryChoice(click.Choice):
@@ -101,7 +112,7 @@ class RegistryChoice(click.Choice):
 
 
 class StateFormatName(RegistryChoice):
-    """A state format's name; an old one (`quant.state_formats.RENAMED`) is taken with a note."""
+    """A state format's name; an old one (`formats.state_formats.RENAMED`) is taken with a note."""
 
     def convert(self, value, param, ctx):
         try:
@@ -112,7 +123,7 @@ class StateFormatName(RegistryChoice):
 
 def state_format_name(value: str) -> str:
     """Today's name of a state format a user gave (an old name with a note), or a one-line error."""
-    from .quant.state_formats import RENAMED, STATE_FORMATS, renamed_note
+    from edgettt.formats.state_formats import RENAMED, STATE_FORMATS, renamed_note
 
     if value in RENAMED:
         click.echo(renamed_note(value), err=True)
@@ -122,13 +133,63 @@ def state_format_name(value: str) -> str:
     return value
 
 
-def _names(module: str, registry: str, extra: tuple[str, ...] = ()):
-    """The names of `edgettt.quant.<module>.<registry>` (a dict or a tuple) and `extra`, when asked."""
-    def names():
-        import importlib
+def state_format_names() -> list[str]:
+    from edgettt.formats.state_formats import STATE_FORMATS
 
-        return [str(name) for name in getattr(importlib.import_module(f"edgettt.quant.{module}"), registry)] + list(extra)
-    return names
+    return list(STATE_FORMATS)
+
+
+def head_formats() -> list[str]:
+    from edgettt.quant.config import HEAD_FORMATS
+
+    return list(HEAD_FORMATS)
+
+
+def fallbacks() -> list[str]:
+    from edgettt.quant.config import FALLBACKS
+
+    return list(FALLBACKS)
+
+
+class RegistryHelp(click.Option):
+    """An option whose help lists one of edgettt's registries, made when the help is shown (the registries import
+    torch; `edgettt run` starts without it)."""
+
+    def __init__(self, *args, make_help, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.make_help = make_help
+
+    def get_help_record(self, ctx):
+        self.help = self.make_help()
+        return super().get_help_record(ctx)
+
+
+def weights_help() -> str:
+    from edgettt.quant.weight_formats import WEIGHT_FORMATS
+
+    return (f"FORMAT[-METHOD][-gGROUP] of {', '.join(WEIGHT_FORMATS)}, or float; e.g. int4-gptq-g32 (gptq needs "
+            "--calib). --list: each format.")
+
+
+def target_help() -> str:
+    from edgettt.calibration.mixed import CANDIDATES
+
+    return f"Mixed precision (needs --calib): each layer's variant among {', '.join(CANDIDATES)}."
+
+
+def list_formats(ctx, param, value) -> None:
+    """`quantize --list`: the registries' weight and state formats, a line each (llama-quantize's table)."""
+    if not value or ctx.resilient_parsing:
+        return
+    from edgettt.formats.state_formats import STATE_FORMATS
+    from edgettt.quant.weight_formats import WEIGHT_FORMATS
+
+    lines = ["weight formats (--weights FORMAT[-METHOD][-gGROUP]):"]
+    lines += [f"  {name:12s} {'/'.join(f.methods):9s} {f.summary}" for name, f in WEIGHT_FORMATS.items()]
+    lines += ["state formats (--state):"]
+    lines += [f"  {name:12s} {f.summary}" for name, f in STATE_FORMATS.items()]
+    click.echo("\n".join(lines))
+    ctx.exit(0)
 
 
 POSITIVE = click.IntRange(min=1)
@@ -136,44 +197,18 @@ COUNT = click.IntRange(min=0)
 SEED = click.IntRange(min=0, max=2**32 - 1)
 
 
-def default_torch_threads(cores: int, load: float, torch_default: int) -> int:
-    """torch's default (one per physical core) less the cores other work keeps busy (`load`, from
-    `busy_cores`): threads that wait for a busy core cost more than they give (the README measures it)."""
-    return max(1, min(torch_default, round(cores - load)))
-
-
-def busy_cores(cores: int, interval: float = 0.05) -> float:
-    """How many cores other work keeps busy now: the share of CPU time that was not idle over `interval`
-    seconds (Linux's /proc/stat; this process sleeps meanwhile), times the cores. Elsewhere the 1-minute load
-    average, which lags: right after another run ends it still counts that run."""
-    try:
-        first = idle_and_total(Path("/proc/stat").read_text())
-        time.sleep(interval)
-        second = idle_and_total(Path("/proc/stat").read_text())
-    except (OSError, ValueError, IndexError):
-        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
-    idle, total = second[0] - first[0], second[1] - first[1]
-    return cores * (1 - idle / total) if total > 0 else 0.0
-
-
-def idle_and_total(proc_stat: str) -> tuple[int, int]:
-    """(idle, total) CPU time of all cores from /proc/stat's first line (`cpu user nice system idle iowait irq
-    softirq steal ...`): waiting for I/O counts as idle; guest time is already inside user time."""
-    fields = [int(x) for x in proc_stat.splitlines()[0].split()[1:9]]
-    return fields[3] + fields[4], sum(fields)
-
-
 def torch_threads(command):
     """Add --threads to a command that runs torch, and set torch's CPU threads before it runs."""
     @click.option("--threads", type=click.IntRange(1, 1024), default=None,
-                  help="torch CPU threads [default: the cores not busy with other work, measured when the command starts].")
+                  help="torch CPU threads [default: the idle cores].")
     @functools.wraps(command)
     def run_with_threads(*args, threads=None, **kwargs):
         import torch
 
+        from edgettt.threads import idle_cores
+
         if threads is None:
-            cores = os.cpu_count() or 1
-            threads = default_torch_threads(cores, busy_cores(cores), torch.get_num_threads())
+            threads = idle_cores(torch.get_num_threads())
         torch.set_num_threads(threads)
         return command(*args, **kwargs)
     return run_with_threads
@@ -206,77 +241,55 @@ def config_settings(pairs: tuple[str, ...]) -> dict:
 
 def model_input(spec):
     """The directory a MODEL argument names (a path, or a shipped model's folder): an input to protect."""
-    from .checkpoint import resolve_model_path
+    from edgettt.checkpoint import resolve_model_path
 
     return None if spec is None else resolve_model_path(spec)
 
 
 def text_input(spec):
     """The file or folder a TEXT option names, or None for stdin and built-in texts."""
-    from .data import text_path
+    from edgettt.data import text_path
 
     return text_path(spec)
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="edgettt")
-@click.option("--no-progress", is_flag=True, help="No progress bars (they are off anyway when stderr is not a terminal, "
-              "unless the environment sets EDGETTT_PROGRESS=always: then they are written as lines, for logs).")
+@click.option("--no-progress", is_flag=True, help="No progress bars.")
 def cli(no_progress):
     """Take TTT-KV language models (TTT-Linear, TTT-MLP, LaCT) to the edge as linear attention.
 
-    \b
-    edgettt create OUT            a random TTT checkpoint, to try the pipeline
-    edgettt convert SRC OUT       TTT checkpoint -> linear-attention model (+ drift report)
-    edgettt eval MODEL            perplexity, bits per byte, drift against a reference
-    edgettt calibrate MODEL OUT   statistics for quantization (layer inputs, the state)
-    edgettt quantize MODEL OUT    4/8-bit weights, int12/int8/fp16 state
-    edgettt report [MODEL] [OUT]  the whole chain: the accuracy-vs-bits table
-    edgettt export MODEL OUT      prefill.onnx + decode.onnx + manifest.json, verified in onnxruntime
-    edgettt run EXPORT --prompt P generate with onnxruntime and numpy only (no torch)
-    edgettt info MODEL            family, form, sizes, parameters, decode-state bytes
-    edgettt bench PATH...         tokens/s (prefill, decode at depth) of exports or models, llama-bench style
-
-    MODEL is a model directory or the name of a shipped model: ttt-linear-tiny, ttt-mlp-tiny,
-    ttt-linear-tiny-parallel, ttt-mlp-tiny-parallel (the distilled parallel forms), lact-tiny,
-    lact-w1-tiny (LaCT, SwiGLU and linear fast weights). Data (TEXT) defaults differ by purpose:
-    python-docs:train to calibrate and distil on, python-docs (its held-out test part) to measure.
-
-    Exit codes: 0 done; 1 bad input or a failed run (one line on stderr); 2 a malformed command line;
-    130 interrupted (Ctrl-C: nothing half-written is left behind).
-    """
+    MODEL: a model directory or a shipped model (ttt-linear-tiny, ttt-mlp-tiny, their -parallel forms,
+    lact-tiny, lact-w1-tiny). TEXT: a file, a folder of .txt/.md, '-' (stdin) or a built-in text
+    (python-docs:train to calibrate and distil on, python-docs to measure). Exit codes: 1 bad input or a
+    failed run, 2 a malformed command line, 130 interrupted. The manual: docs/cli.md."""
     if no_progress:
         os.environ["TQDM_DISABLE"] = "1"  # progress.bar reads it for every bar
 
 
-@cli.command()
+@cli.command(short_help="a random TTT checkpoint, to try the pipeline")
 @torch_threads
 @click.argument("out", type=click.Path())
 @click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
               help="TTT-Linear or TTT-MLP.")
 @click.option("--preset", type=click.Choice(["125m", "350m", "760m", "1b"]), default=None,
-              help="A published ttt-lm-pytorch size (hidden, layers, heads, intermediate; vocabulary 32000, the "
-                   "Llama tokenizer's size): 125m 768/12/12/2048, 350m 1024/24/16/2736, 760m 1536/24/16/4096, "
-                   "1b 2048/24/32/5504. Random weights: for speed and size, not for text.")
+              help="A published ttt-lm-pytorch size (vocabulary 32000).")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=lambda c, p, v: config_settings(v),
-              help="A config.json key (repeatable), shown at its default: " + ", ".join(
-                  f"{k}={str(v).lower() if v is not None else '2.75 x hidden_size'}" for k, v in CREATE_DEFAULTS.items())
-                   + " (vocab_size 256: byte-level).")
+              help="A config.json key: " + ", ".join(CREATE_DEFAULTS) + ".")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="A tokenizer.json to write with the model; without --preset or --set vocab_size, the "
-                   "vocabulary is its size [default: byte-level, ids 0-255].")
+              help="A tokenizer.json [default: byte-level].")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
 def create(out, family, preset, settings, tokenizer_file, seed, weights_format, force):
-    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT: a small one
-    (--set to size it), or a published size (--preset)."""
-    from .checkpoint import save_model
-    from .config import PRESET_VOCAB, PRESETS, ModelConfig
-    from .outputs import Output
-    from .random_init import random_model
-    from .tokenizer import JsonTokenizer
+    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT: a small byte-level one
+    (--set sizes it; defaults in docs/cli.md), or a published size (--preset: for speed and size, not text)."""
+    from edgettt.checkpoint import save_model
+    from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS, ModelConfig
+    from edgettt.outputs import Output
+    from edgettt.families.ttt.random_init import random_model
+    from edgettt.tokenizer import JsonTokenizer
 
     sizes = {**CREATE_DEFAULTS, **settings}
     tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
@@ -305,61 +318,50 @@ def create(out, family, preset, settings, tokenizer_file, seed, weights_format, 
                + (f" (preset {preset}: random weights, for speed and size)" if preset else ""))
 
 
-@cli.command()
+@cli.command(short_help="TTT checkpoint -> linear-attention model (+ drift)")
 @torch_threads
 @click.argument("src", type=click.Path())
 @click.argument("out", type=click.Path())
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
-              help="exact: equals the original; parallel: fully parallel, values at the initial state.")
+              help="exact: equals SRC; parallel: values at the initial state.")
 @click.option("--decay", default=None, type=FiniteFloat(min=0, max=1, min_open=True, max_open=True), metavar="GAMMA",
-              help="With --form parallel: a decayed parallel form, each head's state decaying towards its initial "
-                   "state by GAMMA a mini-batch (e.g. 0.97; --distill tunes each head's): its state stops growing "
-                   "with the text, so one model can hold from short to long contexts (DESIGN section 4).")
+              help="A decayed parallel form, starting at GAMMA (e.g. 0.97).")
 @click.option("--data", default=None, metavar="TEXT",
-              help="Text to measure on (with --distill: to train on): a file, a directory of .txt/.md, "
-                   "'-' for stdin, or a built-in name (python-docs[:train|:val|:test], python-docs-sample, "
-                   "python-stdlib) [default: python-docs-sample; with --distill: python-docs:train].")
+              help="Text to measure on; with --distill, to train on [default: python-docs-sample; with --distill "
+                   "python-docs:train].")
 @click.option("--eval-data", default=None, metavar="TEXT",
-              help="With --distill: text the report measures on [default: python-docs-sample].")
-@click.option("--ctx", default=256, show_default=True, type=POSITIVE, help="Tokens per measured (and distillation) window.")
-@click.option("--max-tokens", default=4096, show_default=True, type=POSITIVE, help="Measure at most this many tokens.")
+              help="With --distill: text to measure on [default: python-docs-sample].")
+@click.option("--ctx", default=256, show_default=True, type=POSITIVE, help="Tokens a window.")
+@click.option("--max-tokens", default=4096, show_default=True, type=POSITIVE, help="Tokens measured at most.")
 @click.option("--distill", "distill_spec", is_flag=False, flag_value="", default=None, metavar="[SETTINGS]",
-              help="Tune the converted model towards the original on --data. SETTINGS (optional): comma-separated "
-                   "KEY=VALUE of steps (300), lr (1e-3), batch (32 windows a step), ctx (window lengths trained at "
-                   "in turn, e.g. 512/2048 [--ctx]), minutes (also stop after), hard_weight (share of the plain "
-                   "next-token loss, 0), pool (the original's logits of this many batches a length reused, 0: "
-                   "for a slow original); e.g. --distill steps=3000,lr=3e-4,ctx=512/2048.")
+              help="Tune towards SRC: steps=,lr=,batch=,ctx=512/2048,minutes=,hard_weight=,pool= (docs/cli.md).")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="A tokenizer.json to measure with and write with the model (a ttt-lm-jax checkpoint carries "
-                   "none; the public ones use Llama 2's) [default: SRC's].")
+              help="A tokenizer.json to write with the model [default: SRC's].")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spec, tokenizer_file, no_report, as_json,
-            force):
-    """Convert the TTT checkpoint SRC (a directory, a shipped model's name, or a ttt-lm-jax checkpoint:
-    its streaming_params or streaming_train_state file, or the folder holding it) into a
-    linear-attention model in OUT.
-
-    The report (printed, and saved as OUT/convert_report.json) gives, for the exact form, the
-    error of logits against SRC; for the parallel form, the drift: perplexity of both, KL
-    divergence and top-1 agreement. With --distill, the drift before and after distillation.
-    """
-    from . import convert as convert_model
-    from . import load
-    from .checkpoint import save_model
-    from .data import read_text
-    from .evaluation import conversion_report, encode
-    from .outputs import Output
-    from .tokenizer import JsonTokenizer
-    from .weights_io import saved_float_dtype
+@click.option("--json", "json_path", default=None, type=click.Path(), metavar="PATH",
+              help="Write the report as JSON ('-': standard output).")
+@click.option("--force", is_flag=True, help="Overwrite OUT (and --json's file) if it exists.")
+def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spec, tokenizer_file, no_report,
+            json_path, force):
+    """Convert the checkpoint SRC (a model directory, a shipped model, a ttt-lm-jax checkpoint) into a
+    linear-attention model in OUT, and report its drift from SRC (OUT/convert_report.json). TEXT: a file,
+    a folder of .txt/.md, '-' (stdin) or a built-in text (docs/cli.md)."""
+    from edgettt import convert as convert_model
+    from edgettt import load
+    from edgettt.checkpoint import save_model
+    from edgettt.data import read_text
+    from edgettt.evaluation import conversion_report, encode
+    from edgettt.outputs import STDOUT, plan_outputs, write_json
+    from edgettt.tokenizer import JsonTokenizer
+    from edgettt.weights_io import saved_float_dtype
 
     if decay is not None and form != "parallel":
         raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
     distill = distill_spec is not None
     settings = distill_settings(distill_spec) if distill else None
-    out = Output.plan(out, "model", force, inputs=[model_input(src), text_input(data), text_input(eval_data),
-                                                    tokenizer_file and Path(tokenizer_file)])
+    out, json_out = plan_outputs((out, "model", force, None), (json_path, "json", force, "--json"),
+                                 inputs=[model_input(src), text_input(data), text_input(eval_data),
+                                         tokenizer_file and Path(tokenizer_file)])
     check_convertible(src, form, distill or decay is not None)
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
@@ -378,7 +380,7 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
         if not distill and (note := drift_note(report, time.perf_counter() - started)):
             click.echo(note, err=True)
     if distill:
-        from .distill import distill as run_distill
+        from edgettt.distill import distill as run_distill
 
         lengths = list(settings.ctx) or [ctx]
         losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=settings.steps,
@@ -401,8 +403,9 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
     store = None if distill else saved_float_dtype(original)
     save_model(converted, out, extra_files=extra, store=store)
-    if as_json:
-        click.echo(json.dumps(report, indent=2))
+    if json_out:
+        write_json(json_out, report)
+    if json_out == STDOUT:
         return
     click.echo(f"wrote {out.path}: {converted.config.family}, form {form}"
                + (f", decayed (gamma {decay} a mini-batch to start)" if decay is not None else ""))
@@ -419,22 +422,22 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
 def check_convertible(src, form: str, tunes: bool) -> None:
     """Before any work: SRC is a float model, and converting it changes something (a model already in the form
     asked for is only re-labelled, unless --distill or --decay tunes it)."""
-    from .checkpoint import stored_config
+    from edgettt.checkpoint import stored_config
+    from edgettt.families.registry import family_of
 
     config = stored_config(src)
     if config is None:
         return
     if config.quantization:
         raise EdgetttError(f"{src}: a quantized model; convert the float model, then quantize the converted one")
-    asked = "lact" if config.family == "lact" and form == "exact" else form  # LaCT's exact form is its own
-    if config.form == asked and not tunes:
+    if config.form == family_of(config).form_converted_to(form) and not tunes:
         raise EdgetttError(f"{src}: already the {form} form, so converting it changes nothing; convert the original "
                            "checkpoint, or add --distill to tune this one further")
 
 
 def check_exportable_form(model_path) -> None:
     """Before any work: a converted model given to `report --onnx` must be the parallel form."""
-    from .checkpoint import stored_config
+    from edgettt.checkpoint import stored_config
 
     form = getattr(stored_config(model_path), "form", "ttt")  # (an original checkpoint: converted to it)
     if form not in ("ttt", "parallel"):
@@ -445,7 +448,8 @@ def check_exportable_form(model_path) -> None:
 def check_unquantized(model_path, command: str, states=()) -> None:
     """Before any work: `command` (quantize, calibrate, report) starts from a model that is not quantized yet, and
     each state format in `states` applies to its family (from config.json, no weights read)."""
-    from .checkpoint import family_classes, model_type, resolve_model_path, stored_config
+    from edgettt.checkpoint import stored_config
+    from edgettt.families.registry import family_of
 
     config = stored_config(model_path)
     if config is None:
@@ -457,7 +461,7 @@ def check_unquantized(model_path, command: str, states=()) -> None:
         q = config.quantization
         raise EdgetttError(f"{model_path}: already quantized ({q.get('target') or q.get('variant')} weights, "
                            f"{q.get('state')} state); {command} the float model it was quantized from")
-    model_class = family_classes(model_type(resolve_model_path(model_path) / "config.json"))[2]
+    model_class = family_of(config).model_class
     for name in states:
         refusal = model_class.state_format_refusal(name)
         if refusal:
@@ -474,7 +478,7 @@ def drift_note(report: dict, seconds: float) -> str | None:
     ratio = report.get("ppl_ratio")
     if report.get("form") != "parallel" or ratio is None or ratio < LARGE_DRIFT:
         return None
-    from .distill import DistillSettings
+    from edgettt.distill import DistillSettings
 
     settings = DistillSettings()
     per_token = seconds / (2 * report["windows"] * report["ctx"])
@@ -486,7 +490,7 @@ def drift_note(report: dict, seconds: float) -> str | None:
 
 def distill_settings(spec: str):
     """`--distill`'s SETTINGS as a `DistillSettings`, or a one-line error naming the option."""
-    from .distill import DistillSettings
+    from edgettt.distill import DistillSettings
 
     try:
         return DistillSettings.parse(spec)
@@ -517,8 +521,8 @@ def format_conversion_report(r: dict) -> str:
 def mixed_config(model, cal, calib, budget, state: str):
     """`quantize --target`: the mix of layer formats for `budget`, searched on the calibration's own text; its
     frontier and choice printed."""
-    from .data import read_text
-    from .quant.mixed import search_mix
+    from edgettt.data import read_text
+    from edgettt.calibration.mixed import search_mix
 
     text = read_text(cal.text["name"]) if cal.text["name"] != "stdin" else None
     if text is None or text.fingerprint()["sha256"] != cal.text["sha256"]:
@@ -533,48 +537,37 @@ def mixed_config(model, cal, calib, budget, state: str):
     return plan.config()
 
 
-def stored_size(model_path, weights: int) -> dict:
-    """`size_mb` and `bits_per_weight` of `weights` as a model directory's files store them (a bfloat16 file:
-    half the float32 it computes in); empty where no model directory's headers say (a ttt-lm-jax file, a
-    tensor type edgettt does not know). What info, quantize and eval give as a model's size."""
-    from .checkpoint import model_directory
-    from .weights_io import stored_bytes
-
-    directory = model_directory(model_path)
-    n_bytes = stored_bytes(directory) if directory is not None else None
-    if n_bytes is None or not weights:
-        return {}
-    return {"size_mb": n_bytes / 1e6, "bits_per_weight": 8 * n_bytes / weights}
 
 
-@cli.command()
+
+@cli.command(short_help="statistics for quantization (layer inputs, the state)")
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("output", metavar="OUT", type=click.Path())
 @click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
               help="Sample text (see `edgettt eval --help` for the forms TEXT takes).")
-@click.option("--seq-len", default=2048, show_default=True, type=POSITIVE,
+@click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
               help="Tokens per sample: the context to calibrate for.")
 @click.option("--samples", default=8, show_default=True, type=POSITIVE, help="Number of windows drawn from the text.")
 @click.option("--seed", default=0, show_default=True, type=SEED, help="Which windows are drawn.")
 @click.option("--percentile", default=99.99, show_default=True, type=FiniteFloat(0, 100, min_open=True),
               help="Clipping percentile of the state scales.")
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def calibrate(model_path, data, seq_len, samples, seed, percentile, output, force):
+def calibrate(model_path, data, ctx, samples, seed, percentile, output, force):
     """Record in the file OUT what quantization needs from a converted MODEL (or a LaCT model) on sample text: the input
     statistics of every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes
     along the positions (LaCT: how far the fast weights kept between chunks move from their initial
     values), with the chosen int8 state scales."""
-    from . import load
-    from .data import read_text
-    from .outputs import Output
-    from .quant.calibration import calibrate as run_calibration
+    from edgettt import load
+    from edgettt.data import read_text
+    from edgettt.outputs import Output
+    from edgettt.calibration.statistics import calibrate as run_calibration
 
     out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)])
     check_unquantized(model_path, "calibrate")
     text = read_text(data)
     model = load(model_path)
-    cal = run_calibration(model, text, seq_len, samples, seed, percentile)
+    cal = run_calibration(model, text, ctx, samples, seed, percentile)
     cal.save(out)
     click.echo(f"wrote {output}: {len(cal.hessians)} layer input statistics, state scales for "
                f"{len(cal.state_scales)} layer levels; {cal.samples} x {cal.seq_len} tokens of {cal.text['name']} "
@@ -584,50 +577,38 @@ def calibrate(model_path, data, seq_len, samples, seed, percentile, output, forc
         click.echo(f"  layer {key:8s} max |row| by position bucket: " + " ".join(f"{v:8.3g}" for v in curve.tolist()))
 
 
-@cli.command()
+@cli.command(short_help="4/6/8-bit weights, int12/int8/fp16 state")
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("out", type=click.Path())
-@click.option("--weights", default="int8", show_default=True, type=WeightVariant(),
-              help="FORMAT[-METHOD][-gGROUP]: int8, int8-gptq, int4-rtn-g64, int4-gptq-g32 (gptq: error feedback, "
-                   "needs --calib; g: the group along the input), int6-gptq-g128 (64 levels a group: between int4 "
-                   "and int8), nf4-b64, fp4-b64 (bitsandbytes' codebooks, blocks of 64), bnb-int8 (LLM.int8), "
-                   "float. Left out: rtn, 64 (int4 is int4-rtn-g64).")
-@click.option("--state", type=StateFormatName(_names("state_formats", "STATE_FORMATS")), default="fp32",
-              show_default=True,
-              help="How the decode state S is kept. fp16; int12: 12 bits a value in two codes (1.5 bytes), a step "
-                   "per row recomputed at every commit, the open mini-batch's keys and values in float16 in place "
-                   "of A (32% of the float state's bytes for ttt-linear-tiny); int12-kv8: the same with those keys "
-                   "(rotated) and values in int8 (26%); int8: 8 bits, calibrated per-row "
-                   "scales (needs --calib); int8-tensor: 8 bits, one scale from the initial state.")
-@click.option("--calib", type=click.Path(), default=None, help="Calibration file from `edgettt calibrate`.")
-@click.option("--skip", multiple=True, metavar="PATTERN",
-              help="Also leave layers whose name matches PATTERN in float (repeatable).")
-@click.option("--lm-head", "head", type=RegistryChoice(_names("config", "HEAD_FORMATS")), default=None,
-              help="lm_head's format (a tied embedding reads its rows): float, int8, or same as --weights "
-                   "[default: int8 beside 4-bit --weights (int4, nf4, fp4), else float].")
-@click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
-              help="Format of a layer --weights cannot take (int4/nf4/fp4 when its input size is not a multiple of "
-                   "the group); refuse: stop before any work and list those layers.")
-@click.option("--target", default=None, metavar="size=MB|kld=X",
-              help="Mixed precision: choose each layer's format (int4 in groups of 32/64/128 or int8, by GPTQ, or "
-                   "float; lm_head too) for the least drift within a size of weights, or the fewest bytes within a "
-                   "mean KLD, measured layer by layer on the calibration's text. Needs --calib; in place of "
-                   "--weights and --lm-head.")
-@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+@click.option("--weights", default="int8", show_default=True, type=WeightVariant(), cls=RegistryHelp,
+              make_help=weights_help)
+@click.option("--state", type=StateFormatName(state_format_names), default="fp32", show_default=True,
+              help="How the decode state is kept (--list: each format).")
+@click.option("--calib", type=click.Path(), default=None, metavar="FILE", help="From `edgettt calibrate`.")
+@click.option("--skip", multiple=True, metavar="PATTERN", help="Also keep matching layers in float.")
+@click.option("--lm-head", "head", type=RegistryChoice(head_formats), default=None,
+              help="[default: int8 beside 4-bit weights, else float]")
+@click.option("--fallback", type=RegistryChoice(fallbacks), default="int8", show_default=True,
+              help="For a layer --weights cannot take.")
+@click.option("--target", default=None, type=Checked("size=MB|kld=X", budget), cls=RegistryHelp, make_help=target_help)
+@click.option("--list", is_flag=True, expose_value=False, is_eager=True, callback=list_formats,
+              help="List the weight and state formats, and exit.")
+@click.option("--force", is_flag=True, help="Overwrite OUT.")
 @click.pass_context
 def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, target, force):
-    """Quantize the weights (and the decode state) of a converted MODEL into OUT."""
-    from . import load
-    from .checkpoint import save_model
-    from .outputs import Output
-    from .quant.apply import quantize_model, skip_patterns, weight_bits
-    from .quant.calibration import Calibration
-    from .quant.config import QuantConfig, default_head_format, weight_variant
-    from .quant.mixed import Budget
-    from .weights_io import saved_float_dtype
+    """Quantize the weights (and the decode state) of a converted MODEL into OUT. Formats, methods and the
+    mixed-precision search: docs/quantization.md."""
+    from edgettt import load
+    from edgettt.checkpoint import save_model
+    from edgettt.outputs import Output
+    from edgettt.model_info import stored_size
+    from edgettt.quant.apply import quantize_model, skip_patterns, weight_bits
+    from edgettt.calibration.statistics import Calibration
+    from edgettt.quant.config import QuantConfig, default_head_format, weight_variant
+    from edgettt.weights_io import saved_float_dtype
 
-    budget = Budget.parse(target) if target is not None else None
+    budget = target
     if budget and (ctx.get_parameter_source("weights").name != "DEFAULT" or head):
         raise EdgetttError("--target chooses every layer's format, lm_head's too; drop --weights and --lm-head")
     if budget and skip:
@@ -673,46 +654,37 @@ def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, 
                f"{after['bits_per_weight']:.2f} bits per weight ({config.variant}); state {state}")
 
 
-@cli.command()
+@cli.command(short_help="the whole chain: the accuracy-vs-bits table")
 @torch_threads
 @click.argument("model_path", metavar="[MODEL]", required=False, default="ttt-linear-tiny", type=click.Path())
 @click.argument("output", metavar="[OUT]", required=False, default="edgettt-report", type=click.Path())
-@click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to evaluate on.")
-@click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT", help="Text to calibrate on.")
+@click.option("--data", default="python-docs", show_default=True, metavar="TEXT", help="Text to measure on.")
+@click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT",
+              help="Text to calibrate on.")
 @click.option("--weights", "weights_list", default="int8,int8-gptq,bnb-int8,int4-rtn-g64,int4-gptq-g64,nf4-b64",
-              show_default=True, help="Comma-separated weight variants, spelt as `edgettt quantize --weights` takes "
-                                      "them (int4-gptq-g32, fp4-b128, ...), or mix:size=MB / mix:kld=X for the mix "
-                                      "`quantize --target` chooses (its predicted frontier drawn in the size plot).")
+              show_default=True, type=Checked("VARIANTS", weight_variants), help="Weight variants as quantize --weights takes them, or mix:size=MB|kld=X.")
 @click.option("--state", "state_list", default="int12,int8,int8-tensor,fp16", show_default=True,
-              help="Comma-separated state variants (each with float weights).")
+              type=Checked("FORMATS", state_variants),
+              help="State variants (each with float weights).")
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default=None,
-              help="Form to convert a TTT checkpoint to [default: exact; with --onnx parallel, the form an export "
-                   "takes].")
-@click.option("--ctx", default=2048, show_default=True, type=POSITIVE,
-              help="Tokens per evaluation window; also the calibration's sequence length.")
-@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE,
-              help="Evaluate on at most this many tokens of --data.")
-@click.option("--skip", multiple=True, metavar="PATTERN",
-              help="Also leave layers matching PATTERN in float in every variant (added to lm_head; repeatable).")
-@click.option("--fallback", type=RegistryChoice(_names("config", "FALLBACKS")), default="int8", show_default=True,
-              help="Format of a layer a variant's format cannot take; refuse: stop before any work.")
-@click.option("--onnx", is_flag=True, help="Also export every variant (parallel form) and measure decode.onnx's size "
-                                           "and onnxruntime CPU tokens/s, prefill and decode, batch 1.")
-@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+              help="Form to convert to [default: exact; with --onnx parallel].")
+@click.option("--ctx", default=2048, show_default=True, type=POSITIVE, help="Tokens a window (and a calibration's).")
+@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE, help="Tokens measured at most.")
+@click.option("--skip", multiple=True, metavar="PATTERN", help="Also keep matching layers in float.")
+@click.option("--fallback", type=RegistryChoice(fallbacks), default="int8", show_default=True,
+              help="For a layer a variant cannot take.")
+@click.option("--onnx", is_flag=True, help="Also export each variant; measure its size and CPU tokens/s.")
+@click.option("--force", is_flag=True, help="Overwrite OUT.")
 def report(model_path, output, data, calib_data, weights_list, state_list, form, ctx, max_tokens, skip, fallback,
            onnx, force):
-    """Convert, calibrate, quantize every variant and measure each against the float model: the
-    accuracy-vs-bits table (printed; report.json/.csv/.md/.html and PNG plots in the directory OUT,
-    edgettt-report unless given). With no MODEL, runs on the shipped ttt-linear-tiny."""
-    from . import load
-    from .data import read_text
-    from .outputs import Output
-    from .reporting import build_report, table, variants, weight_variant_or_mix, write
+    """Convert, calibrate, quantize every variant and measure each against the float model: the accuracy-vs-bits
+    table, printed and in OUT (report.json/.csv/.md/.html, plots). MODEL: ttt-linear-tiny unless given."""
+    from edgettt import load
+    from edgettt.data import read_text
+    from edgettt.outputs import Output
+    from edgettt.reporting import build_report, table, variants, write
 
-    names = [w.strip() for w in weights_list.split(",") if w.strip()]
-    for w in names:
-        weight_variant_or_mix(w)
-    states = [state_format_name(s.strip()) for s in state_list.split(",") if s.strip()]
+    names, states = weights_list, state_list
     if onnx and form == "exact":
         raise EdgetttError("--onnx exports the parallel form, not --form exact; drop --form exact (--onnx picks the "
                            "parallel form)")
@@ -726,7 +698,7 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
     with out.write() as tmp:
-        from .quant.apply import skip_patterns
+        from edgettt.quant.apply import skip_patterns
 
         result = build_report(model, str(model_path), text, calib_text,
                               variants(names, states, skip_patterns(skip), fallback), ctx, max_tokens, form,
@@ -741,34 +713,29 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
                            "others")
 
 
-@cli.command("eval")
+@cli.command("eval", short_help="perplexity, bits per byte, drift against a reference")
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.option("--ref", "ref_path", default=None, metavar="MODEL", help="Reference model to measure drift against.")
-@click.option("--ref-logits", default=None, type=click.Path(), help="Saved reference logits (--save-logits).")
+@click.option("--ref-logits", default=None, type=click.Path(), metavar="PATH", help="Saved reference logits.")
 @click.option("--data", default="python-docs", show_default=True, metavar="TEXT",
-              help="A file, a directory of .txt/.md, '-' for stdin, or a built-in name "
-                   "(python-docs[:train|:val|:test], python-docs-sample, python-stdlib).")
+              help="Text to measure on: a file, a folder, '-', a built-in text.")
 @click.option("--ctx", default="512", show_default=True, callback=lambda c, p, v: int_list(c, p, v),
-              help="Tokens per window; a comma-separated list (e.g. 512,2048,8192) measures at each length, one "
-                   "row per context.")
-@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE, help="Evaluate at most this many tokens.")
-@click.option("--save-logits", default=None, type=click.Path(),
-              help="Save MODEL's logits as reference logits for later runs.")
-@click.option("--json", "json_path", default=None, type=click.Path(), help="Write the report as JSON.")
-@click.option("--force", is_flag=True, help="Overwrite existing --save-logits / --json files.")
+              help="Tokens a window; several (512,2048): a row each.")
+@click.option("--max-tokens", default=100_000, show_default=True, type=POSITIVE, help="Tokens measured at most.")
+@click.option("--save-logits", default=None, type=click.Path(), metavar="PATH", help="Save them as reference logits.")
+@click.option("--json", "json_path", default=None, type=click.Path(), metavar="PATH",
+              help="Write the report as JSON ('-': standard output).")
+@click.option("--force", is_flag=True, help="Overwrite the --save-logits and --json files.")
 def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_logits, json_path, force):
-    """Perplexity and bits per byte of MODEL on TEXT; with --ref or --ref-logits, the drift against
-    the reference (KL divergence statistics, top-1 agreement, RMS dp, KLD by position). With several
-    --ctx lengths, one row per context (the whole text in windows of each length; JSON: "contexts").
-
-    MODEL may be an export (`edgettt export`'s folder): its prefill graph runs in ONNX Runtime, so the
-    numbers are the deployed files' own; e.g. `edgettt eval EXPORT --ref MODEL`."""
-    from . import load
-    from .data import read_text
-    from .evaluation import ExportLogits, evaluate, save_reference
-    from .outputs import plan_outputs
-    from .runner import is_export
+    """Perplexity and bits per byte of MODEL (a model or an export) on TEXT; with --ref or --ref-logits, its
+    drift from the reference (KL divergence statistics, top-1 agreement, KLD by position)."""
+    from edgettt import load
+    from edgettt.data import read_text
+    from edgettt.evaluation import ExportLogits, evaluate, save_reference
+    from edgettt.model_info import stored_size
+    from edgettt.outputs import STDOUT, plan_outputs, write_json
+    from edgettt.runner import is_export
 
     if ref_path and ref_logits:
         raise EdgetttError("--ref and --ref-logits: give one reference, not both")
@@ -796,9 +763,9 @@ def evaluate_cmd(model_path, ref_path, ref_logits, data, ctx, max_tokens, save_l
     if logits_out:
         save_reference(logits_out, logits, windows, report)
     if json_out:
-        with json_out.write() as tmp:
-            tmp.write_text(json.dumps(report if len(reports) == 1 else {"contexts": reports}, indent=2) + "\n")
-    click.echo(format_eval_report(report) if len(reports) == 1 else format_context_rows(reports))
+        write_json(json_out, report if len(reports) == 1 else {"contexts": reports})
+    if json_out != STDOUT:
+        click.echo(format_eval_report(report) if len(reports) == 1 else format_context_rows(reports))
 
 
 def format_context_rows(reports: list[dict]) -> str:
@@ -862,52 +829,34 @@ def format_eval_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-@cli.command()
-@torch_threads
+@cli.command(short_help="family, form, sizes, parameters, decode-state bytes")
 @click.argument("model_path", metavar="MODEL", type=click.Path())
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-def info(model_path, as_json):
+@click.option("--json", "json_path", default=None, type=click.Path(), metavar="PATH",
+              help="Write the facts as JSON ('-': standard output).")
+def info(model_path, json_path):
     """Family, form, sizes, parameter count and decode-state bytes of MODEL; the context a parallel form was
     distilled at, a decayed form's gammas, and the layers that never commit (they remember nothing past a
     mini-batch)."""
-    from . import load
-    from .evaluation import model_facts
-    from .runner import is_export
+    from edgettt import load
+    from edgettt.model_info import model_info
+    from edgettt.outputs import STDOUT, plan_outputs, write_json
+    from edgettt.runner import is_export
 
     if is_export(model_path):
-        return export_info(Path(model_path), as_json)
+        return export_info(Path(model_path), json_path)
+    json_out = plan_outputs((json_path, "json", False, "--json"), inputs=[model_input(model_path)])[0]
     model = load(model_path)
-    c = model.config
-    state = model.init_state(1)
-    size = model_facts(model, str(model_path))
-    size.update(stored_size(model_path, size["parameters"]))
-    facts = {
-        "path": str(model_path),
-        "family": c.family,
-        "form": c.form,
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.hidden_size,
-        "layers": c.num_hidden_layers,
-        **family_sizes(c),
-        "parameters": size["parameters"],
-        "weights_bytes": round(size["size_mb"] * 1e6),  # as the files store them
-        "bits_per_weight": size["bits_per_weight"],
-        "quantization": c.quantization,
-        "decode_state_bytes_per_sequence": model.decode_state_bytes(),
-        "decode_state_tensors": {k: list(t.shape[1:]) for k, t in state.layers[0].items()},
-        "tokenizer": model.tokenizer.name if model.tokenizer else None,
-        "distilled_ctx": c.extra.get("distilled_ctx"),
-        "state_decay": state_decays(model),
-        "commit_weights": commit_weights(model),
-    }
-    if as_json:
-        click.echo(json.dumps(facts, indent=2))
+    facts, c = model_info(model, model_path), model.config
+    if json_out:
+        write_json(json_out, facts)
+    if json_out == STDOUT:
         return
     options = ", ".join(k for k, v in facts["options"].items() if v) or "none"
-    per_layer = ", ".join(f"{k} {'x'.join(map(str, s))}" for k, s in facts["decode_state_tensors"].items())
+    per_layer = ", ".join(f"{k} {'x'.join(map(str, s))} {facts['decode_state_roles'][k]}"
+                          for k, s in facts["decode_state_tensors"].items())
     click.echo("\n".join([
         f"{facts['path']}: {c.family}, form {c.form}",
-        f"  vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, " + size_line(c),
+        f"  vocab {c.vocab_size}, hidden {c.hidden_size}, {c.num_hidden_layers} layers, " + c.size_line(),
         f"  options: {options}; tokenizer: {facts['tokenizer']}",
         f"  parameters: {facts['parameters']:,} ({facts['weights_bytes'] / 1e6:.2f} MB, "
         f"{facts['bits_per_weight']:.2f} bits per weight)"
@@ -930,42 +879,27 @@ def quantization_line(q: dict) -> str:
             + f"; state {q.get('state')}")
 
 
-def export_info(directory: Path, as_json: bool) -> None:
+def export_info(directory: Path, json_path) -> None:
     """`info` of an export: what its manifest says of the model, and its files' bytes on disk."""
-    import numpy as np
+    from edgettt.outputs import STDOUT, plan_outputs, write_json
+    from edgettt.runner import export_facts
 
-    from .runner import export_files, load_manifest
-
-    m = load_manifest(directory)
-    source = m.get("source", {})
-    files = export_files(directory)
-    state_bytes = sum(math.prod(s["shape"]) * np.dtype(s["dtype"]).itemsize for s in m["state"])
-    facts = {"path": str(directory), "export": True, "family": source.get("family"), "form": source.get("form"),
-             "model": source.get("model"), "vocab_size": m["vocab_size"], "parameters": source.get("weights"),
-             "files_bytes": files, "weights_bytes": sum(files.values()), "activations": m.get("activations"),
-             "quantization": source.get("quantization"), "decode_state_bytes_per_sequence": state_bytes,
-             "tokenizer": m["tokenizer"]["type"], "opset": m.get("opset"), "distilled_ctx": source.get("distilled_ctx")}
-    if as_json:
-        click.echo(json.dumps(facts, indent=2))
+    json_out = plan_outputs((json_path, "json", False, "--json"), inputs=[directory])[0]
+    facts = export_facts(directory)
+    if json_out:
+        write_json(json_out, facts)
+    if json_out == STDOUT:
         return
     bits = 8 * facts["weights_bytes"] / facts["parameters"] if facts["parameters"] else float("nan")
     click.echo("\n".join([
         f"{directory}: an export of {facts['model']} ({facts['family']}, form {facts['form']}), opset {facts['opset']}",
         f"  vocab {facts['vocab_size']}; tokenizer: {facts['tokenizer']}; activations {facts['activations']}",
-        "  files: " + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in files.items())
+        "  files: " + ", ".join(f"{name} {size / 1e6:.2f} MB" for name, size in facts["files_bytes"].items())
         + f" ({facts['weights_bytes'] / 1e6:.2f} MB, {bits:.2f} bits per weight)"
         + (f"; quantized: {quantization_line(facts['quantization'])}" if facts["quantization"] else ""),
-        f"  decode state: {state_bytes:,} bytes per sequence",
+        f"  decode state: {facts['decode_state_bytes_per_sequence']:,} bytes per sequence ("
+        + ", ".join(f"{role} {n:,}" for role, n in facts["decode_state_bytes_by_role"].items()) + ")",
     ]))
-
-
-def commit_weights(model) -> list[float] | None:
-    """Each TTT layer's commit weight (`commit_weight`: eta_tok of its mini-batch's last token); None for a
-    model without them (LaCT)."""
-    blocks = [getattr(layer, "seq_modeling_block", None) for layer in model.model.layers]
-    if not all(hasattr(block, "commit_weight") for block in blocks):
-        return None
-    return [round(block.commit_weight(), 6) for block in blocks]
 
 
 def never_commit_line(weights: list[float] | None, b: int | None) -> list[str]:
@@ -979,13 +913,6 @@ def never_commit_line(weights: list[float] | None, b: int | None) -> list[str]:
             "remembering nothing past it"]
 
 
-def state_decays(model) -> list[list[float]] | None:
-    """A decayed parallel form's gamma a mini-batch, per layer and head; None for any other model."""
-    if not getattr(model.config, "state_decay", False):
-        return None
-    return [[round(g, 6) for g in layer.seq_modeling_block.decay(1).gamma.tolist()] for layer in model.model.layers]
-
-
 def decay_line(gammas: list[list[float]]) -> str:
     flat = sorted(g for layer in gammas for g in layer)
     lo, mid, hi = flat[0], flat[len(flat) // 2], flat[-1]
@@ -996,75 +923,30 @@ def decay_line(gammas: list[list[float]]) -> str:
             f"{math.log(0.5) / math.log(mid):.0f} mini-batches (median)")
 
 
-def family_sizes(c) -> dict:
-    """The sizes and switches `info` reports beside the common ones, per family."""
-    if c.family == "lact":
-        return {"intermediate_size": c.mlp_size, "attention_heads": c.num_attn_heads, "window": c.window_size,
-                "lact_heads": c.num_lact_heads, "fast_weight_dims": [c.fw_head_dim, c.fw_hidden_dim],
-                "chunk": c.lact_chunk_size,
-                "options": {k: getattr(c, k) for k in ("use_momentum", "use_muon", "lact_update_w0_w2",
-                                                       "lact_weight_norm", "ttt_prenorm", "ttt_nope",
-                                                       "learnable_ttt_scale", "tie_word_embeddings")}}
-    return {"intermediate_size": c.intermediate_size, "heads": c.num_attention_heads, "head_dim": c.head_dim,
-            "mini_batch_size": c.mini_batch_size,
-            "options": {k: getattr(c, k) for k in ("share_qk", "pre_conv", "use_gate", "tie_word_embeddings")}}
-
-
-def size_line(c) -> str:
-    if c.family == "lact":
-        return (f"MLP {c.mlp_size}; window attention {c.num_attn_heads} heads of {c.attn_head_dim} over "
-                f"{c.window_size} tokens; {c.num_lact_heads} LaCT heads of {c.fw_head_dim} (hidden "
-                f"{c.fw_hidden_dim}), chunk {c.lact_chunk_size}")
-    return (f"intermediate {c.intermediate_size}, {c.num_attention_heads} heads of {c.head_dim}, "
-            f"mini-batch {c.mini_batch_size}")
-
-
-@cli.command("export")
+@cli.command("export", short_help="ONNX graphs, verified in onnxruntime")
 @torch_threads
 @click.argument("model_path", metavar="MODEL")
 @click.argument("out", type=click.Path())
-@click.option("--opset", default=21, show_default=True, type=click.IntRange(21, 23),
-              help="ONNX opset of the default domain (21: per-axis QuantizeLinear, as ONNX Runtime >= 1.17 reads it).")
-@click.option("--verify-data", default="python-docs-sample", show_default=True,
-              help="Text the graphs are checked on in onnxruntime against torch.")
-@click.option("--no-verify", is_flag=True, help="Skip the onnxruntime check.")
+@click.option("--opset", default=21, show_default=True, type=click.IntRange(21, 23), help="ONNX opset.")
+@click.option("--data", "verify_data", default="python-docs-sample", show_default=True, metavar="TEXT",
+              help="Text the graphs are verified on against torch.")
+@click.option("--no-verify", is_flag=True, help="Skip the verification.")
 @click.option("--activations", type=click.Choice(["int8", "float"]), default="int8", show_default=True,
-              help="How int8 and int4 layers multiply: int8 quantizes the activations and multiplies in integers "
-                   "where that is faster (decode: MatMulNBits accuracy level 4; prefill: DynamicQuantizeMatMul for "
-                   "q/k/v and gate/up, int8 rows made when the session loads, more memory while loading; a KLD cost "
-                   "the verification reports); float multiplies in fp32.")
-@click.option("--web", is_flag=True,
-              help="Also make OUT a page that runs the model in a browser (onnxruntime-web's WebAssembly, vendored at "
-                   "a pinned version: downloaded once, then cached): OUT/index.html and OUT/edgettt.mjs; serve OUT with "
-                   "any static server. MODEL may be an existing export (copied, not traced again). Quantized weights "
-                   "default to --activations float here: the browser's MatMulNBits multiplies in float.")
-@click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
+              help="int8: quantized layers multiply in integers where faster (--web: float).")
+@click.option("--web", is_flag=True, help="Also a page that runs OUT in a browser (MODEL may be an export).")
+@click.option("--force", is_flag=True, help="Overwrite OUT.")
 def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web, force):
-    """Export a parallel-form model or a LaCT model in either form (float or quantized) for ONNX
-    Runtime: OUT/prefill.onnx (any batch and length, returns logits and the states; LaCT's
-    chunk-recurrent form and a quantized fast-weight state as one ONNX Scan over the chunks),
-    OUT/decode.onnx (one token, the states in and out)
-    and OUT/manifest.json (graph inputs/outputs and their roles, state tensors, tokenizer,
-    quantization, source fingerprint, verification). With a float state, OUT also opens in
-    onnxruntime-genai (og.Model(OUT)): OUT/model.onnx (both graphs in one, a layer's state in the
-    recurrent_state and conv_state genai binds), OUT/genai_config.json and the tokenizer files it reads.
-
-    Both graphs share one OUT/weights.bin. int4 and int8 weights become com.microsoft.MatMulNBits
-    (4 and 8 bits) and nf4/fp4 com.microsoft.MatMulBnb4 over the model's own bytes; a tied embedding
-    whose lm_head is quantized (--lm-head) gathers its rows from the same bytes
-    (GatherBlockQuantized); an int8 state crosses the graphs as int8 (QuantizeLinear/DequantizeLinear
-    with the calibrated scales). By default both graphs run in onnxruntime on --verify-data and must
-    match torch (float weights: within 10x torch's own fp32 rounding; an int8 state: KLD <= 1e-4; int8
-    activations: KLD <= 5e-3; prefill-then-decode equal to prefill by the same rule, and genai's
-    model.onnx equal to both); otherwise nothing is written.
-    """
-    from . import load
-    from .data import read_text
-    from .checkpoint import stored_config
-    from .onnx import EXPORTABLE_FORMS, default_activations, export_model, unexportable_form
-    from .onnx_files import WEIGHTS_FILE, graph_bytes
-    from .outputs import Output
-    from .runner import is_export
+    """Export a parallel-form (or LaCT) model, float or quantized, for ONNX Runtime: OUT/prefill.onnx,
+    OUT/decode.onnx, one OUT/weights.bin, OUT/manifest.json; with a float state also what onnxruntime-genai
+    opens. Both graphs are verified in onnxruntime against torch before anything is written. The graphs,
+    their operators and the checks: docs/export.md."""
+    from edgettt import load
+    from edgettt.data import read_text
+    from edgettt.checkpoint import stored_config
+    from edgettt.onnx import default_activations, export_model, export_refusal
+    from edgettt.onnx_files import WEIGHTS_FILE, graph_bytes
+    from edgettt.outputs import Output
+    from edgettt.runner import is_export
 
     if is_export(model_path) and not web:
         raise EdgetttError(f"{model_path}: already an export; add --web to make a browser folder of it, or give a "
@@ -1072,13 +954,14 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
     out = Output.plan(out, "export", force, inputs=[model_input(model_path), text_input(verify_data)])
     runtime = web_runtime() if web else None  # downloaded (or found in the cache) before any work
     if is_export(model_path):
-        from .web import copy_export
+        from edgettt.web import copy_export
         data = copy_export(model_path, out, runtime)
         click.echo(f"wrote {out.path}: {model_path} with {web_line(data)}")
         return
     config = stored_config(model_path)  # the form, before the weights are read
-    if config is not None and config.form not in EXPORTABLE_FORMS:
-        raise EdgetttError(f"{model_path}: {unexportable_form(config.form)}")
+    refusal = export_refusal(config) if config is not None else None
+    if refusal:
+        raise EdgetttError(f"{model_path}: {refusal}")
     text = None if no_verify else read_text(verify_data)
     model = load(model_path)
     if click.get_current_context().get_parameter_source("activations").name == "DEFAULT":
@@ -1099,7 +982,7 @@ def export_cmd(model_path, out, opset, verify_data, no_verify, activations, web,
 
 
 def web_runtime() -> dict[str, bytes]:
-    from .web import runtime_files
+    from edgettt.web import runtime_files
     return runtime_files()
 
 
@@ -1129,39 +1012,30 @@ class SamplingSpec(click.ParamType):
         return out
 
 
-@cli.command("run")
+@cli.command("run", short_help="generate with onnxruntime and numpy only (no torch)")
 @click.argument("export_dir", metavar="EXPORT", type=click.Path())
-@click.option("--prompt", default=None, help="Text to continue (after --load-state: the text continues the saved one).")
-@click.option("--max-new-tokens", default=64, show_default=True, type=COUNT, help="Tokens to generate (a chat turn's "
-              "reply ends at a line break or here).")
+@click.option("--prompt", default=None, help="Text to continue (after --load-state: continuing it).")
+@click.option("--max-new-tokens", default=64, show_default=True, type=COUNT, help="Tokens to generate.")
 @click.option("--temperature", default=0.0, show_default=True, type=FiniteFloat(min=0), help="0: greedy.")
 @click.option("--repetition-penalty", default=1.1, show_default=True, type=FiniteFloat(min=1),
-              help="Divide the positive logits of tokens among the last 64 by this, multiply the negative "
-                   "(llama.cpp's default), and stop runs of one token at 16 in a row (greedy decoding of the tiny "
-                   "models repeats spaces without it); 1: both off, plain greedy or sampling as other runtimes do.")
+              help="llama.cpp's over the last 64 tokens; 1: off.")
 @click.option("--sampling", default="", type=SamplingSpec(), metavar="SETTINGS",
-              help="top-k=K (sample from the k likeliest tokens; 0: all), top-p=P (from the likeliest whose "
-                   "probabilities reach p), seed=N (0 by default); comma-separated, e.g. top-k=40,top-p=0.9.")
-@click.option("--stop", multiple=True, metavar="TEXT", help="End when the generated text ends with TEXT (repeatable).")
-@click.option("--load-state", default=None, type=click.Path(), metavar="FILE",
-              help="Start from a state saved by --save-state (checked against this export).")
-@click.option("--save-state", default=None, type=click.Path(), metavar="FILE",
-              help="Write the state after the prompt and the generated text (a safetensors file): a later "
-                   "--load-state continues from there.")
-@click.option("--chat", is_flag=True, help="Then read turns from stdin, a line each, and reply to each, all in one "
-                                           "state: the memory stays the same however long the chat.")
-@click.option("--threads", default=None, type=click.IntRange(1, 1024),
-              help="onnxruntime intra-op threads [default: its own].")
-@click.option("--json", "json_path", default=None, type=click.Path(), help="Write the timings here.")
+              help="top-k=K,top-p=P,seed=N.")
+@click.option("--stop", multiple=True, metavar="TEXT", help="End when the output ends with TEXT.")
+@click.option("--load-state", default=None, type=click.Path(), metavar="FILE", help="Continue a saved state.")
+@click.option("--save-state", default=None, type=click.Path(), metavar="FILE", help="Save the state at the end.")
+@click.option("--chat", is_flag=True, help="Then reply to turns read from stdin, a line each, in one state.")
+@click.option("--threads", default=None, type=click.IntRange(1, 1024), help="onnxruntime threads.")
+@click.option("--json", "json_path", default=None, type=click.Path(), metavar="PATH",
+              help="Write the timings as JSON ('-': standard output).")
 @click.option("--force", is_flag=True, help="Overwrite the --json and --save-state files.")
 def run_cmd(export_dir, prompt, max_new_tokens, temperature, repetition_penalty, sampling, stop, load_state,
             save_state, chat, threads, json_path, force):
-    """Generate from an export with onnxruntime and numpy only (no torch needed): prefill the prompt,
-    then decode token by token, streaming the text; prints tokens/s and peak memory at the end.
-    A state can be saved after the text and loaded to continue it later; --chat keeps one state
-    across turns read from stdin."""
-    from .outputs import plan_outputs
-    from .runner import Runner, Sampling, peak_memory_mb
+    """Generate from an export with onnxruntime and numpy only (no torch): prefill the prompt, decode token by
+    token, streaming the text; tokens/s and peak memory at the end. Sampling, state files and chat:
+    docs/cli.md."""
+    from edgettt.outputs import plan_outputs, write_json
+    from edgettt.runner import Runner, Sampling, peak_memory_mb
 
     if prompt is None and not (load_state or chat):
         raise click.UsageError("give --prompt TEXT (or --load-state FILE to continue a saved text, or --chat)")
@@ -1192,8 +1066,7 @@ def run_cmd(export_dir, prompt, max_new_tokens, temperature, repetition_penalty,
         runner.save_state(state_out)
         click.echo(f"wrote {state_out.path}: the state after {runner.current.position} tokens", err=True)
     if json_out:
-        with json_out.write() as tmp:
-            tmp.write_text(json.dumps(stats, indent=2) + "\n")
+        write_json(json_out, stats)
 
 
 def chat_turns(runner, max_new_tokens: int, sampler, seed: int, stop) -> dict:
@@ -1237,52 +1110,34 @@ def count_list(ctx, param, value):
     return int_list(ctx, param, value, low=0)
 
 
-@cli.command()
+@cli.command(short_help="tokens/s of exports or models, llama-bench style")
 @click.argument("paths", nargs=-1, metavar="PATH...")
-@click.option("--pp", default="512", show_default=True, callback=int_list, help="Prefill lengths (comma-separated).")
-@click.option("--tg", default="128", show_default=True, callback=int_list, help="Decoded tokens (comma-separated).")
-@click.option("--depth", default="0", show_default=True, callback=count_list,
-              help="Tokens of context before the decode (comma-separated).")
+@click.option("--pp", default="512", show_default=True, callback=int_list, help="Prefill lengths.")
+@click.option("--tg", default="128", show_default=True, callback=int_list, help="Decoded tokens.")
+@click.option("--depth", default="0", show_default=True, callback=count_list, help="Tokens of context before decode.")
 @click.option("-r", "--repetitions", default=5, show_default=True, type=POSITIVE)
-@click.option("--threads", default=None, type=POSITIVE,
-              help="onnxruntime / torch threads of each worker [default: their own].")
-@click.option("--seed", default=0, show_default=True, type=SEED, help="Seed of the random token ids.")
+@click.option("--threads", default=None, type=POSITIVE, help="Each worker's threads [default: their own].")
+@click.option("--seed", default=0, show_default=True, type=SEED, help="Of the random token ids.")
 @click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="cuda: models through torch on the GPU as `edgettt.prepare` makes them (bfloat16, Triton "
-                   "kernels, decode compiled and replayed as CUDA graphs, prefill timed as a graph replay).")
-@click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences prefilled and decoded together.")
-@click.option("--json", "json_path", default=None, type=click.Path(),
-              help="Write every row here (rewritten after each repetition: a run cut short keeps what it measured).")
-@click.option("--markdown", "md_path", default=None, type=click.Path(), help="Write the table here.")
+              help="cuda: models as `edgettt.prepare` makes them.")
+@click.option("--batch", default=1, show_default=True, type=POSITIVE, help="Sequences at once.")
+@click.option("--json", "json_path", default=None, type=click.Path(), metavar="PATH",
+              help="Every row as JSON ('-': standard output).")
+@click.option("--markdown", "md_path", default=None, type=click.Path(), metavar="PATH", help="The table.")
 @click.option("--force", is_flag=True, help="Overwrite the output files.")
 def bench(paths, pp, tg, depth, repetitions, threads, seed, device, batch, json_path, md_path, force):
-    """Tokens a second a model prefills and decodes, in the manner of llama-bench.
-
-    \b
-    PATH     an export directory (ONNX Runtime on the CPU: the edge path), a model (torch), or an
-             onnxruntime-genai model folder (a transformer with its KV cache: the anchor; needs
-             onnxruntime-genai), or genai:EXPORT (an export run by onnxruntime-genai instead of
-             edgettt's runner); with --device cuda, models and llama:<preset> (a Llama of that
-             preset's size with a static KV cache, SDPA: the baseline)
-    ppN      prefill N tokens from a fresh state (the logits of the last one, as llama-bench)
-    tgN@dD   decode N tokens one at a time after D tokens of context (D = 0: after one token)
-
-    One measurement at a time, after an untimed warm-up run; the paths take turns, repetition after
-    repetition. On the CPU every measurement runs in a fresh worker process (its peak resident memory
-    its own); with --device cuda each path keeps one worker for the run (a model loads and compiles
-    once), and the peak is the GPU memory allocated during the test. Printed and written: the median
-    tokens/s, min and max, the median ratio to the first PATH, peak memory and size on disk (and the
-    decode graph's nodes for an export); on CUDA each row against its hardware limit. Token ids are
-    random: speed does not depend on them.
-    """
-    from .benchmark import run, table, tests, write
-    from .outputs import plan_outputs
+    """Tokens a second each PATH prefills (ppN) and decodes (tgN@dD: N tokens after D of context), in the manner
+    of llama-bench: the paths in turns, medians, peak memory. PATH: an export (the CPU runner), a model (torch),
+    an onnxruntime-genai folder or genai:EXPORT, llama:<preset> with --device cuda. docs/performance.md."""
+    from edgettt.benchmark import run, table, tests, write
+    from edgettt.outputs import STDOUT, plan_outputs
 
     json_out, md_out = plan_outputs((json_path, "json", force, "--json"), (md_path, "markdown", force, "--markdown"),
                                     inputs=[model_input(p) for p in paths if not p.startswith("llama:")])
     result = run(list(paths), tests(pp, tg, depth), repetitions, threads, seed, device, batch,
-                 partial=lambda so_far: write(so_far, json_out, md_out))  # rewritten after every repetition
-    click.echo(table(result))
+                 partial=lambda so_far: write(so_far, json_out, md_out, final=False))  # after every repetition
+    if json_out != STDOUT:
+        click.echo(table(result))
     write(result, json_out, md_out)
 
 

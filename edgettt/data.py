@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 from pydoc_data.topics import topics
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 DOCS = "python-docs"
 SAMPLE = "python-docs-sample"

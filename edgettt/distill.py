@@ -17,11 +17,11 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .cuda_graph import graphed
-from .evaluation import best_device
-from .fast_paths import use_kernels
-from .model import CausalLM
-from .progress import bar
+from edgettt.cuda_graph import graphed
+from edgettt.evaluation import best_device
+from edgettt.fast_paths import use_kernels
+from edgettt.families.base import LanguageModel
+from edgettt.progress import bar
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +98,7 @@ def draw_windows(data: torch.Tensor, length: int, windows: int, gen: torch.Gener
     return torch.stack([data[s:s + length] for s in starts]).to(device)
 
 
-def teacher_forward(teacher: CausalLM, device) -> Callable[[torch.Tensor], torch.Tensor]:
+def teacher_forward(teacher: LanguageModel, device) -> Callable[[torch.Tensor], torch.Tensor]:
     """The teacher's logits of a batch of windows, without gradients. On a GPU each batch shape's forward is
     recorded once as a CUDA graph (`cuda_graph.graphed`) and replayed: the original TTT-MLP's mini-batch loop
     is thousands of small kernels, bound by their launches. The logits are overwritten by the next call of
@@ -123,7 +123,7 @@ def teacher_forward(teacher: CausalLM, device) -> Callable[[torch.Tensor], torch
     return forward
 
 
-def teacher_pool(teacher: CausalLM, data: torch.Tensor, plan: list[tuple[int, int]], pool: int,
+def teacher_pool(teacher: LanguageModel, data: torch.Tensor, plan: list[tuple[int, int]], pool: int,
                  gen: torch.Generator, device) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
     """For each (length, windows) of the plan, `pool` batches of windows with the teacher's logits
     (bfloat16, on the device): the teacher runs once a batch, and the students' steps reuse them in
@@ -142,7 +142,7 @@ def teacher_pool(teacher: CausalLM, data: torch.Tensor, plan: list[tuple[int, in
     return batches
 
 
-def distill(teacher: CausalLM, student: CausalLM, tokens: list[int], steps: int = 300, batch: int = 32,
+def distill(teacher: LanguageModel, student: LanguageModel, tokens: list[int], steps: int = 300, batch: int = 32,
             ctx: int | list[int] = 512, lr: float = 1e-3, seed: int = 0, device: str | None = None,
             hard_weight: float = 0.0, minutes: float | None = None, pool: int = 0) -> list[float]:
     """Tune `student` in place; returns the loss of every step, (1 - hard_weight) * KL + hard_weight *

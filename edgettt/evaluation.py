@@ -10,18 +10,18 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 
-from . import metrics
-from .data import Text, token_windows
-from .errors import EdgetttError
-from .model import CausalLM
-from .outputs import as_output
-from .progress import bar
-from .quant.apply import weight_bits
-from .runner import Runner, export_files
-from .weights_io import save_safetensors, saved_float_dtype
+from edgettt import metrics
+from edgettt.data import Text, token_windows
+from edgettt.errors import EdgetttError
+from edgettt.families.base import LanguageModel
+from edgettt.outputs import as_output
+from edgettt.progress import bar
+from edgettt.quant.apply import weight_bits
+from edgettt.runner import Runner, export_files
+from edgettt.weights_io import save_safetensors, saved_float_dtype
 
 
-def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
+def encode(model: LanguageModel, text: Text, source: str = "model") -> list[int]:
     if model.tokenizer is None:
         raise EdgetttError(
             f"{source}: vocabulary of {model.config.vocab_size} is too small for byte-level text and the "
@@ -32,7 +32,7 @@ def encode(model: CausalLM, text: Text, source: str = "model") -> list[int]:
 
 
 @torch.no_grad()
-def collect_logits(model: CausalLM, windows: torch.Tensor, batch_size: int = 8, desc: str = "") -> torch.Tensor:
+def collect_logits(model: LanguageModel, windows: torch.Tensor, batch_size: int = 8, desc: str = "") -> torch.Tensor:
     """Logits [N, T, V] of every window's inputs (all but its last token). Runs on the GPU when
     there is one, and leaves the model there."""
     device = best_device()
@@ -65,7 +65,7 @@ def best_device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def target_bytes(model: CausalLM, windows: torch.Tensor) -> int:
+def target_bytes(model: LanguageModel, windows: torch.Tensor) -> int:
     return sum(len(model.tokenizer.decode(row.tolist()).encode("utf-8")) for row in windows[:, 1:])
 
 
@@ -75,7 +75,7 @@ FORWARD_LOGITS, STATS_LOGITS = 2**22, 2**20
 
 
 @torch.no_grad()
-def conversion_report(original: CausalLM, converted: CausalLM, text: Text, ctx: int,
+def conversion_report(original: LanguageModel, converted: LanguageModel, text: Text, ctx: int,
                       max_tokens: int | None) -> dict:
     """Exact form: logit error against the original. Parallel form: the drift it causes. Measured a batch
     of windows at a time (`metrics.token_stats`): the memory of one batch's logits, not the text's."""
@@ -185,7 +185,7 @@ def check_reference(path, logits: torch.Tensor, windows: torch.Tensor) -> None:
                            "`edgettt eval --save-logits`")
 
 
-def vocab_size(model: CausalLM | ExportLogits) -> int:
+def vocab_size(model: LanguageModel | ExportLogits) -> int:
     return model.vocab_size if isinstance(model, ExportLogits) else model.config.vocab_size
 
 
@@ -201,8 +201,8 @@ def check_comparable(model, name: str, ref, ref_name: str, text: Text) -> None:
                            "model it was converted or quantized from as the reference")
 
 
-def evaluate(model: CausalLM | ExportLogits, name: str, text: Text, ctx: int, max_tokens: int | None,
-             ref: CausalLM | None = None, ref_name: str | None = None, ref_file=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
+def evaluate(model: LanguageModel | ExportLogits, name: str, text: Text, ctx: int, max_tokens: int | None,
+             ref: LanguageModel | None = None, ref_name: str | None = None, ref_file=None) -> tuple[dict, torch.Tensor, torch.Tensor]:
     """Perplexity and bits per byte of `model`; with a reference model or saved reference logits,
     the drift against it. Returns (report, logits, windows)."""
     ref_logits, ref_facts = None, None

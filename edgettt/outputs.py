@@ -33,11 +33,12 @@ import json
 import os
 import re
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 STAGING_TAG = ".edgettt-partial-"
 PUBLISHED = "output"  # the output's name inside the staging directory
@@ -328,14 +329,20 @@ class Output:
         os.rename(tmp, final)
 
 
+STDOUT = "-"  # a JSON output's path for standard output (`--json -`)
+
+
 def plan_outputs(*specs, inputs=()) -> list[Output]:
     """Plan several outputs of one command: each as `Output.plan(path, kind, force, inputs, option)`,
     and no two of them the same path or one inside another. Specs with path None are skipped
-    (the returned list keeps their place as None)."""
+    (the returned list keeps their place as None); a JSON output's "-" is `STDOUT`."""
     planned = []
     for path, kind, force, option in specs:
-        planned.append(None if path is None else Output.plan(path, kind, force, inputs, option))
-    real = [(o, s[3]) for o, s in zip(planned, specs) if o is not None]
+        if path is None or (kind == "json" and str(path) == STDOUT):
+            planned.append(None if path is None else STDOUT)
+        else:
+            planned.append(Output.plan(path, kind, force, inputs, option))
+    real = [(o, s[3]) for o, s in zip(planned, specs) if isinstance(o, Output)]
     for i, (a, a_opt) in enumerate(real):
         for b, b_opt in real[i + 1:]:
             relation = _relation(a.path.resolve(), b.path.resolve())
@@ -343,6 +350,16 @@ def plan_outputs(*specs, inputs=()) -> list[Output]:
                 raise EdgetttError(f"{a_opt or ''} {a.path}: the output {relation} the output {b_opt or ''} "
                                    f"{b.path}; give each output its own path".strip())
     return planned
+
+
+def write_json(out, data) -> None:
+    """`data` as indented JSON to a planned output, or to standard output for `STDOUT`."""
+    text = json.dumps(data, indent=2) + "\n"
+    if out == STDOUT:
+        sys.stdout.write(text)
+        return
+    with out.write() as tmp:
+        tmp.write_text(text)
 
 
 def as_output(target, kind: str, force: bool = False, inputs=()) -> Output:

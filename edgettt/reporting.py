@@ -19,18 +19,18 @@ from pathlib import Path
 import matplotlib
 from matplotlib.figure import Figure
 
-from . import metrics
-from .conversion import convert
-from .data import Text, token_windows
-from .errors import EdgetttError
-from .evaluation import collect_logits, encode, model_facts, target_bytes
-from .model import CausalLM
-from .onnx.speed import onnx_speed
-from .progress import bar
-from .quant.apply import layer_formats, quantize_model
-from .quant.calibration import calibrate
-from .quant.config import DEFAULT_SKIP, QuantConfig, weight_variant
-from .quant.mixed import Budget, search_mix
+from edgettt import metrics
+from edgettt.conversion import convert
+from edgettt.data import Text, token_windows
+from edgettt.errors import EdgetttError
+from edgettt.evaluation import collect_logits, encode, model_facts, target_bytes
+from edgettt.families.base import LanguageModel
+from edgettt.onnx.speed import onnx_speed
+from edgettt.progress import bar
+from edgettt.quant.apply import layer_formats, quantize_model
+from edgettt.calibration.statistics import calibrate
+from edgettt.quant.config import DEFAULT_SKIP, QuantConfig, weight_variant
+from edgettt.calibration.mixed import Budget, search_mix
 
 
 @dataclasses.dataclass
@@ -71,7 +71,7 @@ def variants(weights: list[str], states: list[str], skip: tuple[str, ...] = DEFA
     return out
 
 
-def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Text, variant_list: list[Variant],
+def build_report(source: LanguageModel, source_name: str, text: Text, calib_text: Text, variant_list: list[Variant],
                  ctx: int, max_tokens: int, form: str = "exact", calib_samples: int = 4, onnx: bool = False,
                  log=print, keep_exports: Path | None = None) -> dict:
     """With `onnx`, every row also gets its ONNX files' sizes and onnxruntime CPU tokens/s (parallel form);
@@ -93,7 +93,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
     orig_ppl = metrics.perplexity(collect_logits(original, windows, desc="original"), targets, n_bytes) \
         if original is not converted else None
     log(f"calibrating on {calib_text.name} ({calib_samples} x {ctx} tokens)")
-    cal = calibrate(converted, calib_text, seq_len=ctx, samples=calib_samples)
+    cal = calibrate(converted, calib_text, ctx, samples=calib_samples)
     rows = [_row("float (converted)", "float", "fp32", model_facts(converted, "ref"),
                  metrics.drift(ref_logits, ref_logits, targets, n_bytes), None)]
     keep = (lambda name: keep_exports / name.replace(" ", "_")) if keep_exports else (lambda name: None)
@@ -118,7 +118,7 @@ def build_report(source: CausalLM, source_name: str, text: Text, calib_text: Tex
             "original": orig_ppl, "rows": rows, "failed": failed}
 
 
-def _variant_row(v: Variant, converted: CausalLM, cal, ref_logits, windows, n_bytes, orig_ppl, calib_text) -> dict:
+def _variant_row(v: Variant, converted: LanguageModel, cal, ref_logits, windows, n_bytes, orig_ppl, calib_text) -> dict:
     model = convert(converted, converted.form)  # a fresh copy
     plan = search_mix(converted, cal, calib_text, Budget.parse(v.target), v.state) if v.target else None
     layers = quantize_model(model, plan.config() if plan else v.config(), cal)

@@ -26,11 +26,13 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 
-from . import state_file
-from .errors import EdgetttError  # plain Python: no torch behind it
-from .outputs import as_output
-from .state_file import RECENT_TOKENS, Snapshot
-from .tokenizer import ByteTokenizer, JsonTokenizer
+from edgettt import state_file
+from edgettt.errors import EdgetttError  # plain Python: no torch behind it
+from edgettt.formats.state_roles import RECURRENT
+from edgettt.formats.state_roles import ROLES as STATE_ROLES
+from edgettt.outputs import as_output
+from edgettt.state_file import RECENT_TOKENS, Snapshot
+from edgettt.tokenizer import ByteTokenizer, JsonTokenizer
 
 ROLES = ("input_ids", "logits", "logits_from", "position", "inner_position", "state")
 ORT_TYPES = {"tensor(int64)": "int64", "tensor(float)": "float32", "tensor(int8)": "int8", "tensor(uint8)": "uint8",
@@ -45,6 +47,24 @@ def is_export(path) -> bool:
 def export_files(directory: Path) -> dict[str, int]:
     """An export's graphs and weights file, by name, with their bytes on disk: what it weighs."""
     return {f.name: f.stat().st_size for f in sorted(Path(directory).iterdir()) if f.suffix in (".onnx", ".bin")}
+
+
+def export_facts(directory: Path) -> dict:
+    """What `info` reports of an export: its manifest's model, its files' bytes on disk, its decode state's bytes
+    by role (`formats.state_roles`; "unnamed" in an export from before the manifest named roles)."""
+    m = load_manifest(directory)
+    source = m.get("source", {})
+    files = export_files(directory)
+    by_role: dict[str, int] = {}
+    for s in m["state"]:
+        role = s.get("role", "unnamed")
+        by_role[role] = by_role.get(role, 0) + math.prod(s["shape"]) * np.dtype(s["dtype"]).itemsize
+    return {"path": str(directory), "export": True, "family": source.get("family"), "form": source.get("form"),
+            "model": source.get("model"), "vocab_size": m["vocab_size"], "parameters": source.get("weights"),
+            "files_bytes": files, "weights_bytes": sum(files.values()), "activations": m.get("activations"),
+            "quantization": source.get("quantization"), "decode_state_bytes_per_sequence": sum(by_role.values()),
+            "decode_state_bytes_by_role": by_role, "tokenizer": m["tokenizer"]["type"], "opset": m.get("opset"),
+            "distilled_ctx": source.get("distilled_ctx")}
 
 
 def load_manifest(directory: Path) -> dict:
@@ -173,13 +193,13 @@ def check_manifest(m: dict, directory: Path, file: Path) -> None:
              "graphs.decode.inputs has no position")
     state = m.get("state")
     _require(isinstance(state, list) and all(_state_entry(s) for s in state), file,
-             "state must list objects with name, dtype and a shape of positive integers")
+             "state must list objects with name, dtype, a known role and a shape of positive integers")
     _require({s["name"] for s in state} == decode_in, file, "state does not name the decode graph's state inputs")
 
 
 def _state_entry(s) -> bool:
     return (isinstance(s, dict) and isinstance(s.get("name"), str) and s.get("dtype") in STATE_DTYPES
-            and isinstance(s.get("shape"), list) and all(_positive_int(n) for n in s["shape"])
+            and s.get("role", RECURRENT) in STATE_ROLES and isinstance(s.get("shape"), list) and all(_positive_int(n) for n in s["shape"])
             and math.prod(s["shape"]) <= MAX_STATE_ELEMENTS)
 
 

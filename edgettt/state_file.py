@@ -4,7 +4,7 @@ A TTT model's whole memory of a text is a few fixed-size tensors a layer, so a c
 saved, restored, shared between prompts and rewound by copying them. `Snapshot` is that memory as
 the edge runner holds it (numpy, no torch); `save` and `load` write and read it as a safetensors file:
 the state tensors (batch 1) under the manifest's state names, the last token's logits, and in the
-metadata the export it belongs to (its source fingerprint and state specs), the position and the
+metadata the export it belongs to (its source fingerprint and state specs: shapes, types and roles), the position and the
 last tokens (which the repetition penalty looks back at). `load` checks all of it against the
 export's manifest before anything is used: a state from another export, truncated or of other
 shapes or types is a one-line error.
@@ -20,7 +20,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 STATE_FORMAT = "edgettt-state"
 RECENT_TOKENS = 64  # the tokens a snapshot keeps for the repetition penalty (its window, llama.cpp's 64)
@@ -46,7 +46,10 @@ class Snapshot:
 
 
 def _specs(manifest: dict) -> dict[str, dict]:
-    return {s["name"]: {"shape": [1, *s["shape"]], "dtype": s["dtype"]} for s in manifest["state"]}
+    """Each state tensor's shape (batch 1), dtype and role (`formats.state_roles`; none in an export from before
+    the manifest named roles), by name."""
+    return {s["name"]: {"shape": [1, *s["shape"]], "dtype": s["dtype"], **({"role": s["role"]} if "role" in s else {})}
+            for s in manifest["state"]}
 
 
 def save(snapshot: Snapshot, path: Path, manifest: dict) -> None:
@@ -84,7 +87,16 @@ def load(path, manifest: dict, export: str) -> Snapshot:
     names = {k.removeprefix("state.") for k in tensors if k.startswith("state.")}
     if names != set(specs):
         bad(f"its state tensors {sorted(names)[:4]}... are not this export's {sorted(specs)[:4]}...")
+    try:
+        saved = json.loads(meta.get("state", "{}"))
+    except ValueError:
+        saved = None
+    if not isinstance(saved, dict):
+        bad("its list of state tensors is not readable")
     for name, spec in specs.items():
+        role = saved.get(name, {}).get("role") if isinstance(saved.get(name), dict) else None
+        if role is not None and "role" in spec and role != spec["role"]:
+            bad(f"state {name} was saved as the {role}, this export keeps its {spec['role']} there")
         t = tensors[f"state.{name}"]
         if list(t.shape) != spec["shape"] or str(t.dtype) != spec["dtype"]:
             bad(f"state {name} is {t.dtype} {list(t.shape)}, this export keeps {spec['dtype']} {spec['shape']}")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 
 class ByteTokenizer:

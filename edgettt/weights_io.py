@@ -23,7 +23,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file
 
-from .errors import EdgetttError
+from edgettt.errors import EdgetttError
 
 WEIGHTS_FILE = "model.safetensors"
 PICKLE_FILE = "pytorch_model.bin"

@@ -32,10 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgettt.checkpoint import save_model
-from edgettt.config import ModelConfig
+from edgettt.families.ttt.config import ModelConfig
 from edgettt.cuda_graph import graphed
 from edgettt.data import builtin_text
-from edgettt.random_init import random_model
+from edgettt.families.ttt.random_init import random_model
 
 ARCHS = {
     # ~1.9M parameters each: at most 8 MB on disk in fp32
@@ -107,8 +107,8 @@ def build(arch: str, layers: int, seed: int, sizes: dict | None = None):
     """The model of an arch, its sizes optionally replaced (`sizes`: hidden_size, intermediate_size)."""
     sizes = sizes or {}
     if arch in LACT_ARCHS:
-        from edgettt.lact.config import LaCTConfig
-        from edgettt.lact.model import LaCTForCausalLM, initialise
+        from edgettt.families.lact.config import LaCTConfig
+        from edgettt.families.lact.model import LaCTForCausalLM, initialise
 
         config = LaCTConfig(num_hidden_layers=layers, **{**LACT_ARCHS[arch], **sizes})
         from edgettt.tokenizer import ByteTokenizer
@@ -286,7 +286,7 @@ def main():
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
     if args.compile:
-        from edgettt.fast_paths import compile_ttt_steps
+        from edgettt.families.ttt.kernels import compile_ttt_steps
 
         compile_ttt_steps()
     sizes = {k: v for k, v in (("hidden_size", args.hidden), ("intermediate_size", args.intermediate)) if v}

@@ -55,7 +55,7 @@ def world(tmp_path_factory) -> Path:
        "--set", f"mini_batch_size={MINI_BATCH}")
     ok("convert", w / "ttt", w / "par", "--form", "parallel", "--no-report")
     (w / "text.txt").write_text("def f(x):\n    return x + 1\n" * 40)
-    ok("calibrate", w / "par", "--data", w / "text.txt", "--seq-len", 32, "--samples", 2, w / "calib.st")
+    ok("calibrate", w / "par", "--data", w / "text.txt", "--ctx", 32, "--samples", 2, w / "calib.st")
     ok("quantize", w / "par", w / "q8", "--weights", "int8", "--state", "int8", "--calib", w / "calib.st")
     ok("eval", w / "par", "--data", w / "text.txt", "--ctx", 32, "--save-logits", w / "logits.st")
     ok("export", w / "par", w / "export", "--no-verify")
@@ -258,7 +258,7 @@ CASES = [
     c("eval-two-outputs-same", lambda w: ["eval", w / "par", "--save-logits", w / "x.st", "--json", w / "x.st"], ONE,
       "give each output its own path"),
     c("export-out-inside-model", lambda w: ["export", w / "par", w / "par" / "onnx"], ONE, "inside the input"),
-    c("export-out-is-verify-data", lambda w: ["export", w / "par", w / "text.txt", "--verify-data", w / "text.txt",
+    c("export-out-is-verify-data", lambda w: ["export", w / "par", w / "text.txt", "--data", w / "text.txt",
                                                "--force"], ONE, "is the input"),
     c("run-json-is-manifest", lambda w: ["run", w / "export", "--prompt", "x", "--json",
                                           w / "export" / "manifest.json"], ONE, "inside the input"),
@@ -492,7 +492,7 @@ CASES = [
                                               "--data", w / "nope.txt"], ONE, "nope.txt"),
     c("text-calib-data-missing", lambda w: ["report", w / "par", "--calib-data", w / "nope.txt", w / "r"], ONE,
       "nope.txt"),
-    c("text-verify-data-missing", lambda w: ["export", w / "par", w / "e", "--verify-data", w / "nope.txt"], ONE,
+    c("text-verify-data-missing", lambda w: ["export", w / "par", w / "e", "--data", w / "nope.txt"], ONE,
       "nope.txt"),
     c("text-empty", lambda w: ["eval", w / "par", "--data", w / "empty.txt"], ONE, "empty.txt",
       lambda w: (w / "empty.txt").write_text("")),
@@ -500,8 +500,8 @@ CASES = [
     c("text-dir-without-text", lambda w: ["calibrate", w / "par", "--data", w / "export", w / "c.st"], ONE,
       "no .txt"),
     # ---- other refused operations
-    c("report-weights-unknown", lambda w: ["report", w / "par", "--weights", "int9", w / "r"], ONE, "--weights"),
-    c("report-state-unknown", lambda w: ["report", w / "par", "--state", "int3", w / "r"], ONE, "--state"),
+    c("report-weights-unknown", lambda w: ["report", w / "par", "--weights", "int9", w / "r"], USAGE, "--weights"),
+    c("report-state-unknown", lambda w: ["report", w / "par", "--state", "int3", w / "r"], USAGE, "--state"),
     c("quantize-original", lambda w: ["quantize", w / "ttt", w / "q"], ONE, "original TTT model"),
     c("export-exact-form", lambda w: ["export", w / "ex", w / "e"], ONE, "--form parallel",
       lambda w: ok("convert", w / "ttt", w / "ex", "--no-report")),
@@ -531,14 +531,13 @@ CASES = [
     c("convert-minutes-zero", lambda w: ["convert", w / "ttt", w / "o", "--distill", "minutes=0"], USAGE, "minutes=0"),
     c("convert-batch-zero", lambda w: ["convert", w / "ttt", w / "o", "--distill", "batch=0"], USAGE, "batch=0"),
     c("convert-distill-unknown", lambda w: ["convert", w / "ttt", w / "o", "--distill", "epochs=3"], USAGE, "epochs=3"),
-    c("convert-steps-moved", lambda w: ["convert", w / "ttt", w / "o", "--steps", 3], USAGE, "--distill steps=N"),
+    c("convert-steps-unknown", lambda w: ["convert", w / "ttt", w / "o", "--steps", 3], USAGE, "No such option"),
     c("convert-decay-one", lambda w: ["convert", w / "ttt", w / "o", "--form", "parallel", "--decay", 1], USAGE, "--decay"),
     c("convert-decay-exact-form", lambda w: ["convert", w / "ttt", w / "o", "--decay", 0.9], ONE, "--form parallel"),
     c("convert-distill-ctx-zero", lambda w: ["convert", w / "ttt", w / "o", "--distill", "ctx=512/0"], USAGE,
       "ctx=512/0"),
     c("convert-form", lambda w: ["convert", w / "ttt", w / "o", "--form", "fast"], USAGE, "--form"),
-    c("calibrate-seq-len-zero", lambda w: ["calibrate", w / "par", w / "c.st", "--seq-len", 0], USAGE,
-      "--seq-len"),
+    c("calibrate-ctx-zero", lambda w: ["calibrate", w / "par", w / "c.st", "--ctx", 0], USAGE, "--ctx"),
     c("calibrate-samples-zero", lambda w: ["calibrate", w / "par", w / "c.st", "--samples", 0], USAGE,
       "--samples"),
     c("calibrate-percentile-1000", lambda w: ["calibrate", w / "par", w / "c.st", "--percentile", 1000], USAGE,
@@ -551,15 +550,15 @@ CASES = [
     c("eval-max-tokens-negative", lambda w: ["eval", w / "par", "--max-tokens", -1], USAGE, "--max-tokens"),
     c("report-ctx-zero", lambda w: ["report", w / "par", "--ctx", 0, w / "r"], USAGE, "--ctx"),
     c("report-group-size", lambda w: ["report", w / "par", "--group-size", 48, w / "r"], USAGE, "--group-size"),
-    c("report-weights-group", lambda w: ["report", w / "par", "--weights", "int4-rtn-g48", w / "r"], ONE,
+    c("report-weights-group", lambda w: ["report", w / "par", "--weights", "int4-rtn-g48", w / "r"], USAGE,
       "int4-rtn-g48"),
     c("quantize-group-size", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4-gptq-g48"], USAGE,
       "int4-gptq-g48"),
     c("quantize-weights", lambda w: ["quantize", w / "par", w / "q", "--weights", "int3"], USAGE, "--weights"),
-    c("quantize-old-group-size", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4", "--group-size", "32"],
-      USAGE, "int4-gptq-g32"),
-    c("quantize-old-method", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4", "--method", "gptq"], USAGE,
-      "int4-gptq-g32"),
+    c("quantize-group-size-option", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4", "--group-size", "32"],
+      USAGE, "No such option"),
+    c("quantize-method-option", lambda w: ["quantize", w / "par", w / "q", "--weights", "int4", "--method", "gptq"],
+      USAGE, "No such option"),
     c("export-opset-1", lambda w: ["export", w / "par", w / "e", "--opset", 1], USAGE, "--opset"),
     c("export-opset-99", lambda w: ["export", w / "par", w / "e", "--opset", 99], USAGE, "--opset"),
     c("run-max-new-tokens-negative", lambda w: ["run", w / "export", "--prompt", "x", "--max-new-tokens", -1], USAGE,

@@ -209,7 +209,7 @@ def test_one_size_as_stored_for_a_model_its_conversion_and_its_report_row(tmp_pa
     (`model_facts`) as `info` (`stored_size`, the files' bytes), its converted form (which keeps the file's
     precision when saved) alike; a quantized model counts what its file holds."""
     from edgettt import convert
-    from edgettt.cli import stored_size
+    from edgettt.model_info import stored_size
     from edgettt.evaluation import model_facts
     from edgettt.quant import QuantConfig, quantize_model
 

@@ -186,7 +186,7 @@ def test_fused_input_projections_compute_what_the_separate_ones_do(weights):
     import copy
 
     import edgettt
-    from edgettt.mixer import fuse_input_projections
+    from edgettt.families.base import fuse_input_projections
     from edgettt.quant import QuantConfig, stacked_projection
 
     model = edgettt.load("ttt-linear-tiny-parallel")

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 import edgettt
 from edgettt.cli import cli
-from edgettt.mixer import FusableInputs
+from edgettt.families.base import FusableInputs
 
 
 def run(*args):
@@ -35,7 +35,7 @@ def root(tmp_path_factory):
         assert run("convert", root / f"ttt-{family}", root / family, "--form", "parallel", "--no-report").exit_code == 0
     assert run("convert", root / "ttt-linear", root / "linear-decay", "--form", "parallel", "--decay", "0.8",
                "--no-report").exit_code == 0
-    result = run("calibrate", root / "mlp", "--data", "python-docs-sample", "--seq-len", "64", "--samples", "2",
+    result = run("calibrate", root / "mlp", "--data", "python-docs-sample", "--ctx", "64", "--samples", "2",
                  root / "cal.st")
     assert result.exit_code == 0, result.output
     return root
@@ -423,7 +423,7 @@ def test_eval_measures_the_export_itself(exported, tmp_path):
 
 def test_info_takes_an_export(exported):
     _, directory = exported["linear-fp32"]
-    facts = json.loads(run("info", directory, "--json").output)
+    facts = json.loads(run("info", directory, "--json", "-").output)
     on_disk = sum(f.stat().st_size for f in directory.iterdir() if f.suffix in (".onnx", ".bin"))
     assert facts["export"] and facts["form"] == "parallel" and facts["weights_bytes"] == on_disk
     assert facts["decode_state_bytes_per_sequence"] > 0

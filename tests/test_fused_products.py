@@ -34,7 +34,7 @@ def test_a_compiled_step_fuses_the_o_gate_up_and_down_products_and_steps_as_eage
     eager step's logits and state; with int8 activations too (the fused products' W4A8 GEMV rounding the norm's
     output as the eager int4 layer rounds it)."""
     from edgettt.fast_paths.fused_products import use_fused_products
-    from edgettt.mixer import fuse_input_projections
+    from edgettt.families.base import fuse_input_projections
     from edgettt.quant import set_activations, stacked_projection
     from edgettt.benchmark import copy_state
 
@@ -81,7 +81,7 @@ def test_fused_layers_compute_as_before_above_the_gemv_rows():
                                        (nn.LayerNorm(8, elementwise_affine=False), None), (nn.Identity(), None)])
 def test_the_norms_a_fused_product_applies(norm, kind):
     from edgettt.fast_paths.fused_products import norm_kind
-    from edgettt.model import RMSNorm
+    from edgettt.families.base import RMSNorm
 
     assert norm_kind(RMSNorm(8, 1e-6) if norm == "rms" else norm) == kind
 

@@ -146,7 +146,7 @@ def test_an_array_in_flax_chunks_reads_as_one(tmp_path):
 
 def test_info_takes_a_jax_checkpoint():
     """info of a checkpoint file: the model it holds (no model directory's headers to count its bytes by)."""
-    result = CliRunner().invoke(cli, ["info", str(FIXTURES / "ttt-mlp"), "--json"])
+    result = CliRunner().invoke(cli, ["info", str(FIXTURES / "ttt-mlp"), "--json", "-"])
     assert result.exit_code == 0, result.output
     facts = json.loads(result.output)
     assert facts["family"] == "ttt-mlp" and facts["parameters"] > 0
@@ -170,7 +170,7 @@ def test_info_eval_and_bench_take_a_jax_folder_as_convert_does(tmp_path, config_
         assert result.exit_code == 0, result.output
         return result.output
 
-    facts = json.loads(ok("info", folder, "--json"))
+    facts = json.loads(ok("info", folder, "--json", "-"))
     assert facts["family"] == "ttt-mlp" and facts["parameters"] > 0
     ok("eval", folder, "--data", text, "--ctx", 32, "--json", tmp_path / "e.json")
     assert json.loads((tmp_path / "e.json").read_text())["model"]["parameters"] == facts["parameters"]

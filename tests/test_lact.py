@@ -12,8 +12,8 @@ from edgettt.errors import EdgetttError
 from edgettt.ops.lact import fast_weights, parallel as linear_attention
 from edgettt.ops.lact import triton as lact_kernels
 from edgettt.checkpoint import load_model as load_lact
-from edgettt.lact.config import LaCTConfig
-from edgettt.lact.model import LaCTForCausalLM
+from edgettt.families.lact.config import LaCTConfig
+from edgettt.families.lact.model import LaCTForCausalLM
 from edgettt.weights_io import write_weights
 
 import lact_reference
@@ -264,7 +264,7 @@ def test_a_missing_tensor_is_named(tmp_path):
 @pytest.mark.parametrize("T", [5, 6, 13, 18, 24])
 def test_blockwise_window_attention_equals_the_dense_band(T):
     """A fresh text's window attention in blocks (2 x window keys a block) against the dense band mask."""
-    from edgettt.lact.window import fresh_window_attention
+    from edgettt.families.lact.window import fresh_window_attention
 
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 3, T, 8) for _ in range(3))
@@ -283,7 +283,7 @@ def cli_run(*args):
 
 
 def test_info_and_eval_describe_a_lact_model(tmp_path):
-    facts = json.loads(cli_run("info", "lact-w1-tiny", "--json").output)
+    facts = json.loads(cli_run("info", "lact-w1-tiny", "--json", "-").output)
     assert facts["family"] == "lact" and facts["chunk"] == 64 and facts["window"] == 64
     assert facts["options"]["lact_update_w0_w2"] is False and facts["options"]["ttt_nope"] is True
     state = facts["decode_state_tensors"]
@@ -309,7 +309,7 @@ def quantized_state_model(fmt: str, **overrides):
     """A small random LaCT model whose fast-weight state is kept in `fmt` (int8: calibrated on
     random text)."""
     from edgettt.quant.apply import apply_state_format
-    from edgettt.quant.calibration import calibrate
+    from edgettt.calibration.statistics import calibrate
     from edgettt.tokenizer import ByteTokenizer
     from edgettt.data import Text
 
@@ -318,7 +318,7 @@ def quantized_state_model(fmt: str, **overrides):
     cal = None
     if fmt == "int8":
         text = Text("random", bytes(torch.randint(32, 127, (4000,), generator=torch.Generator().manual_seed(1)).tolist()))
-        cal = calibrate(model, text, seq_len=40, samples=4)
+        cal = calibrate(model, text, ctx=40, samples=4)
     apply_state_format(model, fmt, cal)
     return model
 
@@ -345,7 +345,7 @@ def test_a_quantized_fast_weight_state_rounds_the_same_in_decode_and_prefill(fmt
 def test_the_parallel_form_with_a_quantized_state_equals_the_recurrent_one():
     """Rounding at every chunk end is sequential: the parallel form runs the chunk-recurrent computation
     then, which equals it for the W1-only variant."""
-    from edgettt.lact.model import converted_copy
+    from edgettt.families.lact.model import converted_copy
     from edgettt.quant.apply import apply_state_format
 
     model = quantized_state_model("int8-tensor", **W1_ONLY)
@@ -362,7 +362,7 @@ def test_calibrated_int8_state_through_the_commands(tmp_path):
     small (measured 0.00017 at 2048 tokens on lact-tiny, README)."""
     import edgettt
 
-    assert cli_run("calibrate", "lact-w1-tiny", "--samples", "2", "--seq-len", "512", tmp_path / "c.st").exit_code == 0
+    assert cli_run("calibrate", "lact-w1-tiny", "--samples", "2", "--ctx", "512", tmp_path / "c.st").exit_code == 0
     result = cli_run("quantize", "lact-w1-tiny", tmp_path / "q", "--weights", "int8", "--state", "int8",
                      "--calib", tmp_path / "c.st")
     assert result.exit_code == 0, result.output
@@ -482,7 +482,7 @@ def test_gptq_int4_beats_round_to_nearest_on_a_lact_model():
     from edgettt.quant.config import QuantConfig
 
     model = edgettt.load("lact-w1-tiny")
-    cal = edgettt.calibrate(model, seq_len=512, samples=2)
+    cal = edgettt.calibrate(model, ctx=512, samples=2)
     kld = {}
     for method in ("rtn", "gptq"):
         q = edgettt.quantize(model, QuantConfig("int4", 32, method=method), calibration=cal)

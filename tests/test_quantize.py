@@ -10,8 +10,8 @@ from edgettt import EdgetttError, convert, metrics
 from edgettt.data import read_text
 from edgettt.ops.linear_attention import reference as la
 from edgettt.quant import WEIGHT_FORMATS, QuantConfig, QuantLinear, quantize_, quantize_model, weight_format
-from edgettt.quant.calibration import Calibration, calibrate
-from edgettt.quant.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
+from edgettt.calibration.statistics import Calibration, calibrate
+from edgettt.formats.layouts import dequantize_int4, dequantize_int8, pack_nibbles, unpack_nibbles
 from edgettt.quant.linear import QuantState
 from edgettt.quant.weight_formats import Int8, WeightFormat
 
@@ -106,7 +106,7 @@ def test_int6_is_a_4_bit_and_a_2_bit_matmulnbits_part_with_a_sixteenth_of_int4s_
     2-bit layouts; ONNX Runtime itself reads them in tests/test_export.py): the two parts' weights add up to the
     dequantized one, every weight is within half a step, and 4x int4's levels leave about 1/16 of its squared
     error."""
-    from edgettt.quant.layouts import dequantize_int6, pack_crumbs, unpack_crumbs
+    from edgettt.formats.layouts import dequantize_int6, pack_crumbs, unpack_crumbs
     from edgettt.quant.weight_formats import nbits_weight
 
     codes = torch.randint(0, 4, (5, 3, 16), generator=torch.Generator().manual_seed(7))
@@ -148,10 +148,11 @@ def test_gptq_beats_rounding_on_correlated_inputs():
     w = torch.randn(64, 128, generator=g)
     H = X.T @ X / X.shape[0]
     out_err = lambda d: (X @ (d - w).T).pow(2).mean().item()  # noqa: E731
-    assert out_err(dequantize_int4(INT4.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int4(INT4.quantize(w, 64)))
-    assert out_err(dequantize_int8(INT8.quantize(w, 64, "gptq", H))) < 0.75 * out_err(dequantize_int8(INT8.quantize(w, 64)))
+    feedback = Calibration("m", {}, 64, 1, 0, 100.0, {"layer": H}).feedback("layer")  # GPTQ on these statistics
+    assert out_err(dequantize_int4(INT4.quantize(w, 64, feedback))) < 0.75 * out_err(dequantize_int4(INT4.quantize(w, 64)))
+    assert out_err(dequantize_int8(INT8.quantize(w, 64, feedback))) < 0.75 * out_err(dequantize_int8(INT8.quantize(w, 64)))
     int6 = weight_format("int6")
-    assert out_err(int6.dequantize(int6.quantize(w, 64, "gptq", H), 64, 128, 64)) < 0.75 * out_err(
+    assert out_err(int6.dequantize(int6.quantize(w, 64, feedback), 64, 128, 64)) < 0.75 * out_err(
         int6.dequantize(int6.quantize(w, 64), 64, 128, 64))
 
 
@@ -159,7 +160,7 @@ def test_gptq_beats_rounding_on_correlated_inputs():
 def trained():
     """The shipped TTT-Linear model, converted, calibrated at the context the tests run (2048)."""
     model = convert(edgettt.load("ttt-linear-tiny"), "exact")
-    cal = calibrate(model, read_text("python-docs:train"), seq_len=2048, samples=2)
+    cal = calibrate(model, read_text("python-docs:train"), ctx=2048, samples=2)
     ids = torch.tensor([model.tokenizer.encode_bytes(read_text("python-docs:test").data[:2049])])
     return model, cal, ids
 
@@ -286,7 +287,7 @@ def test_the_int12_kv8_state_keeps_the_open_mini_batch_in_8_bits_at_a_quarter_of
 
 
 def test_8_bit_slots_round_within_half_a_step_and_rotated_keys_keep_their_constant():
-    from edgettt.quant.state_formats import hadamard, int8_rotated_keys, int8_slots
+    from edgettt.formats.state_formats import hadamard, int8_rotated_keys, int8_slots
 
     g = torch.Generator().manual_seed(0)
     for n in (64, 48):  # a power of two, and three blocks of 16
@@ -304,7 +305,7 @@ def test_8_bit_slots_round_within_half_a_step_and_rotated_keys_keep_their_consta
 def test_the_two_level_rounding_is_within_a_30th_of_the_row_step():
     """|S - round(S)| <= step / 30 with step = max |S - S0| over the row / 127 (nothing clipped), the row's
     largest change kept exactly, rows that did not move left at S0, and rounding twice changes nothing."""
-    from edgettt.quant.state_formats import two_level_round
+    from edgettt.formats.state_formats import two_level_round
 
     g = torch.Generator().manual_seed(0)
     S0 = torch.randn(3, 17, 16, generator=g)

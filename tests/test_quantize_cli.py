@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 import edgettt
-from edgettt.quant.calibration import BUCKETS
+from edgettt.calibration.statistics import BUCKETS
 from edgettt.cli import cli
 from edgettt.quant import QuantLinear
 
@@ -22,7 +22,7 @@ def setup(tmp_path_factory):
     assert run("create", root / "ttt", "--set", "hidden_size=64", "--set", "intermediate_size=160",
                "--set", "mini_batch_size=8", "--set", "share_qk=true").exit_code == 0
     assert run("convert", root / "ttt", root / "la", "--form", "exact", "--no-report").exit_code == 0
-    result = run("calibrate", root / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3",
+    result = run("calibrate", root / "la", "--data", "python-docs-sample", "--ctx", "256", "--samples", "3",
                  root / "cal.st")
     assert result.exit_code == 0, result.output
     assert "max |row| by position bucket" in result.output
@@ -82,10 +82,10 @@ def test_quantize_bad_inputs(setup, tmp_path):
 
 
 def test_calibration_is_deterministic_and_records_fingerprints(setup, tmp_path):
-    from edgettt.quant.calibration import Calibration
+    from edgettt.calibration.statistics import Calibration
     from edgettt.checkpoint import model_fingerprint
 
-    args = ("calibrate", setup / "la", "--data", "python-docs-sample", "--seq-len", "256", "--samples", "3")
+    args = ("calibrate", setup / "la", "--data", "python-docs-sample", "--ctx", "256", "--samples", "3")
     assert run(*args, tmp_path / "again.st").exit_code == 0
     a, b = Calibration.load(setup / "cal.st"), Calibration.load(tmp_path / "again.st")
     assert a.model_fingerprint == model_fingerprint(edgettt.load(setup / "la")) == b.model_fingerprint
@@ -117,14 +117,14 @@ def test_report_end_to_end(setup, tmp_path):
         assert (out / name).stat().st_size > 0
     assert "KLD mean" in result.output
     bad = run("report", setup / "ttt", "--weights", "int3", tmp_path / "r2")
-    assert bad.exit_code == 1 and "unknown weight variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
+    assert bad.exit_code == 2 and "unknown weight variant 'int3'" in bad.output and not (tmp_path / "r2").exists()
 
 
 @pytest.mark.parametrize("state", ["int12", "int8"])
 def test_info_counts_the_int8_state_as_stored(setup, tmp_path, state):
     assert run("quantize", setup / "la", tmp_path / "q", "--weights", "int8", "--state", state,
                "--calib", setup / "cal.st").exit_code == 0
-    plain, quant = (json.loads(run("info", p, "--json").output) for p in (setup / "la", tmp_path / "q"))
+    plain, quant = (json.loads(run("info", p, "--json", "-").output) for p in (setup / "la", tmp_path / "q"))
     layers, H, d, C, K = 2, 4, 16, 64, 4
     s_elems = H * (d + 1) * d  # per layer: S and A of this shape, plus one conv tail (share_qk)
     assert plain["decode_state_bytes_per_sequence"] == layers * (4 * s_elems * 2 + 4 * (K - 1) * C)

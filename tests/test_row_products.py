@@ -101,7 +101,7 @@ def test_row_products_are_the_default_only_where_they_were_measured_to_pay():
     (hidden 768, 1.27x on the H200) takes row products, the 760m (hidden 1536, 0.93x) keeps cuBLAS."""
     from types import SimpleNamespace
 
-    from edgettt.config import PRESETS
+    from edgettt.families.ttt.config import PRESETS
     from edgettt.fast_paths.row_products import row_products_pay
     from edgettt.benchmark import CudaOptions
 

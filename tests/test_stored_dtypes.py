@@ -51,7 +51,7 @@ def test_every_command_on_a_ttt_model_stored_in_each_precision(tmp_path, name):
     ok("convert", w / "ttt", w / "par", "--form", "parallel", *text, "--ctx", 16, "--max-tokens", 200)
     assert stored_dtypes(w / "par") == stored_dtypes(w / "ttt")  # the file's precision kept
     ok("eval", w / "par", "--ref", w / "ttt", *text, "--ctx", 16, "--max-tokens", 200)
-    ok("calibrate", w / "par", w / "cal.st", *text, "--seq-len", 16, "--samples", 2)
+    ok("calibrate", w / "par", w / "cal.st", *text, "--ctx", 16, "--samples", 2)
     ok("quantize", w / "par", w / "qn", "--weights", "none")
     ok("quantize", w / "par", w / "q8", "--weights", "int8-gptq", "--state", "int8", "--calib", w / "cal.st")
     ok("quantize", w / "par", w / "q4", "--weights", "int4-gptq-g32", "--state", "int12", "--calib", w / "cal.st")
@@ -77,5 +77,5 @@ def test_a_lact_model_stored_in_each_precision_converts_quantizes_and_exports(tm
     ok("quantize", tmp_path / "par", tmp_path / "qn", "--weights", "none")
     ok("eval", tmp_path / "qn", "--ref", tmp_path / "par", "--data", tmp_path / "text.txt", "--ctx", 16)
     if name == "float16":
-        ok("export", tmp_path / "par", tmp_path / "e", "--verify-data", tmp_path / "text.txt")
+        ok("export", tmp_path / "par", tmp_path / "e", "--data", tmp_path / "text.txt")
         ok("run", tmp_path / "e", "--prompt", "def", "--max-new-tokens", 3)

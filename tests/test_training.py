@@ -52,8 +52,8 @@ def test_gelu_tanh_grad_backward_matches_autograd_through_its_formula():
 @pytest.mark.skipif(not (shutil.which("g++") or shutil.which("clang++")), reason="inductor needs a C++ compiler on a CPU")
 def test_compiled_mini_batch_steps_train_the_same(tiny_model, monkeypatch):
     """compile_ttt_steps (recipes/train_tiny.py --compile): the same loss and gradients."""
-    from edgettt.fast_paths import compile_ttt_steps
-    from edgettt.ttt import TTTLayer
+    from edgettt.families.ttt.kernels import compile_ttt_steps
+    from edgettt.families.ttt.original import TTTLayer
 
     model = tiny_model("mlp", seed=5)
     ids = torch.randint(0, model.config.vocab_size, (2, 40), generator=torch.Generator().manual_seed(0))

@@ -34,7 +34,7 @@ from lab.kernel_bench import (copies_for, copy_bandwidth, same_bytes_copy_ms, ti
                            weight_variants)
 from edgettt.ops.common import INTERPRETER, autotune_configs
 from edgettt.ops.quantized import int4
-from edgettt.quant.layouts import unpack_nibbles
+from edgettt.formats.layouts import unpack_nibbles
 
 SHAPES = ((4096, 4096), (11008, 4096))
 

@@ -120,8 +120,8 @@ def prefill_inputs(B, H, T, d, b, dtype, device="cuda"):
 
 @functools.lru_cache(maxsize=None)
 def _scan_layer(H: int, d: int, b: int, device: str):
-    from edgettt.config import ModelConfig
-    from edgettt.ttt import TTTLayer
+    from edgettt.families.ttt.config import ModelConfig
+    from edgettt.families.ttt.original import TTTLayer
 
     return TTTLayer(ModelConfig(hidden_size=H * d, num_attention_heads=H, mini_batch_size=b)).to(device)
 
@@ -303,7 +303,7 @@ LACT_760M = dict(hidden_size=1536, num_attn_heads=24, num_lact_heads=4, inter_mu
 
 
 def lact_config(**changes):
-    from edgettt.lact.config import LaCTConfig
+    from edgettt.families.lact.config import LaCTConfig
 
     return LaCTConfig(**{**LACT_760M, "lact_update_w0_w2": False, "lact_weight_norm": False, "form": "parallel",
                          **changes})
@@ -327,7 +327,7 @@ def lact_inputs(config, B: int, T: int, dtype, device="cuda"):
 
 def initial_w0_w2(config, device):
     """A random initial W0 or W2 as the model draws it: dense, or low-rank factors (`LowRank`)."""
-    from edgettt.lact.model import LowRankFastWeight
+    from edgettt.families.lact.model import LowRankFastWeight
 
     H, d, dh, r = config.num_lact_heads, config.fw_head_dim, config.fw_hidden_dim, config.w0_w2_low_rank
     if r <= 0:

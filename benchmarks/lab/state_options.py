@@ -50,7 +50,7 @@ from edgettt import metrics
 from edgettt.data import read_text, token_windows
 from edgettt.evaluation import collect_logits, encode
 from edgettt.quant.apply import apply_state_format
-from edgettt.quant.state_formats import STATE_CLIP, hadamard, int8_rotated_keys, int8_slots
+from edgettt.formats.state_formats import STATE_CLIP, hadamard, int8_rotated_keys, int8_slots
 
 from . import results
 
@@ -232,7 +232,7 @@ def run(args) -> dict:
     text = read_text(args.data)
     windows = token_windows(encode(model, text), args.ctx, args.max_tokens)
     ref = collect_logits(model, windows, batch_size=1, desc="fp32 state")
-    cal = edgettt.calibrate(model, args.calib_data, seq_len=args.ctx, samples=args.samples)
+    cal = edgettt.calibrate(model, args.calib_data, ctx=args.ctx, samples=args.samples)
     apply_state_format(model, "int8", cal)
     layers = [layer for _, layer in model.state_layers()]
     rows = []

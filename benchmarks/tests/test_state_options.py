@@ -11,7 +11,7 @@ import conftest  # noqa: E402,F401  (first: it sets up torch and Triton for the 
 import torch  # noqa: E402
 from lab import state_options  # noqa: E402
 
-from edgettt.quant.state_formats import requantize_int8_state, two_level_round  # noqa: E402
+from edgettt.formats.state_formats import requantize_int8_state, two_level_round  # noqa: E402
 
 
 def walk(name: str, commits: int = 400, seed: int = 0):

@@ -11,13 +11,13 @@ import multiprocessing
 import torch
 from torch import nn
 
-from ..checkpoint import load_model
-from ..fast_paths import FastPaths, prepare, step_in_place
-from ..gpu_timing import copy_bandwidth
-from .llama import KVCache, Llama, LlamaConfig
-from ..model import State
-from ..quant.linear import QuantLinear
-from .plan import CudaOptions, is_llama, llama_preset
+from edgettt.checkpoint import load_model
+from edgettt.fast_paths import FastPaths, prepare, step_in_place
+from edgettt.gpu_timing import copy_bandwidth
+from edgettt.benchmark.llama import KVCache, Llama, LlamaConfig
+from edgettt.families.base import State
+from edgettt.quant.linear import QuantLinear
+from edgettt.benchmark.plan import CudaOptions, is_llama, llama_preset
 
 
 def fast_paths(options: CudaOptions) -> FastPaths:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import onnxruntime_genai as og
 
-from .onnx_engine import OnnxEngine
-from .plan import GENAI_CONFIG, folder
+from edgettt.benchmark.onnx_engine import OnnxEngine
+from edgettt.benchmark.plan import GENAI_CONFIG, folder
 
 
 class GenaiEngine:

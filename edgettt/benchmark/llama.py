@@ -17,8 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..config import PRESET_VOCAB, PRESETS
-from ..ops import rms_norm
+from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS
+from edgettt.ops import rms_norm
 
 
 @dataclasses.dataclass

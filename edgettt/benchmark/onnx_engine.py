@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..runner import Runner, peak_memory_mb
+from edgettt.runner import Runner, peak_memory_mb
 
 
 class OnnxEngine:

@@ -16,16 +16,16 @@ import onnx
 import onnxruntime
 import torch
 
-from ..checkpoint import resolve_model_path
-from ..jax_checkpoint import find_checkpoint
-from ..config import PRESETS
-from ..errors import EdgetttError
-from ..onnx_files import graph_bytes
-from ..progress import bar
-from .llama import Llama, LlamaConfig
-from .plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, folder, is_export,
+from edgettt.checkpoint import foreign_checkpoint, resolve_model_path
+from edgettt.outputs import STDOUT, write_json
+from edgettt.families.ttt.config import PRESETS
+from edgettt.errors import EdgetttError
+from edgettt.onnx_files import graph_bytes
+from edgettt.progress import bar
+from edgettt.benchmark.llama import Llama, LlamaConfig
+from edgettt.benchmark.plan import (GENAI_CONFIG, CudaOptions, Test, cpu_name, dense_bf16_flops, engine_name, folder, is_export,
                    is_genai, is_llama, llama_preset)
-from .worker import serve
+from edgettt.benchmark.worker import serve
 
 
 def disk_facts(path: str) -> dict:
@@ -95,7 +95,7 @@ def check_paths(paths: list[str], device: str = "cpu", cuda: CudaOptions | None 
 def is_model(path: str) -> bool:
     """A model directory, a shipped model's name or a ttt-lm-jax checkpoint (its file or folder)."""
     resolved = resolve_model_path(path)
-    return (resolved / "config.json").is_file() or (resolved.exists() and find_checkpoint(resolved) is not None)
+    return (resolved / "config.json").is_file() or foreign_checkpoint(resolved) is not None
 
 
 def installed(package: str) -> bool:
@@ -293,10 +293,11 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def write(result: dict, json_out=None, markdown_out=None) -> None:
-    if json_out is not None:
-        with json_out.write() as tmp:
-            tmp.write_text(json.dumps(result, indent=2) + "\n")
+def write(result: dict, json_out=None, markdown_out=None, final: bool = True) -> None:
+    """The result to its files (rewritten after every repetition: `final` False), JSON to standard output once,
+    at the end."""
+    if json_out is not None and (final or json_out != STDOUT):
+        write_json(json_out, result)
     if markdown_out is not None:
         with markdown_out.write() as tmp:
             tmp.write_text(f"{table(result)}\n\n{footer(result['meta'])}\n")

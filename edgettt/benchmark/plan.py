@@ -7,7 +7,7 @@ import dataclasses
 import platform
 from pathlib import Path
 
-from ..runner import is_export
+from edgettt.runner import is_export
 
 LLAMA_PREFIX = "llama:"
 GENAI_PREFIX = "genai:"  # genai:EXPORT: an edgettt export timed through onnxruntime-genai, not edgettt's runner

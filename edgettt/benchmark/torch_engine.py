@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from ..checkpoint import load_model
-from .onnx_engine import OnnxEngine
+from edgettt.checkpoint import load_model
+from edgettt.benchmark.onnx_engine import OnnxEngine
 
 
 class TorchEngine:

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .plan import ENGINES, CudaOptions, Test, engine_name, warm_up_test
+from edgettt.benchmark.plan import ENGINES, CudaOptions, Test, engine_name, warm_up_test
 
 
 def make_engine(path: str, threads: int | None, device: str, cuda: CudaOptions | None):

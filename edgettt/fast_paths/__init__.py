@@ -19,13 +19,12 @@ import functools
 
 import torch
 
-from ..mixer import fuse_input_projections
-from ..model import State
-from ..quant import set_activations, stacked_projection
-from ..ttt import TTTLayer
-from .fused_products import use_fused_products
-from .layers import use_compiled_decode, use_kernels  # noqa: F401  (use_kernels: the API)
-from .row_products import row_products_pay, use_row_products
+from edgettt.families.base import fuse_input_projections
+from edgettt.families.base import State
+from edgettt.quant import set_activations, stacked_projection
+from edgettt.fast_paths.fused_products import use_fused_products
+from edgettt.fast_paths.layers import use_compiled_decode, use_kernels  # noqa: F401  (use_kernels: the API)
+from edgettt.fast_paths.row_products import row_products_pay, use_row_products
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,11 +88,3 @@ def step_in_place(model, token, state, position: int | None):
             if t is not kept[name]:
                 kept[name].copy_(t)
     return logits
-
-
-def compile_ttt_steps() -> None:
-    """The original TTT layer's mini-batch steps compiled by torch.compile, for every TTT layer from now on:
-    inductor fuses their chains of small elementwise operations (training TTT-MLP, which has no kernel).
-    The first call of each shape compiles (about a minute)."""
-    TTTLayer._linear_step = torch.compile(TTTLayer._linear_step, dynamic=False)
-    TTTLayer._mlp_step = torch.compile(TTTLayer._mlp_step, dynamic=False)

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..ops.common import GEMV_MAX_ROWS
-from ..quant.linear import QuantLinear
+from edgettt.ops.common import GEMV_MAX_ROWS
+from edgettt.quant.linear import QuantLinear
 
 
 def norm_kind(norm: nn.Module) -> str | None:

@@ -17,11 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, weight, bias) as a product and a sum over the input dimension ([..., K] x [N, K] -> [..., N])."""
-    out = (x.unsqueeze(-2) * weight).sum(-1)
-    return out if bias is None else out + bias
+from edgettt.ops import row_product
 
 
 class RowProductLinear(nn.Linear):

@@ -26,22 +26,23 @@ import onnx
 import torch
 from torch import nn
 
-from ..checkpoint import model_fingerprint
-from ..errors import EdgetttError
-from ..evaluation import release_freed_memory
-from ..mixer import fuse_input_projections
-from ..model import CausalLM, State
-from ..onnx_files import WEIGHTS_FILE, share_weights
-from ..ops import onnx_export
-from ..outputs import as_output
-from ..progress import bar
-from ..quant.apply import set_module, weight_bits
-from ..quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
-from ..quant.state_formats import state_format
-from ..runner import file_record, write_manifest
-from ..web import add_web_files
-from . import genai, onnx_ops
-from .verify import verify
+from edgettt.checkpoint import model_fingerprint
+from edgettt.errors import EdgetttError
+from edgettt.evaluation import release_freed_memory
+from edgettt.families.base import fuse_input_projections
+from edgettt.families.base import LanguageModel, State
+from edgettt.families.registry import family_of
+from edgettt.onnx_files import WEIGHTS_FILE, share_weights
+from edgettt.ops import onnx_export
+from edgettt.outputs import as_output
+from edgettt.progress import bar
+from edgettt.quant.apply import set_module, weight_bits
+from edgettt.quant.linear import QuantLinear, TiedEmbedding, stacked_float_linear
+from edgettt.formats.state_formats import state_format
+from edgettt.runner import file_record, write_manifest
+from edgettt.web import add_web_files
+from edgettt.onnx import genai, onnx_ops
+from edgettt.onnx.verify import verify
 
 EXPORT_FORMAT = 1
 DEFAULT_OPSET = 21  # QuantizeLinear / DequantizeLinear per axis, as ONNX Runtime >= 1.17 reads them
@@ -105,14 +106,14 @@ def default_activations(web: bool) -> str:
     return "float" if web else DEFAULT_ACTIVATIONS
 
 
-def int8_activations(model: CausalLM, activations: str) -> list[str]:
+def int8_activations(model: LanguageModel, activations: str) -> list[str]:
     """The graphs in which an export with `activations` multiplies some of `model`'s layers in int8."""
     formats = {m.format for m in model.modules() if isinstance(m, QuantLinear)}
     graphs = {g for f in formats for g in f.int8_activation_graphs} | {"prefill" for f in formats if f.exports_int8_rows}
     return sorted(graphs) if activations == "int8" else []
 
 
-def trace_graph(model: CausalLM, graph: str) -> None:
+def trace_graph(model: LanguageModel, graph: str) -> None:
     """Tell the exportable copy's quantized layers which graph is traced next (their activations)."""
     for module in model.modules():
         if isinstance(module, ExportLinear):
@@ -129,7 +130,13 @@ def stacked_linear(layers: list[nn.Module], activations: str) -> nn.Module | Non
     return ExportLinear(layers[0], activations, stacked=layers[1:], normalized_input=True)  # see `FusableInputs`
 
 
-EXPORTABLE_FORMS = ("parallel", "lact")
+def export_refusal(config) -> str | None:
+    """Why a model of `config` has no export (its form, or what its family refuses), else None: what the CLI
+    checks from config.json before the weights are read."""
+    family = family_of(config)
+    if config.form not in family.exportable_forms:
+        return unexportable_form(config.form)
+    return family.export_refusal(config)
 
 
 def unexportable_form(form: str) -> str:
@@ -137,14 +144,12 @@ def unexportable_form(form: str) -> str:
             "`edgettt convert SRC OUT --form parallel` and export that")
 
 
-def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
+def exportable_copy(model: LanguageModel, activations: str = "float") -> LanguageModel:
     """A copy of `model` whose quantized layers call the export ops, the projections of one input
     stacked into one product. Refuses what ONNX cannot express."""
-    if model.form not in EXPORTABLE_FORMS:
-        raise EdgetttError(f"{model.state_layers()[0][0]}: {unexportable_form(model.form)}")
-    if getattr(model.config, "use_muon", False):
-        raise EdgetttError(f"{model.state_layers()[0][0]}: Muon orthogonalises in bfloat16, which onnxruntime's CPU "
-                           "matmuls do not take; export a model without use_muon")
+    refusal = export_refusal(model.config)
+    if refusal:
+        raise EdgetttError(f"{model.state_layers()[0][0]}: {refusal}")
     model = copy.deepcopy(model).float().eval()
     fuse_input_projections(model, lambda layers: stacked_linear(layers, activations))
     for name, module in list(model.named_modules()):
@@ -158,19 +163,22 @@ def exportable_copy(model: CausalLM, activations: str = "float") -> CausalLM:
     return model
 
 
-def state_specs(model: CausalLM) -> list[dict]:
-    """Every decode-state tensor, in graph order: name, per-sequence shape, dtype and quantization."""
+def state_specs(model: LanguageModel) -> list[dict]:
+    """Every decode-state tensor, in graph order: name, role and level (`formats.state_roles`), per-sequence
+    shape, dtype and quantization."""
     specs = []
-    for i, ((_, layer), tensors) in enumerate(zip(model.state_layers(), model.init_state(1).layers)):
+    layers = zip(model.state_layers(), model.init_state(1).layers, model.state_roles())
+    for i, ((_, layer), tensors, roles) in enumerate(layers):
         fmt = state_format(getattr(layer, "state_format", "fp32"))  # (an original TTT layer has none)
         formatted = layer.formatted_state_names()
         for name, t in tensors.items():
-            spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "shape": list(t.shape[1:]),
+            spec = {"name": f"{i}.{name}", "layer": i, "tensor": name, "role": roles[name].role,
+                    "level": roles[name].level, "shape": list(t.shape[1:]),
                     "dtype": "float16" if t.dtype == torch.float16 else "float32"}
             if name in formatted and fmt.int8:  # the scales (and the initial state) are inside the graphs
                 spec["dtype"] = "int8"
                 spec["quantization"] = fmt.describe()
-            parts = fmt.crossing(name, spec["shape"])
+            parts = fmt.crossing(spec["role"], spec["shape"])
             if parts is None:
                 specs.append(spec)
                 continue
@@ -180,7 +188,7 @@ def state_specs(model: CausalLM) -> list[dict]:
     return specs
 
 
-def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
+def int8_state_params(model: LanguageModel, specs: list[dict]) -> dict[str, tuple]:
     """(S0, scale_of, rows) of every int8 state tensor: S = S0 + q * scale, rows = H * Dk, and
     scale_of(position) -> [H, Dk] the scales of a state last committed at `position` (a 0-d tensor)."""
     params = {}
@@ -188,15 +196,14 @@ def int8_state_params(model: CausalLM, specs: list[dict]) -> dict[str, tuple]:
         if spec["dtype"] != "int8":
             continue
         mixer = model.state_layers()[spec["layer"]][1]
-        level = mixer.state_level(spec["tensor"])
-        S0 = mixer.initial_states()[level - 1].detach().float()
-        scale_of = functools.partial(mixer.state_scale, level)
+        S0 = mixer.initial_states()[spec["level"] - 1].detach().float()
+        scale_of = functools.partial(mixer.state_scale, spec["level"])
         params[spec["name"]] = (mixer.state_format.offset(S0), scale_of, S0.shape[0] * S0.shape[1])
     return params
 
 
-def crossing_params(model: CausalLM, specs: list[dict]) -> dict[tuple[int, str], tuple]:
-    """(format, S0 of its level or None) of every state tensor that crosses the graphs in parts, by (layer,
+def crossing_params(model: LanguageModel, specs: list[dict]) -> dict[tuple[int, str], tuple]:
+    """(format, S0 of its level or None, role) of every state tensor that crosses the graphs in parts, by (layer,
     tensor)."""
     params = {}
     for spec in specs:
@@ -204,8 +211,8 @@ def crossing_params(model: CausalLM, specs: list[dict]) -> dict[tuple[int, str],
             mixer = model.state_layers()[spec["layer"]][1]
             S0 = None
             if spec["tensor"] in mixer.formatted_state_names():
-                S0 = mixer.initial_states()[mixer.state_level(spec["tensor"]) - 1].detach().float()
-            params[spec["layer"], spec["tensor"]] = (mixer.state_format, S0)
+                S0 = mixer.initial_states()[spec["level"] - 1].detach().float()
+            params[spec["layer"], spec["tensor"]] = (mixer.state_format, S0, spec["role"])
     return params
 
 
@@ -220,7 +227,7 @@ class PrefillGraph(nn.Module):
     lm_head over every token is the largest matmul of a prefill). A quantized state is rounded at
     every mini-batch commit, as in torch: one ONNX Scan over the mini-batches."""
 
-    def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
+    def __init__(self, model: LanguageModel, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
         self.crossing = crossing_params(model, specs)
@@ -235,7 +242,7 @@ class PrefillGraph(nn.Module):
 class DecodeGraph(nn.Module):
     """(input_ids [B, 1], position [] int64, *states) -> (logits [B, 1, V], *new states)."""
 
-    def __init__(self, model: CausalLM, specs: list[dict], int8_params: dict):
+    def __init__(self, model: LanguageModel, specs: list[dict], int8_params: dict):
         super().__init__()
         self.model, self.specs, self.int8_params = model, specs, int8_params
         self.crossing = crossing_params(model, specs)
@@ -255,8 +262,8 @@ class DecodeGraph(nn.Module):
             layers[spec["layer"]][spec["tensor"]] = t
         filled = (torch.arange(b) < position % b).float()  # the open mini-batch's slots in use
         for (layer, name), kept in parts.items():
-            fmt, S0 = self.crossing[layer, name]
-            layers[layer][name] = fmt.decode(name, kept, S0, filled)
+            fmt, S0, role = self.crossing[layer, name]
+            layers[layer][name] = fmt.decode(role, kept, S0, filled)
         logits, state = self.model.prefill(input_ids, State(position, layers), decode=True)
         return (logits, *flatten_state(self.specs, self.int8_params, state, last_commit(position + 1, b),
                                        self.crossing))
@@ -272,8 +279,8 @@ def flatten_state(specs: list[dict], int8_params: dict, state: State, committed:
         if "part" in spec:
             key = spec["layer"], spec["tensor"]
             if key not in encoded:
-                fmt, S0 = crossing[key]
-                encoded[key] = iter(fmt.encode(spec["tensor"], t, S0))
+                fmt, S0, role = crossing[key]
+                encoded[key] = iter(fmt.encode(role, t, S0))
             t = next(encoded[key])  # (the parts in the order `crossing` names them, as the specs list them)
         elif spec["dtype"] == "int8":
             S0, scale_of, rows = int8_params[spec["name"]]
@@ -286,7 +293,7 @@ def _io(name, dtype, shape, role, **extra):
     return {"name": name, "dtype": dtype, "shape": shape, "role": role, **extra}
 
 
-def graph_io(model: CausalLM) -> dict:
+def graph_io(model: LanguageModel) -> dict:
     """Names, dtypes, shapes and roles of both graphs' inputs and outputs (for the manifest)."""
     V = model.config.vocab_size
     states_in = [_io(f"state.{s['name']}", s["dtype"], ["batch", *s["shape"]], "state", state=s["name"])
@@ -333,7 +340,7 @@ def _export_graph(module: nn.Module, args: tuple, io: dict, dynamic: list, path:
                            f"export with --opset {DEFAULT_OPSET}")
 
 
-def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None,
+def export_graphs(model: LanguageModel, directory: Path, opset: int = DEFAULT_OPSET, log=lambda line: None,
                   activations: str = DEFAULT_ACTIVATIONS) -> dict:
     """Write prefill.onnx, decode.onnx and their shared weights.bin for `model` into `directory`; returns
     their I/O description."""
@@ -366,7 +373,7 @@ def export_graphs(model: CausalLM, directory: Path, opset: int = DEFAULT_OPSET, 
     return io
 
 
-def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str = DEFAULT_ACTIVATIONS) -> dict:
+def manifest(model: LanguageModel, name: str, io: dict, opset: int, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     tokenizer = {"type": "bytes"} if getattr(model.tokenizer, "name", None) != "tokenizer.json" else \
         {"type": "tokenizer.json", "file": "tokenizer.json"}
     int8_graphs = int8_activations(model, activations)
@@ -388,7 +395,7 @@ def manifest(model: CausalLM, name: str, io: dict, opset: int, activations: str 
     }
 
 
-def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAULT_OPSET,
+def write_export(model: LanguageModel, directory: Path, name: str, opset: int = DEFAULT_OPSET,
                  log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS) -> dict:
     """Both graphs, their weights, the tokenizer file (if any), onnxruntime-genai's files (`genai`) and
     manifest.json into `directory`; returns the manifest."""
@@ -404,7 +411,7 @@ def write_export(model: CausalLM, directory: Path, name: str, opset: int = DEFAU
     return data
 
 
-def export_model(model: CausalLM, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
+def export_model(model: LanguageModel, out, name: str, opset: int = DEFAULT_OPSET, force: bool = False,
                  verify_text=None, log=lambda line: None, activations: str = DEFAULT_ACTIVATIONS,
                  web: dict[str, bytes] | None = None) -> dict:
     """Export, verify in onnxruntime against torch (unless `verify_text` is None) and publish `out` (a

@@ -9,8 +9,8 @@ one shape and type for all layers). An edgettt layer keeps several tensors (TTT-
 TTT-MLP two levels and conv tails, LaCT fast weights, momentum and a window of keys and values),
 which start from learned values, not zeros. So, faithfully to both:
 
-- recurrent_state holds a layer's first tensor (TTT's S1 [B, H, Dk, Dv] as it is: a reshape, no copy),
-  conv_state the layer's other tensors flat, one after another [B, 1, M] (TTT-Linear: A1 alone, again a
+- recurrent_state holds what a layer has learned so far (by role, `formats.state_roles`: TTT's recurrent state
+  S1 [B, H, Dk, Dv] as it is, a reshape, no copy; LaCT's first fast weights), conv_state the layer's other tensors flat, one after another [B, 1, M] (TTT-Linear: A1 alone, again a
   reshape); a layer with one tensor gets a [B, 1, 1] conv_state placeholder passed through;
 - genai's zeros are read only at position 0, where the graph starts from the model's initial state
   whatever it is given: the first run of a generation, or after genai rewinds to the start;
@@ -31,9 +31,10 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from ..onnx_files import all_graphs
-from ..runner import session
-from ..tokenizer import byte_level_tokenizer_json
+from edgettt.formats.state_roles import HELD_ACROSS_COMMITS
+from edgettt.onnx_files import all_graphs
+from edgettt.runner import session
+from edgettt.tokenizer import byte_level_tokenizer_json
 
 GENAI_GRAPH = "model.onnx"
 GENAI_CONFIG = "genai_config.json"
@@ -63,7 +64,11 @@ def layer_count(manifest: dict) -> int:
 
 
 def layer_specs(manifest: dict, layer: int) -> list[dict]:
-    return [s for s in manifest["state"] if s["layer"] == layer]
+    """A layer's state tensors, what it has learned so far first (its recurrent state or fast weights, by role;
+    an export from before the manifest named roles: its first tensor)."""
+    specs = [s for s in manifest["state"] if s["layer"] == layer]
+    held = [s for s in specs if s.get("role") in HELD_ACROSS_COMMITS][:1]
+    return held + [s for s in specs if s not in held]
 
 
 def layout(manifest: dict, layer: int) -> tuple[dict, list[dict], list[int], list[int]]:

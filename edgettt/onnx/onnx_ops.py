@@ -6,7 +6,7 @@ ONNX nodes that compute it:
 
     edgettt::quantize_state / dequantize_state -> QuantizeLinear / DequantizeLinear
         (an int8 state S - S0 with one calibrated scale per head and row: the formula of
-        `quant/state_formats.py`, as ONNX's per-axis quantization writes it)
+        `formats/state_formats.py`, as ONNX's per-axis quantization writes it)
     aten::sigmoid, aten::silu -> 1 / (1 + exp(-x)) (see below)
     edgettt::rms_norm -> SimplifiedLayerNormalization (ONNX Runtime's RMS norm, fp32 inside)
     edgettt::tokens_from -> Slice (the prefill graph's logits from a given token on)
@@ -23,9 +23,9 @@ import onnx
 import torch
 from onnxscript import opset18 as op
 
-from .. import ort_schemas
-from ..quant.state_formats import STATE_CLIP, int8_state_codes, int8_state_values
-from ..quant.weight_formats import onnx_translations
+from edgettt import ort_schemas
+from edgettt.formats.state_formats import STATE_CLIP, int8_state_codes, int8_state_values
+from edgettt.quant.weight_formats import onnx_translations
 
 
 # ---- int8 state (QuantizeLinear / DequantizeLinear) -----------------------------------------------

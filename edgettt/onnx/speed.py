@@ -13,11 +13,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..model import CausalLM
-from ..onnx_files import graph_bytes
-from ..progress import bar
-from ..runner import Runner
-from . import write_export
+from edgettt.families.base import LanguageModel
+from edgettt.onnx_files import graph_bytes
+from edgettt.progress import bar
+from edgettt.runner import Runner
+from edgettt.onnx import write_export
 
 
 def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
@@ -30,7 +30,7 @@ def time_round(runner, ids: np.ndarray, prompt: int) -> tuple[float, float]:
     return prompt / (t1 - t0), (ids.shape[1] - prompt) / (t2 - t1)
 
 
-def onnx_speed(model: CausalLM, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0,
+def onnx_speed(model: LanguageModel, prompt: int = 256, steps: int = 256, repeats: int = 5, seed: int = 0,
                keep: Path | None = None) -> dict:
     """Export `model` (into `keep` when given, else a temporary folder) and time it in onnxruntime."""
     with tempfile.TemporaryDirectory(prefix="edgettt-onnx-") as tmp:

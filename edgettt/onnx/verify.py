@@ -20,15 +20,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..evaluation import encode, release_freed_memory
-from ..metrics import kld, logit_error
-from ..model import CausalLM
-from ..quant.apply import set_module
-from ..quant.linear import QuantLinear
-from ..quant.state_formats import state_format
-from ..quant.weight_formats import WEIGHT_FORMATS
-from ..runner import Runner
-from . import genai
+from edgettt.evaluation import encode, release_freed_memory
+from edgettt.metrics import kld, logit_error
+from edgettt.families.base import LanguageModel
+from edgettt.quant.apply import set_module
+from edgettt.quant.linear import QuantLinear
+from edgettt.formats.state_formats import state_format
+from edgettt.quant.weight_formats import WEIGHT_FORMATS
+from edgettt.runner import Runner
+from edgettt.onnx import genai
 
 ROUNDING_FACTOR = 10  # two fp32 computations of one function differ by about sqrt(2) x floor; 10 leaves room
 FLOOR_MIN = 1e-7  # below this the floor itself is noise of the measurement
@@ -48,7 +48,7 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
     return {**logit_error(ref_t, got_t), "kld_mean": kld(ref_t, got_t).mean().item()}
 
 
-def verify(model: CausalLM, directory, text, windows: int = 2, length: int | None = None) -> dict:
+def verify(model: LanguageModel, directory, text, windows: int = 2, length: int | None = None) -> dict:
     """Run both graphs on `windows` windows of `text` and compare (see the module docstring)."""
     b = model.config.mini_batch_size
     length = length or 4 * b + 5  # several commits and an unfinished mini-batch
@@ -99,7 +99,7 @@ def verify(model: CausalLM, directory, text, windows: int = 2, length: int | Non
             "fp32_rounding_floor": floor, "rule": rule, "passed": passed, "summary": summary}
 
 
-def int8_activation_noise(model: CausalLM, ids: torch.Tensor, ref32: torch.Tensor) -> float:
+def int8_activation_noise(model: LanguageModel, ids: torch.Tensor, ref32: torch.Tensor) -> float:
     """KLD from torch's fp32 logits `ref32` to the same model's with every quantized layer's input rounded
     to int8, one scale (absmax / 127) a block along the input, as ONNX Runtime's integer MatMulNBits takes
     activations: how far int8 activations alone move this model's logits on these tokens."""
@@ -133,7 +133,7 @@ def discontinuous(quantization: dict) -> bool:
         weights is not None and weights.rounds_at_run_time)
 
 
-def float64_copy(model: CausalLM) -> CausalLM:
+def float64_copy(model: LanguageModel) -> LanguageModel:
     """The model in float64, quantized layers as plain linears holding their dequantized weights."""
     model = copy.deepcopy(model).float()
     for name, module in list(model.named_modules()):
@@ -144,7 +144,7 @@ def float64_copy(model: CausalLM) -> CausalLM:
     return model.double()
 
 
-def fp32_rounding_floor(model: CausalLM, ids: torch.Tensor, ref32: torch.Tensor) -> float:
+def fp32_rounding_floor(model: LanguageModel, ids: torch.Tensor, ref32: torch.Tensor) -> float:
     """Relative error of torch's fp32 logits `ref32` against the same model in float64."""
     with torch.no_grad():
         ref64, _ = float64_copy(model).prefill(ids)

@@ -165,6 +165,12 @@ def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
     return y, full[:, full.shape[1] - (kernel - 1):]
 
 
+def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """F.linear(x, weight, bias) as a product and a sum over the input dimension ([..., K] x [N, K] -> [..., N])."""
+    out = (x.unsqueeze(-2) * weight).sum(-1)
+    return out if bias is None else out + bias
+
+
 def tokens_from(h: torch.Tensor, start) -> torch.Tensor:
     """h[:, start:] for h [B, T, C]; `start` an int, or a 0-d tensor in an exported graph (a Slice
     whose length the graph learns at run time)."""

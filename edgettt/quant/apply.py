@@ -10,12 +10,12 @@ import fnmatch
 import torch
 from torch import nn
 
-from ..errors import EdgetttError
-from ..weights_io import stored_dtype_of
-from .config import DEFAULT_SKIP, QuantConfig
-from .linear import QuantLinear, QuantState, TiedEmbedding
-from .state_formats import saved_state_format, state_format
-from .weight_formats import stored_tensor_names, weight_format
+from edgettt.errors import EdgetttError
+from edgettt.weights_io import stored_dtype_of
+from edgettt.quant.config import DEFAULT_SKIP, QuantConfig
+from edgettt.quant.linear import QuantLinear, QuantState, TiedEmbedding
+from edgettt.formats.state_formats import saved_state_format, state_format
+from edgettt.quant.weight_formats import stored_tensor_names, weight_format
 
 
 def quantizable_linears(model: nn.Module, config: QuantConfig) -> list[tuple[str, nn.Linear]]:
@@ -61,25 +61,27 @@ def set_module(model: nn.Module, name: str, module: nn.Module) -> None:
     setattr(model.get_submodule(parent) if parent else model, leaf, module)
 
 
-def quantize_layer(name: str, linear: nn.Linear, fmt: str, group: int, config: QuantConfig, hessian) -> QuantLinear:
+def quantize_layer(name: str, linear: nn.Linear, fmt: str, group: int, config: QuantConfig, feedback) -> QuantLinear:
+    """`linear` in format `fmt`; `feedback` is a calibration's error feedback for this layer (GPTQ: its input
+    statistics), None where it has none."""
     # a fallback's own grid takes the config's method where it can; a format asked for the layer by name rounds
     # to nearest (lm_head's int8) unless the override names its method (a mix's int4-gptq-g32)
     asked = config.override(name)
     method = asked[1] if asked is not None else config.method if config.method in weight_format(fmt).methods else "rtn"
-    if method == "gptq" and hessian is None:
+    if method == "gptq" and feedback is None:
         if asked is not None:  # (lm_head has no input statistics: calibration leaves it out)
             method = "rtn"
         else:
             raise EdgetttError(f"{name}: GPTQ needs input statistics; calibrate the model (`edgettt calibrate`) first")
     w = linear.weight.detach().float().cpu()
-    tensors = weight_format(fmt).quantize(w, group, method, hessian)
+    tensors = weight_format(fmt).quantize(w, group, feedback if method == "gptq" else None)
     return QuantLinear(w.shape[1], w.shape[0], fmt, group, tensors)
 
 
 @torch.no_grad()
-def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.Tensor] | None = None,
-              report=None) -> list[dict]:
-    """The weights-only step: replace the model's linear layers by QuantLinear in place. `report(row)`
+def quantize_(model: nn.Module, config: QuantConfig, calibration=None, report=None) -> list[dict]:
+    """The weights-only step: replace the model's linear layers by QuantLinear in place (GPTQ takes
+    `calibration`'s error feedback, `Calibration.feedback`). `report(row)`
     sees one dict per layer (name, shape, format, fallback, bytes before and after). Returns those rows."""
     plan = layer_plan(model, config)
     asked = dict(config.overrides)
@@ -91,7 +93,8 @@ def quantize_(model: nn.Module, config: QuantConfig, hessians: dict[str, torch.T
         before = linear.weight.numel() * linear.weight.element_size()
         after = before
         if fmt != "float":
-            q = quantize_layer(name, linear, fmt, group, config, (hessians or {}).get(name))
+            feedback = calibration.feedback(name) if calibration is not None else None
+            q = quantize_layer(name, linear, fmt, group, config, feedback)
             set_module(model, name, q.to(linear.weight.device))
             after = q.nbytes()
         row = {"name": name, "shape": list(linear.weight.shape), "format": asked.get(name, fmt),
@@ -160,7 +163,7 @@ def quantize_model(model: nn.Module, config: QuantConfig, calibration=None, repo
     if refusal:
         raise EdgetttError(f"{name}: {refusal}")
     check_calibration_covers(calibration, model, config, source)
-    rows = quantize_(model, config, calibration.hessians if calibration is not None else None, report=report)
+    rows = quantize_(model, config, calibration, report=report)
     apply_state_format(model, config.state, calibration)
     model.config.quantization = config.to_dict()
     return rows

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..errors import EdgetttError
-from .state_formats import RENAMED, STATE_FORMATS
-from .weight_formats import METHODS, WEIGHT_FORMATS, weight_format
+from edgettt.errors import EdgetttError
+from edgettt.formats.state_formats import RENAMED, STATE_FORMATS
+from edgettt.quant.weight_formats import METHODS, WEIGHT_FORMATS, weight_format
 
 DEFAULT_SKIP = ("lm_head",)  # always kept in float unless asked otherwise; --skip adds to it
 GROUP_SIZES = (32, 64, 128)
@@ -28,7 +28,7 @@ class QuantConfig:
     # layer -> format it gets instead of `weights`: asked (lm_head's int8), a fallback (filled by quantize_), or
     # a mixed-precision plan's choice spelt as a variant (int4-gptq-g32: format, method and group; `override`)
     overrides: dict = dataclasses.field(default_factory=dict)
-    target: str = ""  # the budget a mixed-precision plan was chosen for (size=MB or kld=X; `quant.mixed`), if any
+    target: str = ""  # the budget a mixed-precision plan was chosen for (size=MB or kld=X; `calibration.mixed`), if any
 
     def __post_init__(self):
         self.state = RENAMED.get(self.state, self.state)  # an old name (int8-calibrated) as today's

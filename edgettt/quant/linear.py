@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 
-from ..errors import EdgetttError
-from .weight_formats import WEIGHT_FORMATS, weight_format
+from edgettt.errors import EdgetttError
+from edgettt.quant.weight_formats import WEIGHT_FORMATS, weight_format
 
 
 @dataclasses.dataclass(frozen=True)

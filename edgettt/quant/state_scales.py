@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import EdgetttError
-from .state_formats import FLOAT32_STATE, StateFormat, state_format
+from edgettt.errors import EdgetttError
+from edgettt.formats.state_formats import FLOAT32_STATE, StateFormat, state_format
+from edgettt.formats.state_roles import RECURRENT, StateRole
 
 
 class StateScales:
@@ -20,13 +21,15 @@ class StateScales:
     def initial_states(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
-    def formatted_state_names(self) -> set[str]:
-        """The decode-state tensors the state format keeps (the rest stay float): S1, S2, .. a level."""
-        return {f"S{level}" for level in range(1, len(self.initial_states()) + 1)}
+    formatted_role = RECURRENT  # the role of the state tensors a state format keeps (`state_roles`)
 
-    def state_level(self, name: str) -> int:
-        """The level of a formatted state tensor's name ("S2" -> 2)."""
-        return int(name[1:])
+    def state_roles(self) -> dict[str, StateRole]:
+        """Each decode-state tensor's role and level, by its name in the layer's state dict."""
+        raise NotImplementedError
+
+    def formatted_state_names(self) -> set[str]:
+        """The decode-state tensors the state format keeps, one a level (the rest stay float)."""
+        return {name for name, r in self.state_roles().items() if r.role == self.formatted_role}
 
     def set_state_format(self, fmt: "StateFormat | str", scales: list[torch.Tensor] | None = None,
                          bucket_tokens: int = 0) -> None:

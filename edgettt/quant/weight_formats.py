@@ -16,7 +16,9 @@ and dequantizes it, and names the kernel and the ONNX Runtime operator that comp
 A tied embedding whose lm_head is quantized reads the head's rows (`rows`; in ONNX the formats with
 `export_rows` gather them from the same bytes: com.microsoft.GatherBlockQuantized).
 
-Methods: `rtn` (round to nearest) everywhere; `gptq` (error feedback, `gptq.py`) for int8, int4 and int6.
+Methods: `rtn` (round to nearest) everywhere; `gptq` for int8, int4 and int6: the format rounds column by column
+and a calibration's error feedback (`Calibration.feedback`, `edgettt.calibration.gptq`) spreads each column's
+error over the columns not yet rounded (`quantize(w, group, feedback)`).
 
 Each format's ONNX operator is a torch custom op defined here: during `torch.onnx.export` a quantized
 layer calls it (its eager body computes the same in torch), and `onnx_translations()` turns it into
@@ -36,11 +38,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .. import ort_schemas
-from ..errors import EdgetttError
-from ..ops.common import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
-from . import layouts
-from .gptq import gptq
+from edgettt import ort_schemas
+from edgettt.errors import EdgetttError
+from edgettt.ops.common import GEMV_MAX_ROWS, INT4_A8_MIN_ROWS
+from edgettt.formats import layouts
 
 LLM_INT8_THRESHOLD = 6.0
 
@@ -50,6 +51,7 @@ class WeightFormat:
 
     name: str
     methods: tuple[str, ...] = ("rtn",)
+    summary = ""  # one line: what its bits are (the command line's --weights help lists them)
     grouped = False  # groups (or blocks) of `group_size` along the input dim K: K must be a multiple
     rounds_at_run_time = False  # quantizes activations as it computes (then one ulp can flip a rounding)
     int8_activation_kernels = False  # CUDA kernels that can take the activations in int8 (`set_activations`)
@@ -59,8 +61,7 @@ class WeightFormat:
     def fits(self, in_features: int, group: int) -> bool:
         return not self.grouped or in_features % group == 0
 
-    def quantize(self, w: torch.Tensor, group: int, method: str = "rtn",
-                 hessian: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    def quantize(self, w: torch.Tensor, group: int, feedback=None) -> dict[str, torch.Tensor]:
         raise NotImplementedError
 
     def storage(self, N: int, K: int, group: int) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
@@ -137,10 +138,11 @@ def int4_a8(x: torch.Tensor, layer) -> bool:
 
 class Int8(WeightFormat):
     name, methods = "int8", ("rtn", "gptq")
+    summary = "8 bits, one scale a row"
     int8_activation_kernels = True
 
-    def quantize(self, w, group, method="rtn", hessian=None):
-        return layouts.quantize_int8(w) if method == "rtn" else _int8_gptq(w, hessian)
+    def quantize(self, w, group, feedback=None):
+        return layouts.quantize_int8(w) if feedback is None else _int8_with_feedback(w, feedback)
 
     def storage(self, N, K, group):
         return {"qweight": ((N, K), torch.int8), "scales": ((N,), torch.float32)}
@@ -192,8 +194,8 @@ def int8_rows_as_nbits(codes: torch.Tensor, row_scales: torch.Tensor) -> dict[st
             "zero_points": torch.full((N, blocks), 128, dtype=torch.uint8)}
 
 
-def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
-    """GPTQ on the per-channel symmetric int8 grid of `quantize_int8` (scales from the weights)."""
+def _int8_with_feedback(w: torch.Tensor, feedback) -> dict[str, torch.Tensor]:
+    """Error feedback (GPTQ) on the per-channel symmetric int8 grid of `quantize_int8` (scales from the weights)."""
     scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127
     codes = torch.zeros(w.shape, dtype=torch.int8)
 
@@ -202,7 +204,7 @@ def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor
         codes[:, col] = q.to(torch.int8)
         return q * scale
 
-    gptq(w, hessian, round_column)
+    feedback(w, round_column)
     return {"qweight": codes, "scales": scale.float()}
 
 
@@ -210,10 +212,11 @@ def _int8_gptq(w: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor
 
 class Int4(WeightFormat):
     name, methods, grouped = "int4", ("rtn", "gptq"), True
+    summary = "4 bits, a scale and zero point a group (MatMulNBits)"
     int8_activation_kernels = int8_decode_kernel = fused_decode_products = True
 
-    def quantize(self, w, group, method="rtn", hessian=None):
-        return layouts.pack_int4(*_grouped_codes(w, group, method, hessian, 15))
+    def quantize(self, w, group, feedback=None):
+        return layouts.pack_int4(*_grouped_codes(w, group, feedback, 15))
 
     def storage(self, N, K, group):
         blocks = K // group
@@ -230,7 +233,7 @@ class Int4(WeightFormat):
             return torch.ops.edgettt.int4_linear(x, *t, a8)
         kernel = kernel_device(x) and (a8 or not x.requires_grad)
         if kernel:  # (Triton imported only where a kernel can run)
-            from ..ops.quantized.int4 import kernel_supports
+            from edgettt.ops.quantized.int4 import kernel_supports
 
             kernel = kernel_supports(layer.group_size)
         return int4_product(x, *t, a8, kernel, lambda: layer.weight)
@@ -250,10 +253,10 @@ class Int4(WeightFormat):
         return torch.ops.edgettt.gather_nbits(ids, t["qweight"], t["scales"], t["zero_points"], K, N, group, 4)
 
 
-def _grouped_codes(w: torch.Tensor, group: int, method: str, hessian: torch.Tensor | None, top: int):
-    """(codes 0..top [N, K], scale, zero [N, K/g]) of w on asymmetric per-group grids: round to nearest, or GPTQ
-    with each group's grid chosen from the error-updated weights when its first column comes."""
-    if method != "gptq":
+def _grouped_codes(w: torch.Tensor, group: int, feedback, top: int):
+    """(codes 0..top [N, K], scale, zero [N, K/g]) of w on asymmetric per-group grids: round to nearest, or with
+    error feedback (GPTQ), each group's grid chosen from the error-updated weights when its first column comes."""
+    if feedback is None:
         scale, zero = layouts.group_grid(w, group, top)
         return layouts.group_codes(w, scale, zero, top), scale, zero
     N, K = w.shape
@@ -266,7 +269,7 @@ def _grouped_codes(w: torch.Tensor, group: int, method: str, hessian: torch.Tens
         codes[:, col] = torch.clamp(torch.round(column / scale[:, g]) + zero[:, g], 0, top)
         return (codes[:, col] - zero[:, g]) * scale[:, g]
 
-    gptq(w, hessian, round_column)
+    feedback(w, round_column)
     return codes, scale, zero
 
 
@@ -278,10 +281,11 @@ class Int6(WeightFormat):
     computed as two MatMulNBits products, the 4-bit part on 4x the step, the 2-bit part on the step."""
 
     name, methods, grouped = "int6", ("rtn", "gptq"), True
+    summary = "64 levels a group, a 4-bit and a 2-bit part: between int4 and int8"
     exports_rows, rows_first = True, True
 
-    def quantize(self, w, group, method="rtn", hessian=None):
-        return layouts.pack_int6(*_grouped_codes(w, group, method, hessian, layouts.INT6_TOP))
+    def quantize(self, w, group, feedback=None):
+        return layouts.pack_int6(*_grouped_codes(w, group, feedback, layouts.INT6_TOP))
 
     def storage(self, N, K, group):
         blocks = K // group
@@ -297,7 +301,7 @@ class Int6(WeightFormat):
         dequantized weight."""
         kernel = kernel_device(x) and not x.requires_grad and not compiling(x)
         if kernel:  # (Triton imported only where a kernel can run)
-            from ..ops.quantized.int4 import kernel_supports
+            from edgettt.ops.quantized.int4 import kernel_supports
 
             kernel = kernel_supports(layer.group_size)
         if not kernel:
@@ -375,7 +379,7 @@ def compiling(x: torch.Tensor) -> bool:
 def int8_product(x, qweight, scales, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
     """x @ W^T of an int8 weight, eager and compiled alike: with int8 activations (`a8`) the W8A8 kernel
     on the int8 tensor cores or its reference, else the weight-only kernel or the weight `dequantized()`."""
-    from ..ops.quantized.int8 import int8_matmul, int8_matmul_a8_ref
+    from edgettt.ops.quantized.int8 import int8_matmul, int8_matmul_a8_ref
 
     if a8:
         return int8_matmul(x, qweight, scales, gemm="a8") if kernel else int8_matmul_a8_ref(x, qweight, scales)
@@ -384,7 +388,7 @@ def int8_product(x, qweight, scales, a8: bool, kernel: bool, dequantized) -> tor
 
 def int4_product(x, qweight, scales, zero_points, a8: bool, kernel: bool, dequantized) -> torch.Tensor:
     """x @ W^T of an int4 weight, as `int8_product` (W4A8: the weight rounded to int8 rows first)."""
-    from ..ops.quantized.int4 import int4_matmul, int4_matmul_a8_ref
+    from edgettt.ops.quantized.int4 import int4_matmul, int4_matmul_a8_ref
 
     t = (qweight, scales, zero_points)
     if a8:
@@ -406,7 +410,7 @@ def _(x, qweight, scales, a8):
 @torch.library.custom_op("edgettt::int4_linear", mutates_args=())
 def int4_linear(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zero_points: torch.Tensor,
                 a8: bool) -> torch.Tensor:
-    from ..ops.quantized.int4 import kernel_supports
+    from edgettt.ops.quantized.int4 import kernel_supports
 
     t = {"qweight": qweight, "scales": scales, "zero_points": zero_points}
     return int4_product(x, qweight, scales, zero_points, a8, x.is_cuda and kernel_supports(qweight.shape[2] * 2),
@@ -427,7 +431,7 @@ def int4_linear_fused(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tens
     silu(x) * up; `a8`: the prologue's output rounded to int8 (W4A8); `glu`: the weight a stacked gate/up
     product, silu(gate) * up returned. A compiled decode step's product with its norm, activation and
     residual (`fused_products.product`)."""
-    from ..ops.quantized.int4 import int4_gemv, int4_gemv_ref, kernel_supports
+    from edgettt.ops.quantized.int4 import int4_gemv, int4_gemv_ref, kernel_supports
 
     spec = None if norm == "none" else (norm, norm_weight, norm_bias, eps)
     gemv = int4_gemv if x.is_cuda and kernel_supports(qweight.shape[2] * 2) else int4_gemv_ref
@@ -611,8 +615,9 @@ class Bnb4(WeightFormat):
 
     def __init__(self, name: str):
         self.name = name
+        self.summary = f"bitsandbytes' {'normal-float' if name == 'nf4' else '4-bit float'} codebook, absmax a block"
 
-    def quantize(self, w, group, method="rtn", hessian=None):
+    def quantize(self, w, group, feedback=None):
         packed, state = bitsandbytes().quantize_4bit(w.float().contiguous(), blocksize=group,
                                                       compress_statistics=False, quant_type=self.name)
         return {"qweight": packed, "absmax": state.absmax.float(), "code": state.code.float()}
@@ -661,8 +666,9 @@ class LlmInt8(WeightFormat):
     Exported as plain int8 (ONNX Runtime has no outlier split)."""
 
     name, rounds_at_run_time = "bnb-int8", True
+    summary = "bitsandbytes' LLM.int8: int8 rows, outlier columns in fp16"
 
-    def quantize(self, w, group, method="rtn", hessian=None):
+    def quantize(self, w, group, feedback=None):
         cb, scb, _ = bitsandbytes().int8_vectorwise_quant(w.half().contiguous())
         return {"qweight": cb, "scb": scb.float()}
 

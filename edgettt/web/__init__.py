@@ -19,11 +19,11 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from ..errors import EdgetttError
-from ..onnx_files import WEIGHTS_FILE
-from ..outputs import DIRECTORY_FILES, as_output
-from ..runner import load_manifest, write_manifest
-from .npm import ORT_WEB, TOKENIZERS_JS
+from edgettt.errors import EdgetttError
+from edgettt.onnx_files import WEIGHTS_FILE
+from edgettt.outputs import DIRECTORY_FILES, as_output
+from edgettt.runner import load_manifest, write_manifest
+from edgettt.web.npm import ORT_WEB, TOKENIZERS_JS
 
 PAGE_FILES = ("index.html", "edgettt.mjs")  # from this package
 

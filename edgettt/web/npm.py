@@ -22,8 +22,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import EdgetttError
-from ..progress import bar
+from edgettt.errors import EdgetttError
+from edgettt.progress import bar
 
 REGISTRY = "https://registry.npmjs.org"
 

@@ -6,7 +6,7 @@ import torch
 
 from conftest import rel_err
 from edgettt.ops.linear_attention.commits import two_level_commits, two_level_commits_ref
-from edgettt.quant.state_formats import two_level_codes
+from edgettt.formats.state_formats import two_level_codes
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]
 
@@ -30,7 +30,7 @@ def test_two_level_commits_match_the_reference(device, shape, decayed):
     got = two_level_commits(S, S0, U, eta, decay)
     if decayed:  # the decay matters, and the reference is the model's own loop (`la.committed_states`)
         from edgettt.ops.linear_attention import reference as la
-        from edgettt.quant.state_formats import TwoLevelRounding
+        from edgettt.formats.state_formats import TwoLevelRounding
 
         assert rel_err(ref, two_level_commits_ref(S, S0, U, eta)) > 1e-2
         with torch.no_grad():

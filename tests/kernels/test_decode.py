@@ -143,7 +143,7 @@ def test_round_half_even_in_the_kernel_matches_torch():
 
 def int8kv_state(B, H, DK, DV, b, device, seed=2):
     """A two-level int8 state as a commit leaves it, and open-mini-batch buffers of random keys and values."""
-    from edgettt.quant.state_formats import pack_fine, two_level_codes
+    from edgettt.formats.state_formats import pack_fine, two_level_codes
 
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
@@ -159,7 +159,7 @@ def int8kv_state(B, H, DK, DV, b, device, seed=2):
 @pytest.mark.parametrize("inner", [0, 2, 3])  # 3 = the last of a mini-batch of 4: commit
 def test_int8kv_state_decode_step_matches_reference(device, shape, inner):
     from edgettt.ops.linear_attention.decode import decode_step_int12, decode_step_int12_ref
-    from edgettt.quant.state_formats import two_level_values, unpack_fine
+    from edgettt.formats.state_formats import two_level_values, unpack_fine
 
     B, H, DK, DV = shape
     g = torch.Generator().manual_seed(3)
@@ -190,7 +190,7 @@ def test_int8kv_state_steps_through_a_mini_batch_as_the_model_rounds(device):
     """b steps from a fresh state through the kernel equal the model's own arithmetic: values at the
     float16 keys and values, and at the commit S rounded with `two_level_round`."""
     from edgettt.ops.linear_attention.decode import decode_step_int12
-    from edgettt.quant.state_formats import two_level_round, two_level_values, unpack_fine
+    from edgettt.formats.state_formats import two_level_round, two_level_values, unpack_fine
 
     B, H, DK, DV, b = 2, 2, 9, 8, 4
     g = torch.Generator().manual_seed(4)

@@ -73,7 +73,7 @@ def test_decayed_decode_tokens_match_their_references(device, shape, inner):
 def int8_state(B, H, D, b, inner, S0, device, seed=1):
     """An int8-format state in the middle of a mini-batch: S on the grid around S0, slots 0..inner-1 filled
     (float16 keys with their bias 1, values), the rest zero."""
-    from edgettt.quant.state_formats import two_level_round
+    from edgettt.formats.state_formats import two_level_round
 
     g = torch.Generator().manual_seed(seed)
     S = two_level_round(S0.float().cpu() + 0.3 * torch.randn(B, H, D + 1, D, generator=g), S0.float().cpu())
@@ -121,7 +121,7 @@ def test_decode_token_int12_kv8_rounds_the_tokens_key_and_value_as_the_format_do
     `int8_slots` round them, and at the commit S from those slots. (Measured: within 2e-7 of the reference. A
     rounding flipped by float noise would move a slot by one int8 step of its row, 1/127 of its largest value:
     hence 1e-2 for the slots and 3e-4 for the output. The same key kept in float16 is 3e-3 off its rounded slot.)"""
-    from edgettt.quant.state_formats import hadamard
+    from edgettt.formats.state_formats import hadamard
 
     eta = torch.tensor([1.0, 0.5, 0.3, 0.25], device=device)
     q, k, v, lr, S0, gamma, beta, _, _ = inputs(*shape, torch.float32, device)

@@ -6,7 +6,7 @@ import torch
 from conftest import rel_err
 from test_int8 import assert_codes_match
 from edgettt.ops.quantized.int4 import GEMV_MAX_ROWS, a8_rounded, int4_gemv, int4_gemv_ref, int4_matmul, int4_matmul_ref, int4_matmul_a8_ref, int4_to_int8, int4_to_int8_ref
-from edgettt.quant.layouts import dequantize_int4
+from edgettt.formats.layouts import dequantize_int4
 from edgettt.quant.weight_formats import weight_format
 
 DEVICES = ["cuda"] if torch.cuda.is_available() else ["cpu"]

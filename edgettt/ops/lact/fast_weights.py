@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch._higher_order_ops.scan import scan
 
-from .. import exporting, segments
-from .reference import chunk_count, padded_chunks
+from edgettt.ops import exporting, segments
+from edgettt.ops.lact.reference import chunk_count, padded_chunks
 
 # Newton-Schulz coefficients of the public code (from modded-nanogpt / Moonlight)
 NS_STEPS = ((4.0848, -6.8946, 2.9270), (3.9505, -6.3029, 2.6377), (3.7418, -5.5913, 2.3037),

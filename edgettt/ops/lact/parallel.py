@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import reference as ref
+from edgettt.ops.lact import reference as ref
 
 
 def chunk(st: dict, fixed: dict, config, norms, q, k, v, lr, gates, start: int):

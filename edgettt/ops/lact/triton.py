@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import autotune_configs, cdiv, fresh, next_power_of_2
-from . import parallel
-from .reference import (LowRank, chunk_attention_ref, chunk_count,  # noqa: F401 (beside their kernels)
+from edgettt.ops.common import autotune_configs, cdiv, fresh, next_power_of_2
+from edgettt.ops.lact import parallel
+from edgettt.ops.lact.reference import (LowRank, chunk_attention_ref, chunk_count,  # noqa: F401 (beside their kernels)
                         chunk_momenta_ref, decode_step_ref, features_ref, momentum_coefficients, padded_chunks,
                         project_ref)
 

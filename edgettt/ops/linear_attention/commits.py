@@ -2,7 +2,7 @@
 
     for n in 0 .. N-1:  S <- round2(S + eta_last U_n);  S_after[n] = S
 
-round2 is the int12 format's two-level rounding around S0 (`quant.state_formats.two_level_round`: a step
+round2 is the int12 format's two-level rounding around S0 (`formats.state_formats.two_level_round`: a step
 per row, max |S - S0| / 127, recomputed at every commit). The rounding makes the chain sequential, so
 with the int12 state the parallel form's prefill (`linear_attention.committed_states`) looped over the
 mini-batches in torch, a few small operations each: 512 commits a layer at 8192 tokens, 58x slower
@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.state_formats import two_level_round
-from ..common import cdiv, fresh, next_power_of_2
-from .decode import _round_half_even
+from edgettt.formats.state_formats import two_level_round
+from edgettt.ops.common import cdiv, fresh, next_power_of_2
+from edgettt.ops.linear_attention.decode import _round_half_even
 
 
 def two_level_commits_ref(S, S0, U, eta_last, decay=None):

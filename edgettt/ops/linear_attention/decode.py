@@ -24,9 +24,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.state_formats import (int8_state_codes, int8_state_values, pack_fine, two_level_codes, two_level_values,
+from edgettt.formats.state_formats import (int8_state_codes, int8_state_values, pack_fine, two_level_codes, two_level_values,
                                      unpack_fine)
-from ..common import cdiv, fresh, next_power_of_2
+from edgettt.ops.common import cdiv, fresh, next_power_of_2
 
 
 def decode_step_ref(qa, ka, vh, S, A, eta_tok, inner: int, out=None, decay=None):
@@ -91,7 +91,7 @@ def decode_step(qa, ka, vh, S, A, eta_tok, inner: int, out=None, decay=None):
 # ---- int8 state -------------------------------------------------------------------------------
 # The state at rest is S = S0 + Sq * scale (Sq int8 [B, H, Dk, Dv], one scale per head and row
 # [H, Dk], S0 the model's initial state [H, Dk, Dv], or zeros for a state quantized as itself): the
-# formula of `quant/state_formats.py`. A stays float. At a commit S is updated in float and rounded
+# formula of `formats/state_formats.py`. A stays float. At a commit S is updated in float and rounded
 # back (half to even, like torch.round; the kernel writes the same formula in Triton).
 
 def decode_step_int8_ref(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None):
@@ -163,7 +163,7 @@ def decode_step_int8(qa, ka, vh, Sq, scale, S0, A, eta_tok, inner: int, out=None
 
 
 # ---- int12 state, two-level, with the open mini-batch's keys and values --------------------------------
-# The `int12` state format (quant/state_formats.py): S = S0 + (c8 + c4 / 15) step, c8 int8 [B, H, Dk, Dv],
+# The `int12` state format (formats/state_formats.py): S = S0 + (c8 + c4 / 15) step, c8 int8 [B, H, Dk, Dv],
 # c4 in [-7, 7] packed two a byte (`pack_fine`: columns j and j + Dv/2) [B, H, Dk, Dv/2], step float32
 # [B, H, Dk] (one a sequence, head and row, recomputed at every commit). A is not kept: the buffers
 # K [B, H, b, Dk] and V [B, H, b, Dv] (float16) hold the open mini-batch's ka and vh, slot i = its

@@ -19,7 +19,7 @@ reference), in place of the ~8 kernels inductor makes of these operations (`edge
 
 `decode_token_int12` (`decode_token_int12_ref`, `edgettt::decode_token_int12`) is the same token with the int12 state
 format: A's place taken by the open mini-batch's keys and values in float16 slots K [B, H, b, d+1], V [B, H, b, d],
-and S rounded to the format's grid at the commit (`quant.state_formats.two_level_round`). Given `rotation` [d, d]
+and S rounded to the format's grid at the commit (`formats.state_formats.two_level_round`). Given `rotation` [d, d]
 (the int12-kv8 format's Hadamard matrix) it puts the token's key and value on that format's int8 grids first.
 """
 
@@ -32,11 +32,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.state_formats import FINE_STEPS, STATE_CLIP, int8_rotated_keys, int8_slots, two_level_round
-from .. import LN_EPS, layer_norm, rotary
-from ..common import fresh, next_power_of_2
-from .decode import _round_half_even, decode_step_ref
-from .reference import augment, linear_values
+from edgettt.formats.state_formats import FINE_STEPS, STATE_CLIP, int8_rotated_keys, int8_slots, two_level_round
+from edgettt.ops import LN_EPS, layer_norm, rotary
+from edgettt.ops.common import fresh, next_power_of_2
+from edgettt.ops.linear_attention.decode import _round_half_even, decode_step_ref
+from edgettt.ops.linear_attention.reference import augment, linear_values
 
 
 def token_values_ref(q, k, v, lr, W, gamma, beta, inner: int, theta: float):
@@ -185,7 +185,7 @@ def _(q, k, v, lr, S0, gamma, beta, S, A, eta_tok, inner, theta, at_state, decay
     return torch.empty_like(q)
 
 
-# ---- the int12 state format (`quant.state_formats.Int12State`), as the torch path holds it -------------
+# ---- the int12 state format (`formats.state_formats.Int12State`), as the torch path holds it -------------
 # S [B, H, d+1, d] on the format's grid in the model's float type; the open mini-batch's ka and vh in float16
 # slots K [B, H, b, d+1], V [B, H, b, d] in place of A (`converted.LinearAttentionLayer._attend_open_token`):
 #     zbar = qa S + eta_i sum_{j <= i} (qa . K_j) V_j;   at the last token: S <- round2(S + eta_b K^T V), K = V = 0

@@ -48,11 +48,11 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.state_formats import two_level_round
-from .. import layer_norm, segments
-from ..common import autotune_configs, cdiv, fresh, next_power_of_2
-from . import reference as la
-from .commits import _two_level_rows
+from edgettt.formats.state_formats import two_level_round
+from edgettt.ops import layer_norm, segments
+from edgettt.ops.common import autotune_configs, cdiv, fresh, next_power_of_2
+from edgettt.ops.linear_attention import reference as la
+from edgettt.ops.linear_attention.commits import _two_level_rows
 
 # ---- references -----------------------------------------------------------------------------------
 
@@ -593,7 +593,7 @@ def _exact_aligned(q, k, v, lr, S0, gamma, beta, eta_tok, S, states=None, precis
 
 
 def exact(q, k, v, lr, S0, gamma, beta, eta_tok, start=0, S=None, A=None, two_level=False):
-    """`two_level`: the int12 state format (`quant.state_formats`): each commit's S rounded to its grid
+    """`two_level`: the int12 state format (`formats.state_formats`): each commit's S rounded to its grid
     around S0, every token's ka and vh read as float16 (A, the unfinished mini-batch's sum, stays float)."""
     q, k, v = _same_layout(q, k, v)
     return _with_head(functools.partial(_exact_aligned, two_level=two_level),

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch._higher_order_ops.scan import scan
 
-from .. import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
+from edgettt.ops import exporting, gelu_tanh, gelu_tanh_grad, ln_l2_grad
 
 
 def augment(x: torch.Tensor) -> torch.Tensor:

@@ -23,8 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import fresh, mini_batch_supported, next_power_of_2
-from .prefill import (EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout,
+from edgettt.ops.common import fresh, mini_batch_supported, next_power_of_2
+from edgettt.ops.linear_attention.prefill import (EXACT_CONFIGS, _chunk_mask, _configs, _exact_aligned, _load_tile, _precision, _same_layout,
                       _start_state, _zero_pad)
 
 

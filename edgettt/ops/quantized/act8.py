@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ..common import cdiv, fresh, next_power_of_2
+from edgettt.ops.common import cdiv, fresh, next_power_of_2
 
 
 def quantize_activations_ref(x: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Tensor]:

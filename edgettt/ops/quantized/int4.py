@@ -40,10 +40,10 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from ...quant.layouts import dequantize_int4, unpack_nibbles
-from .. import rms_norm
-from ..common import GEMV_MAX_ROWS, INTERPRETER, autotune_configs, cdiv, fresh, next_power_of_2
-from .int8 import int8_a8_gemm, int8_matmul_a8_ref
+from edgettt.formats.layouts import dequantize_int4, unpack_nibbles
+from edgettt.ops import rms_norm
+from edgettt.ops.common import GEMV_MAX_ROWS, INTERPRETER, autotune_configs, cdiv, fresh, next_power_of_2
+from edgettt.ops.quantized.int8 import int8_a8_gemm, int8_matmul_a8_ref
 
 
 def int4_matmul_ref(x, qweight, scales, zero_points):

@@ -28,9 +28,9 @@ import torch
 import triton
 import triton.language as tl
 
-from ...quant.layouts import dequantize_int8
-from ..common import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
-from .act8 import quantize_activations, quantize_activations_ref
+from edgettt.formats.layouts import dequantize_int8
+from edgettt.ops.common import GEMV_MAX_ROWS, autotune_configs, cdiv, fresh, next_power_of_2
+from edgettt.ops.quantized.act8 import quantize_activations, quantize_activations_ref
 
 
 def int8_matmul_ref(x, qweight, scales):

@@ -1,0 +1,32 @@
+"""The families edgettt reads, each found by its config.json's `model_type` (or a model's config).
+
+Adding a family: its folder under `families/` (config, model, conversion, checkpoint check, kernel hookup, its
+state layers' roles and calibration observer) ending in a `FAMILY`, and one line in `FAMILIES` below.
+"""
+
+from __future__ import annotations
+
+from edgettt.errors import EdgetttError
+from edgettt.families.family import Family
+from edgettt.families.lact import FAMILY as LACT
+from edgettt.families.ttt import FAMILY as TTT
+
+FAMILIES: tuple[Family, ...] = (TTT, LACT)
+
+
+def family_for_type(model_type: str | None, source="config.json") -> Family:
+    """The family of a config.json's `model_type`. A config.json that names none is read as TTT's (whose
+    loader then says what it lacks)."""
+    if model_type is None:
+        return TTT
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family
+    known = [repr(t) for f in FAMILIES for t in f.model_types]
+    raise EdgetttError(f"{source}: model_type is {model_type!r}; edgettt reads models of type "
+                       f"{', '.join(known[:-1])} or {known[-1]}")
+
+
+def family_of(config) -> Family:
+    """The family a loaded model's config belongs to."""
+    return next(f for f in FAMILIES if isinstance(config, f.config_class))
