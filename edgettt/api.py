@@ -17,23 +17,32 @@ Texts are given as the command line takes them: a path, "-", or a built-in name 
 from __future__ import annotations
 
 import copy
+import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from edgettt import benchmark, evaluation
-from edgettt.checkpoint import save_model
+from edgettt.calibration.mixed import Budget, MixedPlan, search_mix_on_calibration_text
+from edgettt.checkpoint import load_model, save_model
+from edgettt.conversion import convert as convert_model
+from edgettt.distill import DistillSettings, distill_towards
 from edgettt.data import Text, read_text
 from edgettt.errors import EdgetttError
 from edgettt.families.base import LanguageModel
 from edgettt.onnx import ACTIVATIONS, default_activations, export_model
-from edgettt.outputs import Output
+from edgettt.model_info import stored_size
+from edgettt.outputs import Output, as_output
 from edgettt.calibration import statistics as calibration
-from edgettt.quant.apply import quantize_model, skip_patterns
+from edgettt.calibration.statistics import Calibration
+from edgettt.quant.apply import quantize_model, skip_patterns, weight_bits
 from edgettt.quant.config import QuantConfig
 from edgettt.reporting import build_report, table, variants, write
 from edgettt.runner import Runner, is_export
+from edgettt.weights_io import saved_float_dtype
+from edgettt.tokenizer import JsonTokenizer
 from edgettt.web import copy_export
 from edgettt.web import runtime_files as web_runtime_files
 
@@ -58,6 +67,88 @@ def quantize(model: LanguageModel, config: QuantConfig | None = None, calibratio
     quantized = copy.deepcopy(model)
     quantize_model(quantized, config or QuantConfig(), calibration, report=report)
     return quantized
+
+
+@dataclass
+class Conversion:
+    """What `convert_checkpoint` wrote: the converted model and its report (also OUT/convert_report.json; {}
+    when nothing was measured), with the seconds the measurement took."""
+
+    path: Path
+    model: LanguageModel = field(repr=False)
+    report: dict
+    seconds: float = 0.0
+
+
+def convert_checkpoint(src, out, form: str = "exact", decay: float | None = None, text="python-docs-sample",
+                       ctx: int = 256, max_tokens: int = 4096, measure: bool = True,
+                       distill: DistillSettings | None = None, train_text="python-docs:train", tokenizer=None,
+                       force: bool = False) -> Conversion:
+    """`edgettt convert`: the checkpoint `src` (a model directory, a shipped name, a ttt-lm-jax checkpoint) as a
+    linear-attention model directory `out`, with its drift from `src` measured on `text` in windows of `ctx`
+    (`measure`). `distill` (a `DistillSettings`) first tunes a parallel form towards `src` on `train_text`, the
+    report then holding the drift before and after. `tokenizer`: a tokenizer.json to write with the model."""
+    out = as_output(out, "model", force, [src])
+    measure_text = _text(text) if measure else None
+    train = _text(train_text) if distill else None
+    vocabulary = JsonTokenizer(Path(tokenizer)) if tokenizer else None
+    # unmeasured and untuned, the model is never run: its tensors stay as stored and are re-labelled, not copied
+    original = load_model(src) if measure or distill else load_model(src, dtype="stored")
+    if vocabulary is not None:
+        original.tokenizer = vocabulary.check_fits(original.config.vocab_size)
+    # only a distillation changes the converted model's weights: else it may share the original's memory
+    converted = convert_model(original, form, decay, copy=distill is not None)
+    report, started = {}, time.perf_counter()
+    if measure:
+        report = evaluation.conversion_report(original, converted, measure_text, ctx, max_tokens)
+    seconds = time.perf_counter() - started
+    if distill:
+        record = distill_towards(original, converted, train, distill, ctx, source=str(src))
+        if measure:
+            record["before"] = report
+            report = evaluation.conversion_report(original, converted, measure_text, ctx, max_tokens)
+        report["distill"] = record
+    if report:
+        report["source"] = str(src)
+    extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
+    # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
+    save_model(converted, out, extra_files=extra, store=None if distill else saved_float_dtype(original))
+    return Conversion(out.path, converted, report, seconds)
+
+
+@dataclass
+class Quantized:
+    """What `quantize_checkpoint` wrote: the model, the config it was quantized with (a mix's, for a budget), one
+    row a layer, and the sizes before and after (MB and bits per weight as the directories store them)."""
+
+    path: Path
+    model: LanguageModel = field(repr=False)
+    config: QuantConfig
+    rows: list[dict] = field(repr=False)
+    before: dict
+    after: dict
+    plan: MixedPlan | None = field(default=None, repr=False)
+
+
+def quantize_checkpoint(src, out, config: QuantConfig | None = None, calibration=None, budget: Budget | None = None,
+                        report=None, log=print, force: bool = False) -> Quantized:
+    """`edgettt quantize`: the converted model directory `src` quantized as `config` says into `out`; with a
+    `budget` (`Budget.parse("size=2.5")`), each layer's format chosen for it on the calibration's text (the
+    search's lines to `log`). `calibration`: a `Calibration` or its file; `report(row)` sees one dict a layer."""
+    out = as_output(out, "model", force, [src, calibration if isinstance(calibration, (str, Path)) else None])
+    config = config or QuantConfig()
+    model = load_model(src)
+    source = str(calibration) if isinstance(calibration, (str, Path)) else "calibration"
+    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    before = weight_bits(model)
+    plan = search_mix_on_calibration_text(model, cal, budget, config.state, source, log) if budget else None
+    config = plan.config() if plan else config
+    rows = quantize_model(model, config, cal, report=report, source=source, name=str(src))
+    # float weights keep the file's precision (bfloat16 in, bfloat16 out); a quantized format's scales stay as made
+    save_model(model, out, store=saved_float_dtype(model))
+    after = weight_bits(model)
+    return Quantized(out.path, model, config, rows, {**before, **stored_size(src, before["weights"])},
+                     {**after, **stored_size(out.path, after["weights"])}, plan)
 
 
 @dataclass

@@ -142,6 +142,16 @@ def stored_config(spec):
     return read_config(path) if path is not None else None
 
 
+def skeleton(spec) -> LanguageModel | None:
+    """The model a model directory's config.json describes, on the meta device (shapes, no weights read or
+    memory taken): what a command measures before the weights are loaded. None as for `stored_config`."""
+    config = stored_config(spec)
+    if config is None:
+        return None
+    with torch.device("meta"):
+        return family_of(config).model_class(config)
+
+
 def model_type(config_file: Path) -> str | None:
     """The `model_type` of a config.json, or None when it cannot say (the config's own loader then
     gives the error)."""

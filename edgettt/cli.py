@@ -346,68 +346,29 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
     """Convert the checkpoint SRC (a model directory, a shipped model, a ttt-lm-jax checkpoint) into a
     linear-attention model in OUT, and report its drift from SRC (OUT/convert_report.json). TEXT: a file,
     a folder of .txt/.md, '-' (stdin) or a built-in text (docs/cli.md)."""
-    from edgettt import convert as convert_model
-    from edgettt import load
-    from edgettt.checkpoint import save_model
+    from edgettt.api import convert_checkpoint
     from edgettt.data import read_text
-    from edgettt.evaluation import conversion_report, encode
     from edgettt.outputs import STDOUT, plan_outputs, write_json
-    from edgettt.tokenizer import JsonTokenizer
-    from edgettt.weights_io import saved_float_dtype
 
     if decay is not None and form != "parallel":
         raise EdgetttError(f"--decay is for --form parallel (a decayed parallel form), not --form {form}")
-    distill = distill_spec is not None
-    settings = distill_settings(distill_spec) if distill else None
+    distill = distill_settings(distill_spec) if distill_spec is not None else None
     out, json_out = plan_outputs((out, "model", force, None), (json_path, "json", force, "--json"),
                                  inputs=[model_input(src), text_input(data), text_input(eval_data),
                                          tokenizer_file and Path(tokenizer_file)])
-    check_convertible(src, form, distill or decay is not None)
+    check_convertible(src, form, distill is not None or decay is not None)
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
-    tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
-    measured = not no_report or distill
-    # unmeasured, the model is never run: its tensors stay as stored and are re-labelled, not copied
-    original = load(src) if measured else load(src, dtype="stored")
-    if tokenizer is not None:
-        original.tokenizer = tokenizer.check_fits(original.config.vocab_size)
-    # only a distillation changes the converted model's weights: else it may share the original's memory
-    converted = convert_model(original, form, decay, copy=distill)
-    report = {}
-    if not no_report:
-        started = time.perf_counter()
-        report = conversion_report(original, converted, measure_text, ctx, max_tokens)
-        if not distill and (note := drift_note(report, time.perf_counter() - started)):
-            click.echo(note, err=True)
-    if distill:
-        from edgettt.distill import distill as run_distill
-
-        lengths = list(settings.ctx) or [ctx]
-        losses = run_distill(original, converted, encode(original, train_text, str(src)), steps=settings.steps,
-                             lr=settings.lr, ctx=lengths, batch=settings.batch, hard_weight=settings.hard_weight,
-                             minutes=settings.minutes, pool=settings.pool)
-        # the longest context it was tuned at (config.json: kept by quantize, export)
-        converted.config.extra["distilled_ctx"] = max(lengths)
-        distilled = {"train_text": train_text.fingerprint(), "steps_asked": settings.steps,
-                     "minutes": settings.minutes, "steps": len(losses),  # fewer than asked when minutes ended it
-                     "lr": settings.lr, "ctx": lengths if len(lengths) > 1 else lengths[0], "batch": settings.batch,
-                     "hard_weight": settings.hard_weight, "pool": settings.pool,
-                     "loss_first": losses[0], "loss_last": losses[-1]}
-        if not no_report:
-            distilled["before"] = report
-            report = conversion_report(original, converted, measure_text, ctx, max_tokens)
-        report["distill"] = distilled
-    if report:
-        report["source"] = str(src)
-    extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
-    # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
-    store = None if distill else saved_float_dtype(original)
-    save_model(converted, out, extra_files=extra, store=store)
+    done = convert_checkpoint(src, out, form, decay, measure_text, ctx, max_tokens, measure=not no_report,
+                              distill=distill, train_text=train_text, tokenizer=tokenizer_file)
+    report = done.report
+    if not distill and report and (note := drift_note(report, done.seconds)):
+        click.echo(note, err=True)
     if json_out:
         write_json(json_out, report)
     if json_out == STDOUT:
         return
-    click.echo(f"wrote {out.path}: {converted.config.family}, form {form}"
+    click.echo(f"wrote {out.path}: {done.model.config.family}, form {form}"
                + (f", decayed (gamma {decay} a mini-batch to start)" if decay is not None else ""))
     if "distill" in report and "before" in report["distill"]:
         distilled = report["distill"]
@@ -518,28 +479,6 @@ def format_conversion_report(r: dict) -> str:
     return "\n".join(lines)
 
 
-def mixed_config(model, cal, calib, budget, state: str):
-    """`quantize --target`: the mix of layer formats for `budget`, searched on the calibration's own text; its
-    frontier and choice printed."""
-    from edgettt.data import read_text
-    from edgettt.calibration.mixed import search_mix
-
-    text = read_text(cal.text["name"]) if cal.text["name"] != "stdin" else None
-    if text is None or text.fingerprint()["sha256"] != cal.text["sha256"]:
-        raise EdgetttError(f"{calib}: its text {cal.text['name']} cannot be read as it was (sha256 "
-                           f"{cal.text['sha256']}); --target measures on the calibration's text, calibrate again")
-    plan = search_mix(model, cal, text, budget, state=state, log=click.echo)
-    for row in plan.uniform:
-        click.echo(f"  every layer {row['variant']:16s} {row['size_mb']:8.3f} MB  "
-                   f"predicted KLD {row['predicted_kld']:.5f}")
-    click.echo(f"  mix for {budget}: {plan.size_mb:.3f} MB, predicted KLD {plan.predicted_kld:.5f}, measured "
-               f"{plan.measured_kld:.5f} on {plan.tokens} tokens of {text.name}")
-    return plan.config()
-
-
-
-
-
 @cli.command(short_help="statistics for quantization (layer inputs, the state)")
 @torch_threads
 @click.argument("model_path", metavar="MODEL", type=click.Path())
@@ -599,14 +538,12 @@ def calibrate(model_path, data, ctx, samples, seed, percentile, output, force):
 def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, target, force):
     """Quantize the weights (and the decode state) of a converted MODEL into OUT. Formats, methods and the
     mixed-precision search: docs/quantization.md."""
-    from edgettt import load
-    from edgettt.checkpoint import save_model
+    from edgettt.api import quantize_checkpoint
+    from edgettt.calibration.mixed import check_size_budget
+    from edgettt.checkpoint import skeleton
     from edgettt.outputs import Output
-    from edgettt.model_info import stored_size
-    from edgettt.quant.apply import quantize_model, skip_patterns, weight_bits
-    from edgettt.calibration.statistics import Calibration
+    from edgettt.quant.apply import skip_patterns
     from edgettt.quant.config import QuantConfig, default_head_format, weight_variant
-    from edgettt.weights_io import saved_float_dtype
 
     budget = target
     if budget and (ctx.get_parameter_source("weights").name != "DEFAULT" or head):
@@ -629,29 +566,21 @@ def quantize(ctx, model_path, out, weights, state, calib, skip, head, fallback, 
         raise EdgetttError(f"--weights {config.variant} --state {state} needs a calibration: run `edgettt calibrate` "
                            "and pass --calib")
     check_unquantized(model_path, "quantize", [state])
-    model = load(model_path)
-    cal = Calibration.load(calib) if calib else None
-    before = weight_bits(model)
-    if budget:
-        config = mixed_config(model, cal, calib, budget, state)
+    if budget and (shapes := skeleton(model_path)) is not None:
+        check_size_budget(shapes, budget)  # from config.json, before the weights are read
 
     def line(row):
         click.echo(f"  {row['name']:45s} {'x'.join(map(str, row['shape'])):>9s}  {row['format']:14s} "
                    f"{row['bytes_before'] / 1e3:9.1f} kB -> {row['bytes_after'] / 1e3:8.1f} kB"
                    + ("  (fallback)" if row.get("fallback") else ""))
 
-    rows = quantize_model(model, config, cal, report=line, source=str(calib), name=str(model_path))
-    misfits = sum(row["fallback"] for row in rows)
+    done = quantize_checkpoint(model_path, out, config, calib, budget, report=line, log=click.echo)
+    misfits = sum(row["fallback"] for row in done.rows)
     if misfits:
-        click.echo(f"{misfits} layers cannot be {config.variant} (input size not a multiple of {group}): "
+        click.echo(f"{misfits} layers cannot be {done.config.variant} (input size not a multiple of {group}): "
                    f"kept in {fallback} (--fallback)", err=True)
-    # float weights keep the file's precision (bfloat16 in, bfloat16 out); a quantized format's scales stay as made
-    save_model(model, out, store=saved_float_dtype(model))
-    after = weight_bits(model)
-    before, after = {**before, **stored_size(model_path, before["weights"])}, \
-        {**after, **stored_size(out.path, after["weights"])}
-    click.echo(f"wrote {out.path}: {before['size_mb']:.2f} MB -> {after['size_mb']:.2f} MB, "
-               f"{after['bits_per_weight']:.2f} bits per weight ({config.variant}); state {state}")
+    click.echo(f"wrote {out.path}: {done.before['size_mb']:.2f} MB -> {done.after['size_mb']:.2f} MB, "
+               f"{done.after['bits_per_weight']:.2f} bits per weight ({done.config.variant}); state {state}")
 
 
 @cli.command(short_help="the whole chain: the accuracy-vs-bits table")

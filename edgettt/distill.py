@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from edgettt.cuda_graph import graphed
-from edgettt.evaluation import best_device
+from edgettt.evaluation import best_device, encode
 from edgettt.fast_paths import use_kernels
 from edgettt.families.base import LanguageModel
 from edgettt.progress import bar
@@ -194,3 +194,21 @@ def distill(teacher: LanguageModel, student: LanguageModel, tokens: list[int], s
     progress.close()
     student.eval()
     return losses
+
+
+def distill_towards(teacher: LanguageModel, student: LanguageModel, text, settings: DistillSettings,
+                    ctx: int, source: str = "model") -> dict:
+    """`convert --distill`: tune `student` towards `teacher` (read from `source`) on `text` (an `edgettt.data.Text`)
+    with `settings`, at their window lengths (`ctx` where they give none). Records in the student's config the
+    longest length it was tuned at (kept by quantize and export), and returns what convert_report.json keeps of
+    the run."""
+    lengths = list(settings.ctx) or [ctx]
+    losses = distill(teacher, student, encode(teacher, text, source), steps=settings.steps, lr=settings.lr,
+                     ctx=lengths, batch=settings.batch, hard_weight=settings.hard_weight, minutes=settings.minutes,
+                     pool=settings.pool)
+    student.config.extra["distilled_ctx"] = max(lengths)
+    return {"train_text": text.fingerprint(), "steps_asked": settings.steps, "minutes": settings.minutes,
+            "steps": len(losses),  # fewer than asked when minutes ended it
+            "lr": settings.lr, "ctx": lengths if len(lengths) > 1 else lengths[0], "batch": settings.batch,
+            "hard_weight": settings.hard_weight, "pool": settings.pool,
+            "loss_first": losses[0], "loss_last": losses[-1]}

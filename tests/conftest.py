@@ -78,11 +78,12 @@ def poison_kernel_outputs(monkeypatch):
     monkeypatch.setattr(edgettt.ops.common, "POISON_OUTPUTS", True)
 
 
-# The slowest files first: with `pytest -n 2 --dist loadfile` (.ci/run) the workers take whole files in
-# collection order, so the long ones (ONNX exports, the README run) start at once and the short ones
-# fill in around them, instead of two long files ending the run one after the other.
-SLOW_FIRST = ("test_export.py", "test_readme.py", "test_lact.py", "test_decode_token.py", "test_bad_inputs.py",
-              "test_training.py")  # (test_lact.py ~4 min, test_decode_token.py ~2.5 min on CI's 2 cores, 2026-12-04)
+# The slowest files first: with `pytest -n 2 --dist loadfile --no-loadscope-reorder` (.ci/run) the workers
+# take whole files in collection order (xdist's own order, by the number of tests in a file, put the README
+# run, one test of 4-5 minutes, last), so the long ones start at once and the short ones fill in around them.
+SLOW_FIRST = ("test_readme.py", "test_export.py", "test_runtimes.py", "test_lact.py", "test_stored_dtypes.py",
+              "test_decode_token.py", "test_bad_inputs.py", "test_web.py", "test_recipe.py", "test_bench_cuda.py",
+              "test_training.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

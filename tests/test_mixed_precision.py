@@ -133,6 +133,19 @@ def test_bad_budgets_are_one_line_and_write_nothing(setup, tmp_path, args, messa
     assert not (tmp_path / "o").exists()
 
 
+def test_a_size_below_every_mix_is_refused_before_the_weights_are_read(setup, tmp_path, monkeypatch):
+    """The smallest mix is a matter of shapes: config.json says it, the weights are never loaded."""
+    root, _, _ = setup
+    import edgettt
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded")
+
+    monkeypatch.setattr(edgettt, "load", no_load)
+    result = run("quantize", root / "la", tmp_path / "o", "--calib", root / "cal.st", "--target", "size=0.0001")
+    assert result.exit_code == 1 and "below the smallest mix" in result.output, result.output
+
+
 def test_a_sensitivity_run_from_a_block_gives_the_whole_prefill_logits(setup):
     """Starting at block i from the float model's hidden state there equals the whole prefill."""
     _, model, _ = setup

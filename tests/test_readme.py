@@ -66,10 +66,24 @@ def test_every_readme_command_and_the_snippet_run_verbatim(tmp_path):
     finally:
         background.kill()
     assert background.returncode == 0, output
+    check_the_sample_table_is_what_the_main_job_prints(output)
     assert (tmp_path / "edgettt-report" / "report.html").exists() and (tmp_path / "onnx-int4" / "manifest.json").exists()
     # the README's int4 export in onnxruntime-genai: the tokens `edgettt run` gives (tests/test_runtimes.py
     # checks the float TTT-Linear, TTT-MLP and LaCT exports)
     check_genai_generates_what_edgettt_run_generates(tmp_path / "onnx-int4", tmp_path)
+
+
+ROW = re.compile(r"^(?P<variant>\S.*?)\s{2,}(?P<weights>\S+)\s+(?P<state>\S+)\s+(?P<mb>\d+\.\d+)\s+"
+                 r"(?P<bits>\d+\.\d+)\s+(?P<ppl>\d+\.\d+)\s", re.M)
+
+
+def check_the_sample_table_is_what_the_main_job_prints(output: str) -> None:
+    """The README's sample output of the main job: the same variants, formats, sizes and bits per weight, and
+    perplexities within 0.5% (another CPU rounds the float sums in another order)."""
+    sample = re.search(r"^```\n(reference logits.*?)^```", README.read_text(), flags=re.S | re.M).group(1)
+    shown, printed = ROW.findall(sample), ROW.findall(output)
+    assert [r[:5] for r in shown] == [r[:5] for r in printed], output
+    assert all(abs(float(a[5]) / float(b[5]) - 1) < 0.005 for a, b in zip(shown, printed)), output
 
 
 def options_of(command: click.Command) -> set[str]:

@@ -29,7 +29,7 @@ import torch
 from torch import nn
 
 from edgettt import metrics
-from edgettt.data import Text, token_windows
+from edgettt.data import Text, read_text, token_windows
 from edgettt.errors import EdgetttError
 from edgettt.evaluation import collect_logits, encode
 from edgettt.progress import bar
@@ -97,6 +97,28 @@ def _layer_bytes(linear: nn.Linear, variant: str) -> int | None:
     if not weight_format(fmt).fits(linear.in_features, group):
         return None
     return QuantState(fmt, group, linear.in_features, linear.out_features).nbytes()
+
+
+def layer_sizes(model: nn.Module, candidates=CANDIDATES):
+    """The quantizable layers, the bytes of everything else (norms, TTT's parameters, an untied embedding)
+    and each layer's bytes in each candidate that fits it: shapes only, so a model on the meta
+    device (`checkpoint.skeleton`) gives the same numbers as the loaded one."""
+    layers = quantizable_linears(model, QuantConfig(skip=()))
+    fixed = sum(t.numel() * t.element_size() for t in model.weights().values()) \
+        - sum(lin.weight.numel() * 4 for _, lin in layers)
+    sizes = {name: {v: b for v in candidates if (b := _layer_bytes(lin, v)) is not None} for name, lin in layers}
+    return layers, fixed, sizes
+
+
+def check_size_budget(model: nn.Module, budget: Budget, candidates=CANDIDATES) -> None:
+    """A one-line error for a size budget below the smallest mix `candidates` can make of `model`."""
+    if budget.kind != "size":
+        return
+    _, fixed, sizes = layer_sizes(model, candidates)
+    smallest = fixed + sum(min(s.values()) for s in sizes.values())
+    if budget.value * 1e6 < smallest:
+        raise EdgetttError(f"--target {budget}: below the smallest mix of {', '.join(candidates)} for this model, "
+                           f"{smallest / 1e6:.3f} MB; ask for at least that")
 
 
 def _quantized(name: str, linear: nn.Linear, variant: str, feedback) -> QuantLinear:
@@ -219,14 +241,8 @@ def search_mix(model: nn.Module, calibration, text: Text, budget: Budget, state:
     if model.form == "ttt" or model.config.quantization:
         raise EdgetttError("a mixed-precision plan needs a converted, unquantized model")
     check_calibration_covers(calibration, model, QuantConfig("int4", 64, "gptq", state=state, skip=("lm_head",)))
-    layers = quantizable_linears(model, QuantConfig(skip=()))
-    fixed = sum(t.numel() * t.element_size() for t in model.weights().values()) \
-        - sum(lin.weight.numel() * 4 for _, lin in layers)  # norms, TTT's parameters, an untied embedding
-    sizes = {name: {v: b for v in candidates if (b := _layer_bytes(lin, v)) is not None} for name, lin in layers}
-    smallest = fixed + sum(min(s.values()) for s in sizes.values())
-    if budget.kind == "size" and budget.value * 1e6 < smallest:
-        raise EdgetttError(f"--target {budget}: below the smallest mix of {', '.join(candidates)} for this model, "
-                           f"{smallest / 1e6:.3f} MB; ask for at least that")
+    layers, fixed, sizes = layer_sizes(model, candidates)
+    check_size_budget(model, budget, candidates)
     seq_len = calibration.seq_len
     windows = token_windows(encode(model, text), seq_len)[:max(1, tokens // seq_len)]
     ref = collect_logits(model, windows, desc="float")
@@ -265,6 +281,24 @@ def search_mix(model: nn.Module, calibration, text: Text, budget: Budget, state:
         log(f"  mix of {plan.size_mb:.3f} MB measured KLD {plan.measured_kld:.3g} > {budget.value:g}: tightening")
     raise EdgetttError(f"--target {budget}: no mix found within it; the smallest KLD measured was {min(tried):.3g} "
                        f"(float weights: 0); ask for a larger KLD or a size")
+
+
+def search_mix_on_calibration_text(model: nn.Module, calibration, budget: Budget, state: str = "fp32",
+                                   source: str = "calibration", log=print) -> MixedPlan:
+    """`search_mix` on the text `calibration` was made on (`quantize --target`), read again and checked to be the
+    same text by its fingerprint (a one-line error naming `source`, the calibration file, where it cannot be); the
+    plan's lines to `log`: each candidate for every layer, and the mix."""
+    name = calibration.text["name"]
+    text = read_text(name) if name != "stdin" else None
+    if text is None or text.fingerprint()["sha256"] != calibration.text["sha256"]:
+        raise EdgetttError(f"{source}: its text {name} cannot be read as it was (sha256 "
+                           f"{calibration.text['sha256']}); --target measures on the calibration's text, calibrate again")
+    plan = search_mix(model, calibration, text, budget, state=state, log=log)
+    for row in plan.uniform:
+        log(f"  every layer {row['variant']:16s} {row['size_mb']:8.3f} MB  predicted KLD {row['predicted_kld']:.5f}")
+    log(f"  mix for {budget}: {plan.size_mb:.3f} MB, predicted KLD {plan.predicted_kld:.5f}, measured "
+        f"{plan.measured_kld:.5f} on {plan.tokens} tokens of {text.name}")
+    return plan
 
 
 def _pareto(points: list[tuple[float, float]], step: float = 0.99) -> list[tuple[float, float]]:
