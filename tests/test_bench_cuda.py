@@ -24,6 +24,20 @@ def test_the_transformer_baseline_decodes_as_it_prefills():
     assert rel_err(torch.cat(outs, 1), full) < 1e-5 and int(state.pos) == 12
 
 
+def test_the_transformer_baseline_takes_the_fast_paths_as_a_model_of_no_family():
+    """`edgettt.prepare` takes the Llama (`bench llama:<preset>`), which no family registers: its layers keep
+    torch's kernels, and no layer decodes a token in one operation."""
+    from edgettt.benchmark.llama import Llama, LlamaConfig
+    from edgettt.fast_paths import FastPaths, prepare
+    from edgettt.fast_paths.layers import use_compiled_decode, use_kernels
+
+    model = Llama(LlamaConfig(64, 2, 4, 128, 100))
+    classes = [type(m) for m in model.modules()]
+    assert use_kernels(model) == 0 and use_compiled_decode(model) == 0
+    prepare(model, FastPaths(compile=False, dtype=torch.float32), device="cpu")
+    assert [type(m) for m in model.modules()] == classes
+
+
 def test_speed_on_cuda_is_refused_in_one_line_without_a_gpu_or_with_an_export(tmp_path):
     from click.testing import CliRunner
 

@@ -27,6 +27,11 @@ def family_for_type(model_type: str | None, source="config.json") -> Family:
                        f"{', '.join(known[:-1])} or {known[-1]}")
 
 
-def family_of(config) -> Family:
-    """The family a loaded model's config belongs to."""
-    return next(f for f in FAMILIES if isinstance(config, f.config_class))
+def family_of(config, missing_ok: bool = False) -> Family | None:
+    """The family a loaded model's config belongs to; with `missing_ok`, None for a model of no family (the
+    benchmark's reference Llama, which `edgettt.prepare` also takes)."""
+    family = next((f for f in FAMILIES if isinstance(config, f.config_class)), None)
+    if family is None and not missing_ok:
+        raise EdgetttError(f"{type(config).__name__}: not the config of a family edgettt reads "
+                           f"({', '.join(f.name for f in FAMILIES)})")
+    return family
