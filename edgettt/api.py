@@ -8,6 +8,8 @@
     result = edgettt.report(model, "report/", weights=["int8", "int4-gptq-g64"], ctx=512)
     exported = edgettt.export(parallel_model, "onnx/")                 # .path, .manifest, .runner()
     edgettt.save(q, "q4/")
+    done = convert_checkpoint("ttt-linear-tiny", "fast/", form="parallel")   # directories in and out, as
+    q8 = quantize_checkpoint("fast/", "q8/", edgettt.QuantConfig("int8"))    # the commands take them
 
 Texts are given as the command line takes them: a path, "-", or a built-in name such as
 "python-docs:train"; or as an `edgettt.data.Text`. Outputs are written as the commands write them
@@ -239,18 +241,18 @@ def report(model: LanguageModel, out, text="python-docs", calib_text="python-doc
            weights=("int8", "int8-gptq", "bnb-int8", "int4-rtn-g64", "int4-gptq-g64", "nf4-b64"),
            states=("int12", "int8", "int8-tensor", "fp16"), form: str = "exact", ctx: int = 2048,
            max_tokens: int = 100_000, skip=(), fallback: str = "int8", onnx: bool = False,
-           force: bool = False, log=print) -> Report:
+           force: bool = False, log=print, name: str | None = None) -> Report:
     """Convert (a TTT model, to `form`), calibrate on `calib_text`, quantize every variant and measure
     each against the float model on `text`; writes report.json/.csv/.md/.html and the plots to `out`.
     `weights` are variant names as `edgettt quantize --weights` takes them (int4-gptq-g64)."""
-    planned = Output.plan(out, "report", force, api=True)
+    planned = as_output(out, "report", force)
     data_text, calibration_text = _text(text), _text(calib_text)
     with planned.write() as tmp:
-        data = build_report(model, getattr(model, "name", "model"), data_text, calibration_text,
+        data = build_report(model, name or getattr(model, "name", "model"), data_text, calibration_text,
                             variants(list(weights), list(states), skip_patterns(skip), fallback), ctx,
                             max_tokens, form, onnx=onnx, log=log)
         write(data, tmp)
-    return Report(Path(out), data)
+    return Report(planned.path, data)
 
 
 def save(model: LanguageModel, out, force: bool = False, store: torch.dtype | None = None) -> None:

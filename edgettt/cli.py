@@ -609,9 +609,10 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     """Convert, calibrate, quantize every variant and measure each against the float model: the accuracy-vs-bits
     table, printed and in OUT (report.json/.csv/.md/.html, plots). MODEL: ttt-linear-tiny unless given."""
     from edgettt import load
+    from edgettt.api import report as report_model
     from edgettt.data import read_text
     from edgettt.outputs import Output
-    from edgettt.reporting import build_report, table, variants, write
+    from edgettt.reporting import table
 
     names, states = weights_list, state_list
     if onnx and form == "exact":
@@ -626,13 +627,8 @@ def report(model_path, output, data, calib_data, weights_list, state_list, form,
     text, calib_text = read_text(data), read_text(calib_data)
     model = load(model_path)
     warn_beyond_distillation(model_path, model.config.extra.get("distilled_ctx"), ctx)
-    with out.write() as tmp:
-        from edgettt.quant.apply import skip_patterns
-
-        result = build_report(model, str(model_path), text, calib_text,
-                              variants(names, states, skip_patterns(skip), fallback), ctx, max_tokens, form,
-                              onnx=onnx, log=click.echo)
-        write(result, tmp)
+    result = report_model(model, out, text, calib_text, names, states, form, ctx, max_tokens, skip, fallback, onnx,
+                          log=click.echo, name=str(model_path)).data
     click.echo(table(result))
     click.echo(f"wrote {output}/report.json, report.csv, report.md, report.html, accuracy_vs_size.png, "
                "kld_by_position.png, state_vs_kld.png")

@@ -48,6 +48,27 @@ def test_convert_parallel_reports_drift(ckpt, tmp_path):
     assert report["ref"]["ppl"] > 1 and report["model"]["ppl"] > 1 and 0 <= report["top1"] <= 1
 
 
+def test_the_api_behind_convert_and_quantize_writes_what_the_commands_write(ckpt, tmp_path):
+    """`api.convert_checkpoint` and `api.quantize_checkpoint`, which the commands call: the same files and
+    report as the command line, an output replaced only with force=True."""
+    from edgettt.api import convert_checkpoint, quantize_checkpoint
+    from edgettt.errors import EdgetttError
+    from edgettt.quant.config import QuantConfig
+
+    assert run("convert", ckpt, tmp_path / "cli", "--form", "parallel", "--max-tokens", "300").exit_code == 0
+    done = convert_checkpoint(ckpt, tmp_path / "api", "parallel", max_tokens=300)
+    cli_report = json.loads((tmp_path / "cli" / "convert_report.json").read_text())
+    assert json.loads((tmp_path / "api" / "convert_report.json").read_text()) == done.report
+    assert {k: v for k, v in done.report.items() if k != "source"} == \
+        {k: v for k, v in cli_report.items() if k != "source"}
+    assert load_file(tmp_path / "api" / "model.safetensors").keys() == load_file(tmp_path / "cli" / "model.safetensors").keys()
+    with pytest.raises(EdgetttError, match="force=True"):
+        convert_checkpoint(ckpt, tmp_path / "api", "parallel", measure=False)
+    q = quantize_checkpoint(tmp_path / "api", tmp_path / "q8", QuantConfig("int8"))
+    assert q.path == tmp_path / "q8" and load(q.path).config.quantization["variant"] == "int8"
+    assert q.after["size_mb"] < q.before["size_mb"] and len(q.rows) > 0
+
+
 def test_convert_reads_stdin(ckpt, tmp_path):
     result = run("convert", ckpt, tmp_path / "out", "--data", "-", "--json", "-", input="hello world, " * 30)
     assert result.exit_code == 0, result.output
