@@ -8,8 +8,8 @@
     result = edgettt.report(model, "report/", weights=["int8", "int4-gptq-g64"], ctx=512)
     exported = edgettt.export(parallel_model, "onnx/")                 # .path, .manifest, .runner()
     edgettt.save(q, "q4/")
-    done = convert_checkpoint("ttt-linear-tiny", "fast/", form="parallel")   # directories in and out, as
-    q8 = quantize_checkpoint("fast/", "q8/", edgettt.QuantConfig("int8"))    # the commands take them
+    done = edgettt.convert_checkpoint("ttt-linear-tiny", "fast/", form="parallel")  # directories in and
+    q8 = edgettt.quantize_checkpoint("fast/", "q8/", edgettt.QuantConfig("int8"))   # out, as the commands
 
 Texts are given as the command line takes them: a path, "-", or a built-in name such as
 "python-docs:train"; or as an `edgettt.data.Text`. Outputs are written as the commands write them
