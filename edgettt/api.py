@@ -137,11 +137,12 @@ def quantize_checkpoint(src, out, config: QuantConfig | None = None, calibration
     """`edgettt quantize`: the converted model directory `src` quantized as `config` says into `out`; with a
     `budget` (`Budget.parse("size=2.5")`), each layer's format chosen for it on the calibration's text (the
     search's lines to `log`). `calibration`: a `Calibration` or its file; `report(row)` sees one dict a layer."""
-    out = as_output(out, "model", force, [src, calibration if isinstance(calibration, (str, Path)) else None])
+    calibration_file = calibration if isinstance(calibration, (str, Path)) else None
+    out = as_output(out, "model", force, [src, calibration_file])
     config = config or QuantConfig()
     model = load_model(src)
-    source = str(calibration) if isinstance(calibration, (str, Path)) else "calibration"
-    cal = Calibration.load(calibration) if isinstance(calibration, (str, Path)) else calibration
+    source = str(calibration_file or "calibration")
+    cal = Calibration.load(calibration_file) if calibration_file else calibration
     before = weight_bits(model)
     plan = search_mix_on_calibration_text(model, cal, budget, config.state, source, log) if budget else None
     config = plan.config() if plan else config

@@ -112,9 +112,14 @@ def layer_sizes(model: nn.Module, candidates=CANDIDATES):
 
 def check_size_budget(model: nn.Module, budget: Budget, candidates=CANDIDATES) -> None:
     """A one-line error for a size budget below the smallest mix `candidates` can make of `model`."""
+    if budget.kind == "size":
+        _, fixed, sizes = layer_sizes(model, candidates)
+        _check_smallest_mix(budget, fixed, sizes, candidates)
+
+
+def _check_smallest_mix(budget: Budget, fixed: int, sizes: dict, candidates) -> None:
     if budget.kind != "size":
         return
-    _, fixed, sizes = layer_sizes(model, candidates)
     smallest = fixed + sum(min(s.values()) for s in sizes.values())
     if budget.value * 1e6 < smallest:
         raise EdgetttError(f"--target {budget}: below the smallest mix of {', '.join(candidates)} for this model, "
@@ -242,7 +247,7 @@ def search_mix(model: nn.Module, calibration, text: Text, budget: Budget, state:
         raise EdgetttError("a mixed-precision plan needs a converted, unquantized model")
     check_calibration_covers(calibration, model, QuantConfig("int4", 64, "gptq", state=state, skip=("lm_head",)))
     layers, fixed, sizes = layer_sizes(model, candidates)
-    check_size_budget(model, budget, candidates)
+    _check_smallest_mix(budget, fixed, sizes, candidates)
     seq_len = calibration.seq_len
     windows = token_windows(encode(model, text), seq_len)[:max(1, tokens // seq_len)]
     ref = collect_logits(model, windows, desc="float")
