@@ -98,3 +98,8 @@ def test_the_commands_table_lists_every_option_of_every_command():
     for name, usage in rows:
         listed = set(re.findall(r"--[a-z0-9-]+", usage))
         assert listed == options_of(cli.commands[name]), (name, listed ^ options_of(cli.commands[name]))
+
+
+def test_the_readme_stays_within_200_lines():
+    """The README is the front page: what does not fit goes to docs/ (the house issue's bound)."""
+    assert len(README.read_text().splitlines()) <= 200
