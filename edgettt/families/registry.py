@@ -7,11 +7,12 @@ state layers' roles and calibration observer) ending in a `FAMILY`, and one line
 from __future__ import annotations
 
 from edgettt.errors import EdgetttError
+from edgettt.families.deltanet import FAMILY as DELTANET
 from edgettt.families.family import Family
 from edgettt.families.lact import FAMILY as LACT
 from edgettt.families.ttt import FAMILY as TTT
 
-FAMILIES: tuple[Family, ...] = (TTT, LACT)
+FAMILIES: tuple[Family, ...] = (TTT, LACT, DELTANET)
 
 
 def family_for_type(model_type: str | None, source="config.json") -> Family:

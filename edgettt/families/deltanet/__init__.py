@@ -1,0 +1,28 @@
+"""DeltaNet and Gated DeltaNet (model types `delta_net`, `gated_deltanet`), in flash-linear-attention's layout:
+linear attentions whose state learns by the delta rule, outside the TTT lineage (DESIGN 4.2).
+
+    config.py              the config.json keys fla 0.6 saves, with its defaults and what edgettt refuses
+    model.py               the model, with fla's module names
+    conversion.py          `convert`: the model's own computation (it is a linear attention already)
+    checkpoint.py          the size check of a checkpoint against its weights
+Its operation (the delta rule: recurrence and chunked form) is in `edgettt.ops.delta_rule`.
+"""
+
+from edgettt.families.deltanet.checkpoint import check_deltanet_sizes
+from edgettt.families.deltanet.config import DELTANET, GATED_DELTANET, DeltaRuleConfig
+from edgettt.families.deltanet.conversion import convert, own_form
+from edgettt.families.deltanet.model import DeltaRuleForCausalLM
+from edgettt.families.family import Family
+
+
+def no_kernels() -> dict:
+    return {}
+
+
+def export_refusal(config) -> str | None:
+    return f"the ONNX export of {config.MODEL_TYPE} is not written yet; run it with edgettt's torch runner"
+
+
+FAMILY = Family(name="deltanet", model_types=(GATED_DELTANET, DELTANET), config_class=DeltaRuleConfig,
+                model_class=DeltaRuleForCausalLM, check_sizes=check_deltanet_sizes, convert=convert,
+                kernel_layers=no_kernels, form_converted_to=own_form, export_refusal=export_refusal)

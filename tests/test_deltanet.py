@@ -1,0 +1,194 @@
+"""DeltaNet and Gated DeltaNet against flash-linear-attention's own code.
+
+The fixtures in tests/fla_fixtures were written by fla 0.6 itself (`make_fla_fixtures.py` beside them): one small
+checkpoint per option set, saved by its `save_pretrained`, with its model's float32 logits, and the outputs of its
+naive delta-rule references on random inputs. edgettt's logits must equal fla's to 1e-5 relative in float32, and
+its recurrent and chunked delta rule fla's naive ones.
+"""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from conftest import rel_err
+from safetensors.torch import load_file, save_file
+
+import edgettt
+from edgettt.cli import cli
+from edgettt.errors import EdgetttError
+from edgettt.ops.delta_rule import reference as delta_rule
+
+FIXTURES = Path(__file__).parent / "fla_fixtures"
+NAMES = json.loads((FIXTURES / "fixtures.json").read_text())["fixtures"]
+
+
+def max_relative(actual, expected):
+    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
+
+
+def logits_of(model, tokens):
+    with torch.no_grad():
+        return model(tokens).float()
+
+
+def heads_first(t):
+    return t.transpose(1, 2)  # fla's [B, T, H, ...] -> [B, H, T, ...]
+
+
+@pytest.mark.parametrize("form", ["recurrent", "chunk"])
+def test_delta_rule_equals_fla_naive_references(form):
+    ref = load_file(FIXTURES / "delta_rule.safetensors")
+    q, k, v, beta, g = (heads_first(ref[n]) for n in ("q", "k", "v", "beta", "g"))
+    o, state = getattr(delta_rule, form)(q, k, v, beta, g, ref["initial_state"])
+    for fla_form in ("recurrent", "chunk"):  # fla's two naive forms agree to float32 rounding
+        assert rel_err(heads_first(o), ref[f"{fla_form}_o"]) < 1e-5
+        assert rel_err(state, ref[f"{fla_form}_state"]) < 1e-5
+
+
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("length,chunk_size", [(1, 64), (37, 16), (64, 64), (130, 32)])
+def test_chunk_equals_recurrent_in_float64(gated, length, chunk_size):
+    gen = torch.Generator().manual_seed(length)
+    B, H, K, V = 2, 3, 8, 12
+    q, k = (torch.nn.functional.normalize(torch.randn(B, H, length, K, generator=gen, dtype=torch.float64), dim=-1)
+            for _ in range(2))
+    v = torch.randn(B, H, length, V, generator=gen, dtype=torch.float64)
+    beta = 2 * torch.rand(B, H, length, generator=gen, dtype=torch.float64)  # allow_neg_eigval's range
+    g = -torch.rand(B, H, length, generator=gen, dtype=torch.float64) if gated else None
+    state = torch.randn(B, H, K, V, generator=gen, dtype=torch.float64)
+    o_rec, s_rec = delta_rule.recurrent(q, k, v, beta, g, state)
+    o_chunk, s_chunk = delta_rule.chunk(q, k, v, beta, g, state, chunk_size=chunk_size)
+    assert o_chunk.dtype == s_chunk.dtype == torch.float64
+    assert rel_err(o_chunk, o_rec) < 1e-12 and rel_err(s_chunk, s_rec) < 1e-12
+
+
+def test_every_option_fla_has_is_in_a_fixture():
+    configs = [json.loads((FIXTURES / n / "config.json").read_text()) for n in NAMES]
+    by_type = {t: [c for c in configs if c["model_type"] == t] for t in ("gated_deltanet", "delta_net")}
+    for t, cs in by_type.items():
+        for switch in ("use_short_conv", "use_gate", "allow_neg_eigval", "tie_word_embeddings"):
+            assert {c[switch] for c in cs} == {True, False}, (t, switch)
+    gdn, dn = by_type["gated_deltanet"], by_type["delta_net"]
+    assert {c["output_gate_activation"] for c in gdn} == {"swish", "sigmoid"}
+    assert any(c["num_v_heads"] and c["num_v_heads"] > c["num_heads"] for c in gdn)
+    assert {c["expand_v"] for c in gdn} == {1.0, 2.0} and {c["expand_v"] for c in dn} == {1.0, 2.0}
+    assert {c["qk_activation"] for c in dn} == {"silu", "relu", "elu", "identity"}
+    assert {c["qk_norm"] for c in dn} == {"l2", "sum"} and {c["use_beta"] for c in dn} == {True, False}
+    assert {c["expand_k"] for c in dn} == {0.5, 1.0}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_logits_equal_fla(name):
+    ref = load_file(FIXTURES / name / "reference.safetensors")
+    model = edgettt.load(FIXTURES / name)
+    logits = logits_of(model, ref["tokens"])
+    assert rel_err(logits, ref["logits"]) < 1e-5
+    assert max_relative(logits, ref["logits"]) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["gdn-grouped-sigmoid-tied", "dn-gate-relu-sum-negeig"])
+def test_decode_and_pieces_continue_the_prefill(name):
+    """A prefill in pieces (the chunked form from a state), then a token at a time (the recurrence), equals one
+    prefill of the whole text."""
+    ref = load_file(FIXTURES / name / "reference.safetensors")
+    model, tokens = edgettt.load(FIXTURES / name), ref["tokens"]
+    with torch.no_grad():
+        first, state = model.prefill(tokens[:, :50])
+        second, state = model.prefill(tokens[:, 50:70], state)
+        steps = [model.step(tokens[:, t], state)[0] for t in range(70, tokens.shape[1])]
+    pieces = torch.cat([first, second, torch.stack(steps, dim=1)], dim=1)
+    assert rel_err(pieces, ref["logits"]) < 1e-5
+
+
+def test_sharded_and_16_bit_checkpoints_load(tmp_path):
+    """fla's larger uploads come as shards with an index; the hub's are in bfloat16."""
+    source = FIXTURES / "gdn"
+    weights = load_file(source / "model.safetensors")
+    names = sorted(weights)
+    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
+              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    out = tmp_path / "sharded"
+    out.mkdir()
+    shutil.copy(source / "config.json", out)
+    for shard, keys in shards.items():
+        save_file({k: weights[k].bfloat16() for k in keys}, str(out / shard), metadata={"format": "pt"})
+    index = {"metadata": {}, "weight_map": {k: shard for shard, keys in shards.items() for k in keys}}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index))
+    ref = load_file(source / "reference.safetensors")
+    rounded = edgettt.load(source)
+    rounded.load_state_dict({k: v.bfloat16().float() for k, v in rounded.state_dict().items()})
+    assert rel_err(logits_of(edgettt.load(out), ref["tokens"]), logits_of(rounded, ref["tokens"])) < 1e-6
+
+
+def config_change(**changes):
+    def change(config: dict, weights: dict) -> None:
+        config.update(changes)
+    return change
+
+
+def weights_renamed(old: str, new: str):
+    def change(config: dict, weights: dict) -> None:
+        weights[new] = weights.pop(old)
+    return change
+
+
+BAD_CHECKPOINTS = {  # name -> (change to the gdn fixture, what the one-line error says)
+    "gla": (config_change(model_type="gla"), "model_type is 'gla'"),
+    "rwkv7": (config_change(model_type="rwkv7"), "model_type is 'rwkv7'"),
+    "hybrid": (config_change(attn={"layers": [1], "num_heads": 2}), "a hybrid with attention layers"),
+    "attnres": (config_change(attnres_block_size=2), "attnres_block_size is set"),
+    "gate activation": (config_change(output_gate_activation="relu"), "output_gate_activation is 'relu'"),
+    "expand_v": (config_change(expand_v=1.3), "head_dim 16 x expand_v 1.3 is not a whole number"),
+    "v heads": (config_change(num_v_heads=3), "num_v_heads 3 is not a multiple of num_heads 2"),
+    "hidden size": (config_change(hidden_size=48), "disagree with model.embeddings.weight"),
+    "layers": (config_change(num_hidden_layers=3), "num_hidden_layers 3 disagrees"),
+    "gate": (config_change(use_gate=False), "use_gate is false but the weights file has"),
+    "conv size": (config_change(conv_size=3), "conv_size [32, 1, 3] disagree"),
+    "GLA weights": (weights_renamed("model.layers.0.attn.a_proj.weight", "model.layers.0.attn.gk_proj.weight"),
+                    "a GLA layer's weight"),
+    "DeltaNet option": (config_change(model_type="delta_net", qk_activation="tanh", num_heads=2),
+                        "qk_activation is 'tanh'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CHECKPOINTS))
+def test_bad_checkpoints_get_one_line_and_nothing_written(case, tmp_path):
+    change, message = BAD_CHECKPOINTS[case]
+    src = tmp_path / "model"
+    shutil.copytree(FIXTURES / "gdn", src)
+    config = json.loads((src / "config.json").read_text())
+    weights = load_file(src / "model.safetensors")
+    change(config, weights)
+    (src / "config.json").write_text(json.dumps(config))
+    save_file(weights, str(src / "model.safetensors"))
+    result = CliRunner().invoke(cli, ["quantize", str(src), str(tmp_path / "out"), "--weights", "int8"])
+    assert result.exit_code == 1, result.output
+    assert message in result.output and "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(EdgetttError, match=message.split(" [")[0].replace("(", r"\(")):
+        edgettt.load(src)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_quantize_info_and_decode_on_each_dtype(dtype, tmp_path):
+    """The commands that need no text, on a checkpoint stored in each precision: quantize to int8, info, and the
+    quantized model's logits near the float model's (int8 rounds each weight to within half a step of 1/127 of
+    its group's largest, about 0.6% of a Gaussian group's norm; compounded over the products of two layers and the
+    int8 head, measured 2.2%)."""
+    src = tmp_path / "model"
+    shutil.copytree(FIXTURES / "dn", src)
+    weights = load_file(src / "model.safetensors")
+    save_file({k: v.to(getattr(torch, dtype)) for k, v in weights.items()}, str(src / "model.safetensors"))
+    runner = CliRunner()
+    out = tmp_path / "int8"
+    result = runner.invoke(cli, ["quantize", str(src), str(out), "--weights", "int8"])
+    assert result.exit_code == 0, result.output
+    info = runner.invoke(cli, ["info", str(out)])
+    assert info.exit_code == 0 and "delta_net" in info.output and "recurrent_state" in info.output
+    ref = load_file(FIXTURES / "dn" / "reference.safetensors")
+    float_logits = logits_of(edgettt.load(src), ref["tokens"])
+    assert rel_err(logits_of(edgettt.load(out), ref["tokens"]), float_logits) < 0.05
