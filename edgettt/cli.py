@@ -213,21 +213,23 @@ def torch_threads(command):
     return run_with_threads
 
 
-# `create --set`: the config.json keys it takes, with its defaults (a small byte-level model)
-CREATE_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": None,
-                   "vocab_size": 256, "mini_batch_size": 16, "share_qk": False, "pre_conv": False, "use_gate": False,
-                   "tie_word_embeddings": True}
+def registry():
+    """The families' registry (imported when a command needs it: it imports torch)."""
+    from edgettt.families import registry as families
+
+    return families
 
 
-def config_settings(pairs: tuple[str, ...]) -> dict:
-    """`--set KEY=VALUE` pairs as config values: positive integers, or true/false for the switches."""
+def config_settings(pairs: tuple[str, ...], defaults: dict) -> dict:
+    """`--set KEY=VALUE` pairs as config values of `defaults`' keys: positive integers, or true/false for the
+    switches."""
     out = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        if key not in CREATE_DEFAULTS:
-            raise click.BadParameter(f"{pair!r}: unknown key {key!r}; use one of {', '.join(CREATE_DEFAULTS)}",
+        if key not in defaults:
+            raise click.BadParameter(f"{pair!r}: unknown key {key!r}; use one of {', '.join(defaults)}",
                                      param_hint="--set")
-        if isinstance(CREATE_DEFAULTS[key], bool):
+        if isinstance(defaults[key], bool):
             if value.lower() not in ("true", "false"):
                 raise click.BadParameter(f"{pair!r}: {key} is true or false", param_hint="--set")
             out[key] = value.lower() == "true"
@@ -266,51 +268,54 @@ def cli(no_progress):
         os.environ["TQDM_DISABLE"] = "1"  # progress.bar reads it for every bar
 
 
-@cli.command(short_help="a random TTT checkpoint, to try the pipeline")
+@cli.command(short_help="a random checkpoint, to try the pipeline")
 @torch_threads
 @click.argument("out", type=click.Path())
-@click.option("--family", type=click.Choice(["linear", "mlp"]), default="linear", show_default=True,
-              help="TTT-Linear or TTT-MLP.")
-@click.option("--preset", type=click.Choice(["125m", "350m", "760m", "1b"]), default=None,
-              help="A published ttt-lm-pytorch size (vocabulary 32000).")
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", callback=lambda c, p, v: config_settings(v),
-              help="A config.json key: " + ", ".join(CREATE_DEFAULTS) + ".")
+@click.option("--family", "kind", type=RegistryChoice(lambda: registry().create_kinds()), default="linear",
+              show_default=True, help="TTT-Linear, TTT-MLP, Gated DeltaNet or DeltaNet.")
+@click.option("--preset", type=RegistryChoice(lambda: registry().preset_names()), default=None,
+              help="A published size (vocabulary 32000): ttt-lm-pytorch's 125m-1b, fla's 340m and 1.3b.")
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", cls=RegistryHelp,
+              callback=lambda c, p, v: config_settings(v, registry().create_settings()),
+              make_help=lambda: "A config.json key: " + ", ".join(registry().create_settings()) + " (docs/cli.md).")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="A tokenizer.json [default: byte-level].")
 @click.option("--seed", default=0, show_default=True, type=SEED)
 @click.option("--weights-format", type=click.Choice(["safetensors", "bin"]), default="safetensors",
               show_default=True)
 @click.option("--force", is_flag=True, help="Overwrite OUT if it exists.")
-def create(out, family, preset, settings, tokenizer_file, seed, weights_format, force):
-    """Write a randomly initialised TTT checkpoint in the ttt-lm-pytorch layout to OUT: a small byte-level one
-    (--set sizes it; defaults in docs/cli.md), or a published size (--preset: for speed and size, not text)."""
+def create(out, kind, preset, settings, tokenizer_file, seed, weights_format, force):
+    """Write a randomly initialised checkpoint (ttt-lm-pytorch's layout for TTT, flash-linear-attention's for
+    DeltaNet) to OUT: a small byte-level one (--set sizes it; defaults in docs/cli.md), or a published size
+    (--preset: for speed and size, not text)."""
     from edgettt.checkpoint import save_model
-    from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS, ModelConfig
     from edgettt.outputs import Output
-    from edgettt.families.ttt.random_init import random_model
     from edgettt.tokenizer import JsonTokenizer
 
-    sizes = {**CREATE_DEFAULTS, **settings}
+    _, creator = registry().creator_of(kind)
+    defaults = creator.defaults[kind]
+    settings = config_settings(tuple(f"{k}={str(v).lower()}" for k, v in settings.items()), defaults)
+    sizes = {**defaults, **settings}
     tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
     if tokenizer is not None and "vocab_size" not in settings:
         sizes["vocab_size"] = tokenizer.vocab_size
     if preset:
-        given = sorted(set(settings) & {*PRESETS[preset], "vocab_size"})
+        presets = creator.presets[kind]
+        if preset not in presets:
+            raise click.BadParameter(f"{preset!r} is not a published size of --family {kind}; use one of "
+                                     f"{', '.join(presets)}", param_hint="--preset")
+        given = sorted(set(settings) & {*presets[preset], "vocab_size"})
         if given:
             raise EdgetttError(f"--preset {preset} sets {', '.join(given)}; leave them out of --set, or drop --preset")
-        sizes.update(PRESETS[preset], vocab_size=PRESET_VOCAB)
-    if sizes["intermediate_size"] is None:
-        sizes["intermediate_size"] = int(2.75 * sizes["hidden_size"])
+        sizes.update(presets[preset], vocab_size=creator.preset_vocab)
     out = Output.plan(out, "model", force, inputs=[tokenizer_file and Path(tokenizer_file)])
-    config = ModelConfig(**sizes, ttt_layer_type=family)
-    config.validate("--options")
-    config.check_memory("--options")
+    config = creator.config(kind, sizes)
     if tokenizer is not None:
         tokenizer.check_fits(config.vocab_size)
     elif config.vocab_size > 256:
         click.echo(f"note: a vocabulary of {config.vocab_size:,} with the byte-level tokenizer: text uses ids 0-255 "
                    "only, and generated ids from 256 on decode to nothing; give the model's --tokenizer", err=True)
-    model = random_model(config, seed)
+    model = creator.random_model(config, seed)
     model.tokenizer = tokenizer or model.tokenizer
     save_model(model, out, weights_format=weights_format)
     click.echo(f"wrote {out.path}: random {config.family}, {model.num_parameters():,} parameters"

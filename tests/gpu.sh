@@ -19,6 +19,9 @@ for f in "${files[@]}"; do
         > /tmp/gpu_tests.log 2>&1
     rc=$?
     grep -E "^(FAILED|ERROR)|^E |^[^ ].*(passed|failed|error)" /tmp/gpu_tests.log | cut -c1-300 | tail -40
+    if ! grep -qE "^[^ ].*(passed|failed|error)" /tmp/gpu_tests.log; then  # no summary: pytest itself failed
+        echo "$f: no pytest summary; the log ends:"; tail -5 /tmp/gpu_tests.log | cut -c1-300
+    fi
     if [ $rc -eq 124 ]; then echo "$f: stopped at the time limit ($LIMIT s)"; fi
     if [ $rc -ne 0 ]; then status=1; fi
 done

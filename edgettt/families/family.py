@@ -19,6 +19,20 @@ def same_form(form: str) -> str:
 
 
 @dataclass(frozen=True)
+class Creator:
+    """What `edgettt create --family KIND` builds for a family, with random weights: a small byte-level model sized
+    by `--set`, or a published size (`--preset`, for speed and size, not text)."""
+
+    kinds: tuple[str, ...]  # its `--family` names
+    defaults: dict[str, dict]  # by kind: the `--set` keys with their defaults (a small byte-level model; None: the
+                               # family's rule)
+    presets: dict[str, dict[str, dict]]  # by kind: published sizes by name
+    preset_vocab: int  # the vocabulary of a published size
+    config: Callable  # (kind, sizes) -> the config (validated, memory checked)
+    random_model: Callable  # (config, seed) -> the model
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]  # the config.json `model_type`s it reads
@@ -34,3 +48,4 @@ class Family:
     load_foreign: Callable | None = None  # that file -> (config, weights, the file)
     compiled_decode: Callable | None = None  # (model, token_kernel): its layers as a compiled decode step takes them
     source_card: Callable | None = None  # config -> MODEL_CARD.md of weights that came from elsewhere
+    creator: Creator | None = None  # `edgettt create`

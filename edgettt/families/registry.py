@@ -36,3 +36,25 @@ def family_of(config, missing_ok: bool = False) -> Family | None:
         raise EdgetttError(f"{type(config).__name__}: not the config of a family edgettt reads "
                            f"({', '.join(f.name for f in FAMILIES)})")
     return family
+
+
+def creator_of(kind: str):
+    """(family, its `Creator`) of a `create --family` kind."""
+    for family in FAMILIES:
+        if family.creator is not None and kind in family.creator.kinds:
+            return family, family.creator
+    raise EdgetttError(f"--family {kind!r}: not a kind edgettt creates ({', '.join(create_kinds())})")
+
+
+def create_kinds() -> list[str]:
+    return [kind for f in FAMILIES if f.creator is not None for kind in f.creator.kinds]
+
+
+def create_settings() -> dict:
+    """Every `create --set` key with a default of its type (the union over the kinds)."""
+    return {k: v for f in FAMILIES if f.creator is not None for d in f.creator.defaults.values() for k, v in d.items()}
+
+
+def preset_names() -> list[str]:
+    names = [n for f in FAMILIES if f.creator is not None for p in f.creator.presets.values() for n in p]
+    return list(dict.fromkeys(names))

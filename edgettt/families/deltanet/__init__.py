@@ -5,6 +5,7 @@ linear attentions whose state learns by the delta rule, outside the TTT lineage 
     model.py               the model, with fla's module names
     conversion.py          `convert`: the model's own computation (it is a linear attention already)
     checkpoint.py          the size check of a checkpoint against its weights
+    random_init.py         a random model of a small or a published size (`edgettt create`)
 Its operation (the delta rule: recurrence and chunked form) is in `edgettt.ops.delta_rule`.
 """
 
@@ -12,7 +13,8 @@ from edgettt.families.deltanet.checkpoint import check_deltanet_sizes
 from edgettt.families.deltanet.config import DELTANET, GATED_DELTANET, DeltaRuleConfig
 from edgettt.families.deltanet.conversion import convert, own_form
 from edgettt.families.deltanet.model import DeltaRuleForCausalLM
-from edgettt.families.family import Family
+from edgettt.families.deltanet.random_init import DEFAULTS, PRESET_VOCAB, PRESETS, new_config, random_model
+from edgettt.families.family import Creator, Family
 
 
 def no_kernels() -> dict:
@@ -25,4 +27,6 @@ def export_refusal(config) -> str | None:
 
 FAMILY = Family(name="deltanet", model_types=(GATED_DELTANET, DELTANET), config_class=DeltaRuleConfig,
                 model_class=DeltaRuleForCausalLM, check_sizes=check_deltanet_sizes, convert=convert,
-                kernel_layers=no_kernels, form_converted_to=own_form, export_refusal=export_refusal)
+                kernel_layers=no_kernels, form_converted_to=own_form, export_refusal=export_refusal,
+                creator=Creator(kinds=tuple(DEFAULTS), defaults=DEFAULTS, presets=PRESETS, preset_vocab=PRESET_VOCAB,
+                                config=new_config, random_model=random_model))

@@ -42,11 +42,11 @@ def check_deltanet_sizes(config: DeltaRuleConfig, header: dict, source: Path) ->
         if name in header and tuple(header[name][0]) != shape:
             raise EdgetttError(f"{source}: {keys} {list(shape)} disagree with {name} {list(header[name][0])} in the "
                                "weights file; the checkpoint does not match its config")
-    for switch, name in (("use_short_conv", "q_conv1d.weight"), ("use_gate", "g_proj.weight")):
-        present = f"model.layers.0.attn.{name}" in header
+    for switch, module in (("use_short_conv", "q_conv1d"), ("use_gate", "g_proj")):  # (a quantized one: its codes)
+        present = any(k.startswith(f"model.layers.0.attn.{module}.") for k in header)
         if present != getattr(c, switch):
             raise EdgetttError(f"{source}: {switch} is {str(getattr(c, switch)).lower()} but the weights file "
-                               f"{'has' if present else 'has no'} model.layers.0.attn.{name}; the checkpoint does "
+                               f"{'has' if present else 'has no'} model.layers.0.attn.{module}; the checkpoint does "
                                "not match its config")
     layers = {int(k.split(".")[2]) for k in header if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
     if layers != set(range(config.num_hidden_layers)):

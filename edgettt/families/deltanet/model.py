@@ -31,6 +31,11 @@ SUM_EPS = 1e-6  # fla's sum_norm (F.normalize with p=1)
 CONVS = ("q", "k", "v")
 
 
+def state_dtype(t: torch.Tensor) -> torch.dtype:
+    """The state and the delta rule compute in float32 (float64 in a float64 model)."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
@@ -88,7 +93,8 @@ class DeltaRuleLayer(StateScales, nn.Module):
         """The state every sequence starts from, [value heads, K, V]: zeros (what a quantized state is taken
         relative to)."""
         c = self.config
-        return [self.q_proj.weight.new_zeros(c.num_value_heads, c.head_k_dim, c.head_v_dim, dtype=torch.float32)]
+        weight = self.q_proj.weight
+        return [weight.new_zeros(c.num_value_heads, c.head_k_dim, c.head_v_dim, dtype=state_dtype(weight))]
 
     def calibration_observer(self, layer: int, rowmax: dict):
         """What `calibrate` records of this layer's state along the text (`observer`): after each token, each
@@ -122,7 +128,7 @@ class DeltaRuleLayer(StateScales, nn.Module):
         c = self.config
         weight = self.q_proj.weight
         state = {"recurrent_state": weight.new_zeros(batch_size, c.num_value_heads, c.head_k_dim, c.head_v_dim,
-                                                     dtype=torch.float32)}
+                                                     dtype=state_dtype(weight))}
         if c.use_short_conv:
             for name, width in zip(CONVS, (c.key_dim, c.key_dim, c.value_dim)):
                 state[f"{name}_conv"] = weight.new_zeros(batch_size, c.conv_size - 1, width)
@@ -149,20 +155,21 @@ class DeltaRuleLayer(StateScales, nn.Module):
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if not self.config.gated and self.config.qk_norm == "sum":
             return t / t.abs().sum(-1, keepdim=True).clamp_min(SUM_EPS)
-        return l2_normalize(t.float())
+        return l2_normalize(t.to(state_dtype(t)))
 
     def _step_sizes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """beta and the log decay g (None without a gate), [B, value heads, T], in float32."""
         c = self.config
         if c.gated or c.use_beta:
-            beta = torch.sigmoid(self.b_proj(x).float())
+            beta = torch.sigmoid(self.b_proj(x).to(state_dtype(x)))
         else:
-            beta = x.new_ones(x.shape[:2] + (c.num_value_heads,), dtype=torch.float32)
+            beta = x.new_ones(x.shape[:2] + (c.num_value_heads,), dtype=state_dtype(x))
         if c.allow_neg_eigval:
             beta = beta * 2.0
         g = None
         if c.gated:
-            g = -self.A_log.float().exp() * F.softplus(self.a_proj(x).float() + self.dt_bias.float())
+            dtype = state_dtype(x)
+            g = -self.A_log.to(dtype).exp() * F.softplus(self.a_proj(x).to(dtype) + self.dt_bias.to(dtype))
             g = g.transpose(1, 2)
         return beta.transpose(1, 2), g
 
@@ -176,11 +183,11 @@ class DeltaRuleLayer(StateScales, nn.Module):
             q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
         beta, g = self._step_sizes(x)
         stored = self._stored(start)
+        v = v.to(state_dtype(v))
         if stored is not None or decode or x.shape[1] == 1:
-            o, state["recurrent_state"] = delta_rule.recurrent(q, k, v.float(), beta, g, state["recurrent_state"],
-                                                               stored=stored)
+            o, state["recurrent_state"] = delta_rule.recurrent(q, k, v, beta, g, state["recurrent_state"], stored=stored)
         else:
-            o, state["recurrent_state"] = delta_rule.chunk(q, k, v.float(), beta, g, state["recurrent_state"])
+            o, state["recurrent_state"] = delta_rule.chunk(q, k, v, beta, g, state["recurrent_state"])
         o = o.transpose(1, 2)  # [B, T, HV, V]
         gate = self.g_proj(x).reshape(o.shape) if c.use_gate else None
         o = self.o_norm(o, gate).to(x.dtype)
@@ -215,6 +222,13 @@ class DeltaRuleForCausalLM(LanguageModel):
 
     def __init__(self, config: DeltaRuleConfig):
         super().__init__(config, DeltaRuleBackbone(config))
+
+    @classmethod
+    def state_format_refusal(cls, name: str) -> str | None:
+        if name == "int8-tensor":
+            return ("the state format int8-tensor takes its one scale from the initial state, which is zero for the "
+                    "delta rule; use int8 (calibrated scales) or int12")
+        return super().state_format_refusal(name)
 
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])

@@ -14,12 +14,13 @@
 Its operations are in `edgettt.ops.linear_attention`.
 """
 
-from edgettt.families.family import Family
+from edgettt.families.family import Creator, Family
 from edgettt.families.ttt.checkpoint import check_sizes, source_card
 from edgettt.families.ttt.config import CONVERTED_MODEL_TYPE, TTT_MODEL_TYPE, ModelConfig
 from edgettt.families.ttt.conversion import convert
 from edgettt.families.ttt.jax_checkpoint import find_checkpoint, load_jax_checkpoint
 from edgettt.families.ttt.model import CausalLM
+from edgettt.families.ttt.random_init import CREATE_DEFAULTS, KINDS, PRESET_VOCAB, PRESETS, new_config, random_model
 
 
 def kernel_layers() -> dict:
@@ -37,4 +38,7 @@ def compiled_decode(model, token_kernel: bool) -> int:
 FAMILY = Family(name="ttt", model_types=(TTT_MODEL_TYPE, CONVERTED_MODEL_TYPE), config_class=ModelConfig,
                 model_class=CausalLM, check_sizes=check_sizes, convert=convert, kernel_layers=kernel_layers,
                 compiled_decode=compiled_decode, foreign_checkpoint=find_checkpoint,
-                load_foreign=load_jax_checkpoint, source_card=source_card)
+                load_foreign=load_jax_checkpoint, source_card=source_card,
+                creator=Creator(kinds=KINDS, defaults={k: CREATE_DEFAULTS for k in KINDS},
+                                presets={k: PRESETS for k in KINDS}, preset_vocab=PRESET_VOCAB, config=new_config,
+                                random_model=random_model))

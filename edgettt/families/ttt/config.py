@@ -50,6 +50,18 @@ def check_sizes_and_scalars(config, limits: dict[str, int], positive: tuple[str,
             raise bad(f"{key} must be a positive finite number, got {value!r}")
 
 
+def check_fits_memory(need: int, source: str) -> None:
+    """Refuse, before allocating, a model whose float32 weights (`need` bytes) would not fit in this machine's
+    memory (every family's `create`)."""
+    try:
+        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    if need > have:
+        raise EdgetttError(f"{source}: a model of this size needs about {need / 2**30:.1f} GiB of float32 weights, "
+                           f"more than this machine's {have / 2**30:.1f} GiB; choose smaller sizes")
+
+
 CONVERTED_ONLY = ("extra", "form", "quantization", "state_decay")  # fields config.json holds only for edgettt's models
 
 
@@ -192,14 +204,7 @@ class ModelConfig:
 
     def check_memory(self, source: str = "config.json") -> None:
         """Refuse, before allocating, a model whose float32 weights would not fit in this machine's memory."""
-        need = 4 * self.estimated_parameters()
-        try:
-            have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        except (ValueError, OSError, AttributeError):
-            return
-        if need > have:
-            raise EdgetttError(f"{source}: a model of this size needs about {need / 2**30:.1f} GiB of float32 weights, "
-                               f"more than this machine's {have / 2**30:.1f} GiB; choose smaller sizes")
+        check_fits_memory(4 * self.estimated_parameters(), source)
 
     @classmethod
     def load(cls, path: Path) -> "ModelConfig":

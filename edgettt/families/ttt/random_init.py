@@ -10,9 +10,27 @@ import math
 
 import torch
 
-from edgettt.families.ttt.config import ModelConfig
+from edgettt.families.ttt.config import PRESET_VOCAB, PRESETS, ModelConfig
 from edgettt.families.ttt.model import CausalLM
 from edgettt.tokenizer import ByteTokenizer
+
+
+# `create --set`: the config.json keys it takes, with its defaults (a small byte-level model)
+CREATE_DEFAULTS = {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4, "intermediate_size": None,
+                   "vocab_size": 256, "mini_batch_size": 16, "share_qk": False, "pre_conv": False, "use_gate": False,
+                   "tie_word_embeddings": True}
+KINDS = ("linear", "mlp")  # `create --family`: the TTT layer type
+
+
+def new_config(kind: str, sizes: dict) -> ModelConfig:
+    """The config of `create --family KIND` with `sizes` (an MLP of 2.75 x hidden unless given): checked, and
+    refused before allocating when its float32 weights would not fit this machine's memory."""
+    if sizes["intermediate_size"] is None:
+        sizes = {**sizes, "intermediate_size": int(2.75 * sizes["hidden_size"])}
+    config = ModelConfig(**sizes, ttt_layer_type=kind)
+    config.validate("--options")
+    config.check_memory("--options")
+    return config
 
 
 def random_model(config: ModelConfig, seed: int = 0) -> CausalLM:
