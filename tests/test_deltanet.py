@@ -259,3 +259,38 @@ def test_quantized_states_follow_decode_and_calibrated_int8_is_measured(created,
     for state, message in (("int8-tensor", "zero for the delta rule"), ("int12-kv8", "use --state int12")):
         result = runner.invoke(cli, ["quantize", str(src), str(tmp_path / state), "--state", state])
         assert result.exit_code == 1 and message in result.output and not (tmp_path / state).exists()
+
+
+def test_the_export_verifies_genai_opens_it_and_a_saved_state_continues(created, tmp_path):
+    """A Gated DeltaNet exported (the chunked prefill as one Scan over the chunks, the decode step, the state by
+    role): it verifies against torch in onnxruntime, onnxruntime-genai's loop gives `edgettt run`'s tokens, and a
+    state saved after a prompt continues as the whole text in one go."""
+    from conftest import check_genai_generates_what_edgettt_run_generates
+
+    runner, export = CliRunner(), tmp_path / "export"
+    result = runner.invoke(cli, ["export", str(created / "gated-deltanet"), str(export)])
+    assert result.exit_code == 0 and "verified in onnxruntime" in result.output, result.output
+    manifest = json.loads((export / "manifest.json").read_text())
+    assert {s["role"] for s in manifest["state"]} == {"recurrent_state", "conv_state"}
+    check_genai_generates_what_edgettt_run_generates(export, tmp_path)
+    state, A, B = tmp_path / "a.st", "def main(args):\n    ", "return args."
+    assert runner.invoke(cli, ["run", str(export), "--prompt", A, "--max-new-tokens", "0",
+                               "--save-state", str(state)]).exit_code == 0
+    tokens = {}
+    for key, args in (("split", ["--load-state", str(state), "--prompt", B]), ("whole", ["--prompt", A + B])):
+        result = runner.invoke(cli, ["run", str(export), *args, "--max-new-tokens", "16", "--json",
+                                     str(tmp_path / f"{key}.json")])
+        assert result.exit_code == 0, result.output
+        tokens[key] = json.loads((tmp_path / f"{key}.json").read_text())["tokens"]
+    assert tokens["split"] == tokens["whole"]
+
+
+def test_a_quantized_deltanet_exports_with_its_state_format(created, tmp_path):
+    """int4 weights and the int12 state, rounded after every token inside the graphs (the prefill's recurrence one
+    Scan over the tokens): the export's own verification passes (prefill against torch, decode against prefill)."""
+    runner, quantized = CliRunner(), tmp_path / "int4"
+    result = runner.invoke(cli, ["quantize", str(created / "deltanet"), str(quantized), "--weights", "int4",
+                                 "--state", "int12"])
+    assert result.exit_code == 0, result.output
+    result = runner.invoke(cli, ["export", str(quantized), str(tmp_path / "export")])
+    assert result.exit_code == 0 and "verified in onnxruntime" in result.output, result.output

@@ -229,7 +229,7 @@ def test_momentum_coefficients_are_the_recurrence():
 
 
 BAD = {
-    "not lact": ({"model_type": "llama"}, "or 'lact_swiglu'"),
+    "not lact": ({"model_type": "llama"}, "'lact_swiglu', 'gated_deltanet' or 'delta_net'"),
     "heads do not divide": ({"num_lact_heads": 3}, "not divisible by num_lact_heads"),
     "hidden size too big": ({"hidden_size": 2**20}, "hidden_size must be an integer"),
     "unknown loss": ({"ttt_loss_type": "l2"}, "ttt_loss_type"),

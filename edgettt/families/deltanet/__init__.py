@@ -21,12 +21,8 @@ def no_kernels() -> dict:
     return {}
 
 
-def export_refusal(config) -> str | None:
-    return f"the ONNX export of {config.MODEL_TYPE} is not written yet; run it with edgettt's torch runner"
-
-
 FAMILY = Family(name="deltanet", model_types=(GATED_DELTANET, DELTANET), config_class=DeltaRuleConfig,
                 model_class=DeltaRuleForCausalLM, check_sizes=check_deltanet_sizes, convert=convert,
-                kernel_layers=no_kernels, form_converted_to=own_form, export_refusal=export_refusal,
+                kernel_layers=no_kernels, form_converted_to=own_form,
                 creator=Creator(kinds=tuple(DEFAULTS), defaults=DEFAULTS, presets=PRESETS, preset_vocab=PRESET_VOCAB,
                                 config=new_config, random_model=random_model))

@@ -93,7 +93,7 @@ class DeltaRuleLayer(StateScales, nn.Module):
         """The state every sequence starts from, [value heads, K, V]: zeros (what a quantized state is taken
         relative to)."""
         c = self.config
-        weight = self.q_proj.weight
+        weight = self.o_norm.weight  # (a float parameter in every form: the projections may be quantized)
         return [weight.new_zeros(c.num_value_heads, c.head_k_dim, c.head_v_dim, dtype=state_dtype(weight))]
 
     def calibration_observer(self, layer: int, rowmax: dict):
@@ -126,7 +126,7 @@ class DeltaRuleLayer(StateScales, nn.Module):
 
     def init_state(self, batch_size: int) -> dict[str, torch.Tensor]:
         c = self.config
-        weight = self.q_proj.weight
+        weight = self.o_norm.weight  # (a float parameter in every form: the projections may be quantized)
         state = {"recurrent_state": weight.new_zeros(batch_size, c.num_value_heads, c.head_k_dim, c.head_v_dim,
                                                      dtype=state_dtype(weight))}
         if c.use_short_conv:

@@ -10,12 +10,18 @@ and log decay g (<= 0; none for DeltaNet):
 
 One signature for both forms: q, k [B, H, T, K]; v [B, H, T, V]; beta, g [B, H, T]; state [B, H, K, V] or None
 (zeros). Returns (o [B, H, T, V] in v's dtype, the final state [B, H, K, V] in float32, float64 for float64 inputs).
+
+In an exported graph of any length (T symbolic) the loops over tokens or chunks are one ONNX Scan (torch's scan
+operator), and the chunk's triangular solve a product of log2(chunk) factors (ONNX has no triangular solve).
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from torch._higher_order_ops.scan import scan
+
+from edgettt.ops import exporting
 
 
 def _compute_dtype(t: torch.Tensor) -> torch.dtype:
@@ -33,19 +39,43 @@ def _start(q, k, v, beta, g, state, scale):
 
 def recurrent(q, k, v, beta, g=None, state=None, scale=None, stored=None):
     """The recurrence, a token at a time (decode, and the reference of `chunk`). `stored(S, t)`, where given, is
-    the state as kept after token t of the call (a quantized state's rounding, calibration's record of it)."""
-    out_dtype = v.dtype
+    the state as kept after token t of the call (a quantized state's rounding, calibration's record of it; t an
+    int, or a 0-d tensor in an exported graph)."""
+    out_dtype, T = v.dtype, q.shape[2]
     q, k, v, beta, g, S = _start(q, k, v, beta, g, state, scale)
-    outs = []
-    for t in range(q.shape[2]):
-        S = S * g[:, :, t, None, None].exp()
-        k_t = k[:, :, t]
-        delta = beta[:, :, t, None] * (v[:, :, t] - torch.einsum("bhk,bhkv->bhv", k_t, S))
+
+    def one_token(S, xs):
+        q_t, k_t, v_t, beta_t, g_t, t = xs
+        S = S * g_t[..., None, None].exp()
+        delta = beta_t[..., None] * (v_t - torch.einsum("bhk,bhkv->bhv", k_t, S))
         S = S + k_t[..., :, None] * delta[..., None, :]
         if stored is not None:
             S = stored(S, t)
-        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, :, t], S))
+        return S, torch.einsum("bhk,bhkv->bhv", q_t, S)
+
+    if exporting() and not isinstance(T, int):  # a graph of any length: one Scan over the tokens
+        positions = torch.arange(T, device=q.device).reshape(1, 1, -1)
+        S, o = scan(one_token, S, (q, k, v, beta, g, positions), dim=2)
+        return o.to(out_dtype), S
+    outs = []
+    for t in range(T):
+        S, o_t = one_token(S, (q[:, :, t], k[:, :, t], v[:, :, t], beta[:, :, t], g[:, :, t], t))
+        outs.append(o_t)
     return torch.stack(outs, dim=2).to(out_dtype), S
+
+
+def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
+    """(I + A)^-1 for A strictly lower triangular [..., C, C]: a triangular solve, or in an exported graph the
+    product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^C = 0, so the product is the whole series)."""
+    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
+    if not exporting():
+        return torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
+    power, inverse, span = -A, eye - A, 2
+    while span < A.shape[-1]:
+        power = power @ power
+        inverse = inverse @ (eye + power)
+        span *= 2
+    return inverse
 
 
 def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
@@ -64,17 +94,27 @@ def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # [.., C, C]
     k_beta = k * beta[..., None]
-    A = (k_beta @ k.transpose(-1, -2) * decay).tril(-1)
-    system = A + torch.eye(C, dtype=A.dtype, device=A.device)
-    W = torch.linalg.solve_triangular(system, k_beta * gamma.exp()[..., None], upper=False, unitriangular=True)
-    U = torch.linalg.solve_triangular(system, v * beta[..., None], upper=False, unitriangular=True)
+    inverse = unit_lower_inverse((k_beta @ k.transpose(-1, -2) * decay).tril(-1))
+    W = inverse @ (k_beta * gamma.exp()[..., None])  # each token's effective key, decayed to the chunk start
+    U = inverse @ (v * beta[..., None])  # and value
     scores = q @ k.transpose(-1, -2) * decay
     q_decayed = q * gamma.exp()[..., None]
     k_to_end = k * (gamma[..., -1:] - gamma).exp()[..., None]
-    outs = []
-    for i in range(n):
-        v_new = U[:, :, i] - W[:, :, i] @ S
-        outs.append(q_decayed[:, :, i] @ S + scores[:, :, i] @ v_new)
-        S = S * gamma[:, :, i, -1, None, None].exp() + k_to_end[:, :, i].transpose(-1, -2) @ v_new
-    o = torch.stack(outs, dim=2).reshape(B, H, Tp, -1)[:, :, :T]
-    return o.to(out_dtype), S
+    chunk_decay = gamma[..., -1].exp()[..., None, None]  # [B, H, n, 1, 1]
+
+    def one_chunk(S, xs):
+        U_i, W_i, scores_i, q_i, k_i, decay_i = xs
+        v_new = U_i - W_i @ S
+        o_i = q_i @ S + scores_i @ v_new
+        return S * decay_i + k_i.transpose(-1, -2) @ v_new, o_i
+
+    xs = (U, W, scores, q_decayed, k_to_end, chunk_decay)
+    if exporting() and not isinstance(n, int):  # a graph of any length: one Scan over the chunks
+        S, o = scan(one_chunk, S, xs, dim=2)
+    else:
+        outs = []
+        for i in range(n):
+            S, o_i = one_chunk(S, tuple(x[:, :, i] for x in xs))
+            outs.append(o_i)
+        o = torch.stack(outs, dim=2)
+    return o.reshape(B, H, Tp, -1)[:, :, :T].to(out_dtype), S
