@@ -395,8 +395,10 @@ def check_convertible(src, form: str, tunes: bool) -> None:
         return
     if config.quantization:
         raise EdgetttError(f"{src}: a quantized model; convert the float model, then quantize the converted one")
-    if config.form == family_of(config).form_converted_to(form) and not tunes:
-        raise EdgetttError(f"{src}: already the {form} form, so converting it changes nothing; convert the original "
+    own = family_of(config).form_converted_to(form)
+    if config.form == own and not tunes:
+        what = f"the {form} form" if own == form else f"in its own form ({own}, what --form {form} gives)"
+        raise EdgetttError(f"{src}: already {what}, so converting it changes nothing; convert the original "
                            "checkpoint, or add --distill to tune this one further")
 
 

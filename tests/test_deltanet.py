@@ -294,3 +294,11 @@ def test_a_quantized_deltanet_exports_with_its_state_format(created, tmp_path):
     assert result.exit_code == 0, result.output
     result = runner.invoke(cli, ["export", str(quantized), str(tmp_path / "export")])
     assert result.exit_code == 0 and "verified in onnxruntime" in result.output, result.output
+
+
+def test_convert_says_a_deltanet_is_a_linear_attention_already(created, tmp_path):
+    result = CliRunner().invoke(cli, ["convert", str(created / "deltanet"), str(tmp_path / "out")])
+    assert result.exit_code == 1 and "already in its own form (parallel" in result.output, result.output
+    assert not (tmp_path / "out").exists()
+    model = edgettt.load(created / "deltanet")
+    assert edgettt.convert(model, form="exact").config.form == "parallel"
