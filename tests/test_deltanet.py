@@ -196,10 +196,12 @@ def test_quantize_info_and_decode_on_each_dtype(dtype, tmp_path):
 
 @pytest.fixture(scope="module")
 def created(tmp_path_factory):
-    """A small byte-level model of each kind, as `edgettt create` writes it."""
+    """A small byte-level model of each kind, as `edgettt create` writes it: one layer (an export's trace takes
+    most of its tests' time, and a second layer adds nothing to what they check)."""
     root = tmp_path_factory.mktemp("created")
     for kind in ("gated-deltanet", "deltanet"):
-        result = CliRunner().invoke(cli, ["create", str(root / kind), "--family", kind, "--set", "num_heads=2"])
+        result = CliRunner().invoke(cli, ["create", str(root / kind), "--family", kind, "--set", "num_heads=2",
+                                          "--set", "num_hidden_layers=1"])
         assert result.exit_code == 0, result.output
     return root
 
