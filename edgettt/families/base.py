@@ -128,6 +128,32 @@ class SwiGLU(FusableInputs, nn.Module):
         return product(self.down_proj, gate, up=up, residual=residual)
 
 
+class FlaBlock(nn.Module):
+    """A block in flash-linear-attention's layout (LaCT's and DeltaNet's checkpoints): h += attn(attn_norm(h));
+    h += mlp(mlp_norm(h)), the MLP a SwiGLU of `config.mlp_size`; `mixer` is the block's state layer."""
+
+    def __init__(self, config, mixer: nn.Module):
+        super().__init__()
+        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.attn = mixer
+        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
+        self.mlp = SwiGLU(config.hidden_size, config.mlp_size)
+
+    def forward(self, h, state: dict, start: int, decode: bool):
+        h = h + self.attn(self.attn_norm(h), state, start, decode)
+        return self.mlp(h, self.mlp_norm, residual=h)
+
+
+class FlaBackbone(nn.Module):
+    """flash-linear-attention's `model`: embeddings, `FlaBlock`s around `mixer_class(config)`, the final norm."""
+
+    def __init__(self, config, mixer_class):
+        super().__init__()
+        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(FlaBlock(config, mixer_class(config)) for _ in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
+
+
 @dataclasses.dataclass
 class State:
     """Decode state of a batch: the position reached and, per layer, named tensors."""

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgettt.families.base import LanguageModel, RMSNorm, State, SwiGLU
+from edgettt.families.base import FlaBackbone, LanguageModel, State
 from edgettt.families.deltanet.config import DeltaRuleConfig
 from edgettt.formats.state_roles import CONV, RECURRENT, StateRole
 from edgettt.ops import causal_conv, rms_norm
@@ -194,34 +194,13 @@ class DeltaRuleLayer(StateScales, nn.Module):
         return self.o_proj(o.flatten(2))
 
 
-class DeltaRuleBlock(nn.Module):
-    def __init__(self, config: DeltaRuleConfig):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.attn = DeltaRuleLayer(config)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.mlp_size)
-
-    def forward(self, h, state: dict, start: int, decode: bool):
-        h = h + self.attn(self.attn_norm(h), state, start, decode)
-        return self.mlp(h, self.mlp_norm, residual=h)
-
-
-class DeltaRuleBackbone(nn.Module):
-    def __init__(self, config: DeltaRuleConfig):
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DeltaRuleBlock(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-
-
 class DeltaRuleForCausalLM(LanguageModel):
     EMBEDDING_KEY = "model.embeddings.weight"
     STATE_LAYER = "attn"
     OPEN_MINI_BATCH = False  # the state takes every token as it comes; nothing is kept open
 
     def __init__(self, config: DeltaRuleConfig):
-        super().__init__(config, DeltaRuleBackbone(config))
+        super().__init__(config, FlaBackbone(config, DeltaRuleLayer))
 
     @classmethod
     def state_format_refusal(cls, name: str) -> str | None:

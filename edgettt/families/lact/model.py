@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgettt.families.base import LanguageModel, RMSNorm, State, SwiGLU
+from edgettt.families.base import FlaBackbone, LanguageModel, RMSNorm, State
 from edgettt.ops.lact import fast_weights as fw
 from edgettt.ops.lact import parallel as linear_attention
 from edgettt.ops.lact.reference import LowRank
@@ -232,34 +232,13 @@ class LaCTLayer(StateScales, nn.Module):
         return self._merge(out)
 
 
-class LaCTBlock(nn.Module):
-    def __init__(self, config: LaCTConfig):
-        super().__init__()
-        self.attn_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.attn = LaCTLayer(config)
-        self.mlp_norm = RMSNorm(config.hidden_size, config.norm_eps)
-        self.mlp = SwiGLU(config.hidden_size, config.mlp_size)
-
-    def forward(self, h, state: dict, start: int, decode: bool):
-        h = h + self.attn(self.attn_norm(h), state, start, decode)
-        return self.mlp(h, self.mlp_norm, residual=h)
-
-
-class LaCTBackbone(nn.Module):
-    def __init__(self, config: LaCTConfig):
-        super().__init__()
-        self.embeddings = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(LaCTBlock(config) for _ in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, config.norm_eps)
-
-
 class LaCTForCausalLM(LanguageModel):
     EMBEDDING_KEY = "model.embeddings.weight"
     STATE_LAYER = "attn"
     OPEN_MINI_BATCH = False  # the fast weights are updated a chunk at a time; nothing of a chunk is kept open
 
     def __init__(self, config: LaCTConfig):
-        super().__init__(config, LaCTBackbone(config))
+        super().__init__(config, FlaBackbone(config, LaCTLayer))
 
     def init_state(self, batch_size: int) -> State:
         return State(0, [layer.attn.init_state(batch_size) for layer in self.model.layers])
