@@ -15,13 +15,13 @@ and `hidden_size * expand_v / num_heads` (values).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 from typing import Any
 
 from edgettt.errors import EdgetttError
-from edgettt.families.ttt.config import check_sizes_and_scalars
+from edgettt.families.config_file import (check_intermediate_size, check_sizes_and_scalars, check_switches,
+                                           config_dict, fla_mlp_size, known_and_extra, read_config_object)
 
 GATED_DELTANET = "gated_deltanet"
 DELTANET = "delta_net"
@@ -93,11 +93,7 @@ class DeltaRuleConfig:
 
     @property
     def mlp_size(self) -> int:
-        """fla's GatedMLP width: `intermediate_size`, or 2/3 of hidden_ratio x hidden rounded up to 256."""
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        size = int(self.hidden_size * (self.hidden_ratio or 4) * 2 / 3)
-        return 256 * ((size + 255) // 256)
+        return fla_mlp_size(self)
 
     @property
     def mini_batch_size(self) -> int:
@@ -128,30 +124,17 @@ class DeltaRuleConfig:
         if kind is None or not issubclass(kind, cls):
             raise EdgetttError(f"{source}: model_type is {raw.get('model_type')!r}, expected "
                                f"{GATED_DELTANET!r} or {DELTANET!r}")
-        names = {f.name for f in dataclasses.fields(kind)} - {"extra"}
-        config = kind(**{k: v for k, v in raw.items() if k in names},
-                      extra={k: v for k, v in raw.items() if k not in names and k != "model_type"})
+        known, extra = known_and_extra(kind, raw)
+        config = kind(**known, extra=extra)
         config.validate(source)
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        out = dict(self.extra)
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in ("extra", "quantization")})
-        if self.quantization:
-            out["quantization"] = self.quantization
-        out["model_type"] = self.MODEL_TYPE
-        return out
+        return config_dict(self, self.MODEL_TYPE)
 
     @classmethod
     def load(cls, path: Path) -> "DeltaRuleConfig":
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise EdgetttError(f"{path}: not readable JSON ({exc}); check the file") from None
-        if not isinstance(raw, dict):
-            raise EdgetttError(f"{path}: expected a JSON object of config keys; fix the config")
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_object(path), source=str(path))
 
     def validate(self, source: str = "config.json") -> None:
         """Types, ranges and combinations, before anything is built from them (a config.json is input)."""
@@ -166,18 +149,13 @@ class DeltaRuleConfig:
             raise EdgetttError(f"{source}: attnres_block_size is set (attention residuals), which edgettt does not "
                                "read; give a model without it")
         check_sizes_and_scalars(self, SIZE_LIMITS, ("norm_eps", "expand_v"), bad)
-        for key in SWITCHES + self.own_switches() + KERNEL_ONLY[1:]:
-            if not isinstance(getattr(self, key), bool):
-                raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")
+        check_switches(self, SWITCHES + self.own_switches() + KERNEL_ONLY[1:], bad)
         for key, allowed in (("hidden_act", ("swish", "silu")), ("form", FORMS)):
             if getattr(self, key) not in allowed:
                 raise bad(f"{key} is {getattr(self, key)!r}, expected one of {allowed}")
         if self.quantization is not None and not isinstance(self.quantization, dict):
             raise bad(f"quantization must be an object, got {self.quantization!r}")
-        if self.intermediate_size is not None and (not isinstance(self.intermediate_size, int)
-                                                   or not 1 <= self.intermediate_size <= 2**18):
-            raise bad(f"intermediate_size must be an integer from 1 to {2**18:,} or null, got "
-                      f"{self.intermediate_size!r}")
+        check_intermediate_size(self.intermediate_size, bad)
         self.validate_heads(bad)
 
     def validate_heads(self, bad) -> None:

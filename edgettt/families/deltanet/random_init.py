@@ -16,7 +16,7 @@ import torch
 
 from edgettt.families.deltanet.config import DeltaNetConfig, DeltaRuleConfig, GatedDeltaNetConfig
 from edgettt.families.deltanet.model import DeltaRuleForCausalLM
-from edgettt.families.ttt.config import check_fits_memory
+from edgettt.families.config_file import check_fits_memory
 from edgettt.tokenizer import ByteTokenizer
 
 KINDS = {"gated-deltanet": GatedDeltaNetConfig, "deltanet": DeltaNetConfig}

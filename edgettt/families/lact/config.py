@@ -20,11 +20,11 @@ edgettt's keys (absent from public configs, so a public checkpoint gets the publ
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Any
 
-from edgettt.families.ttt.config import check_sizes_and_scalars
+from edgettt.families.config_file import (check_intermediate_size, check_sizes_and_scalars, check_switches,
+                                           config_dict, fla_mlp_size, known_and_extra, read_config_object)
 from edgettt.errors import EdgetttError
 
 LACT_MODEL_TYPE = "lact_swiglu"
@@ -107,10 +107,7 @@ class LaCTConfig:
     @property
     def mlp_size(self) -> int:
         """The SwiGLU MLP's width: `intermediate_size`, or 2/3 of hidden_ratio x hidden rounded up to 256."""
-        if self.intermediate_size is not None:
-            return self.intermediate_size
-        size = int(self.hidden_size * (self.hidden_ratio or 4) * 2 / 3)
-        return 256 * ((size + 255) // 256)
+        return fla_mlp_size(self)
 
     @property
     def mini_batch_size(self) -> int:
@@ -127,31 +124,17 @@ class LaCTConfig:
     def from_dict(cls, raw: dict[str, Any], source: str = "config.json") -> "LaCTConfig":
         if raw.get("model_type") != LACT_MODEL_TYPE:
             raise EdgetttError(f"{source}: model_type is {raw.get('model_type')!r}, expected {LACT_MODEL_TYPE!r}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in raw.items() if k in names}
-        extra = {k: v for k, v in raw.items() if k not in names and k != "model_type"}
+        known, extra = known_and_extra(cls, raw)
         config = cls(**known, extra=extra)
         config.validate(source)
         return config
 
     def to_dict(self) -> dict[str, Any]:
-        out = dict(self.extra)
-        out.update({f.name: getattr(self, f.name) for f in dataclasses.fields(self)
-                    if f.name not in ("extra", "quantization")})
-        if self.quantization:
-            out["quantization"] = self.quantization
-        out["model_type"] = LACT_MODEL_TYPE
-        return out
+        return config_dict(self, LACT_MODEL_TYPE)
 
     @classmethod
     def load(cls, path: Path) -> "LaCTConfig":
-        try:
-            raw = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise EdgetttError(f"{path}: not readable JSON ({exc}); check the file") from None
-        if not isinstance(raw, dict):
-            raise EdgetttError(f"{path}: expected a JSON object of config keys; fix the config")
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_object(path), source=str(path))
 
     def validate(self, source: str = "config.json") -> None:
         """Types, ranges and combinations, before anything is built from them (a config.json is input)."""
@@ -159,11 +142,9 @@ class LaCTConfig:
             return EdgetttError(f"{source}: {what}; fix the config")
 
         check_sizes_and_scalars(self, SIZE_LIMITS, ("rope_theta", "norm_eps", "inter_multi"), bad)
-        for key in ("qkv_bias", "attn_qk_norm", "use_muon", "qkv_silu", "no_v_silu", "learnable_ttt_scale",
-                    "use_momentum", "ttt_prenorm", "ttt_nope", "tie_word_embeddings", "lact_update_w0_w2",
-                    "lact_weight_norm"):
-            if not isinstance(getattr(self, key), bool):
-                raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")
+        check_switches(self, ("qkv_bias", "attn_qk_norm", "use_muon", "qkv_silu", "no_v_silu", "learnable_ttt_scale",
+                              "use_momentum", "ttt_prenorm", "ttt_nope", "tie_word_embeddings", "lact_update_w0_w2",
+                              "lact_weight_norm"), bad)
         C = self.hidden_size
         for heads in ("num_attn_heads", "num_lact_heads"):
             if C % getattr(self, heads):
@@ -188,6 +169,4 @@ class LaCTConfig:
                       "use_muon all false")
         if not isinstance(self.w0_w2_low_rank, int) or isinstance(self.w0_w2_low_rank, bool):
             raise bad(f"w0_w2_low_rank must be an integer (-1: full rank), got {self.w0_w2_low_rank!r}")
-        if self.intermediate_size is not None and (not isinstance(self.intermediate_size, int)
-                                                   or not 1 <= self.intermediate_size <= 2**18):
-            raise bad(f"intermediate_size must be an integer from 1 to {2**18:,} or null, got {self.intermediate_size!r}")
+        check_intermediate_size(self.intermediate_size, bad)

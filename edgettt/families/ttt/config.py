@@ -8,13 +8,12 @@ define the architecture are written once.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 from pathlib import Path
 from typing import Any
 
 from edgettt.errors import EdgetttError
+from edgettt.families.config_file import (check_fits_memory, check_sizes_and_scalars, check_switches,
+                                           read_config_object)
 
 TTT_MODEL_TYPE = "ttt"
 CONVERTED_MODEL_TYPE = "edgettt-linear-attention"
@@ -35,31 +34,6 @@ PRESET_VOCAB = 32000
 
 SIZE_LIMITS = {"vocab_size": 2**22, "hidden_size": 2**16, "intermediate_size": 2**18, "num_hidden_layers": 1024,
                "num_attention_heads": 1024, "mini_batch_size": 2**16, "conv_kernel": 1024}
-
-
-def check_sizes_and_scalars(config, limits: dict[str, int], positive: tuple[str, ...], bad) -> None:
-    """Integer sizes within `limits` (from 1) and positive finite numbers, as every family's config
-    checks them; `bad(what)` makes the error."""
-    for key, limit in limits.items():
-        value = getattr(config, key)
-        if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-            raise bad(f"{key} must be an integer from 1 to {limit:,}, got {value!r}")
-    for key in positive:
-        value = getattr(config, key)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-            raise bad(f"{key} must be a positive finite number, got {value!r}")
-
-
-def check_fits_memory(need: int, source: str) -> None:
-    """Refuse, before allocating, a model whose float32 weights (`need` bytes) would not fit in this machine's
-    memory (every family's `create`)."""
-    try:
-        have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return
-    if need > have:
-        raise EdgetttError(f"{source}: a model of this size needs about {need / 2**30:.1f} GiB of float32 weights, "
-                           f"more than this machine's {have / 2**30:.1f} GiB; choose smaller sizes")
 
 
 CONVERTED_ONLY = ("extra", "form", "quantization", "state_decay")  # fields config.json holds only for edgettt's models
@@ -169,9 +143,7 @@ class ModelConfig:
             return EdgetttError(f"{source}: {what}; fix the config")
 
         check_sizes_and_scalars(self, SIZE_LIMITS, ("rms_norm_eps", "rope_theta", "ttt_base_lr"), bad)
-        for key in ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv", "state_decay"):
-            if not isinstance(getattr(self, key), bool):
-                raise bad(f"{key} must be true or false, got {getattr(self, key)!r}")
+        check_switches(self, ("tie_word_embeddings", "use_gate", "share_qk", "pre_conv", "state_decay"), bad)
         for key in ("pad_token_id", "bos_token_id", "eos_token_id"):
             value = getattr(self, key)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
@@ -208,12 +180,4 @@ class ModelConfig:
 
     @classmethod
     def load(cls, path: Path) -> "ModelConfig":
-        try:
-            raw = json.loads(path.read_text())
-        except FileNotFoundError:
-            raise EdgetttError(f"{path}: missing; a model directory needs config.json") from None
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise EdgetttError(f"{path}: not readable JSON ({exc}); check the file") from None
-        if not isinstance(raw, dict):
-            raise EdgetttError(f"{path}: expected a JSON object of config keys; fix the config")
-        return cls.from_dict(raw, source=str(path))
+        return cls.from_dict(read_config_object(path), source=str(path))
