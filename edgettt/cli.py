@@ -276,7 +276,6 @@ def cli(no_progress):
 @click.option("--preset", type=RegistryChoice(lambda: registry().preset_names()), default=None,
               help="A published size (vocabulary 32000): ttt-lm-pytorch's 125m-1b, fla's 340m and 1.3b.")
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE", cls=RegistryHelp,
-              callback=lambda c, p, v: config_settings(v, registry().create_settings()),
               make_help=lambda: "A config.json key: " + ", ".join(registry().create_settings()) + " (docs/cli.md).")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="A tokenizer.json [default: byte-level].")
@@ -294,7 +293,7 @@ def create(out, kind, preset, settings, tokenizer_file, seed, weights_format, fo
 
     _, creator = registry().creator_of(kind)
     defaults = creator.defaults[kind]
-    settings = config_settings(tuple(f"{k}={str(v).lower()}" for k, v in settings.items()), defaults)
+    settings = config_settings(settings, defaults)  # (read here: which keys a family takes depends on --family)
     sizes = {**defaults, **settings}
     tokenizer = JsonTokenizer(Path(tokenizer_file)) if tokenizer_file else None
     if tokenizer is not None and "vocab_size" not in settings:
