@@ -11,20 +11,21 @@
 # (optional: one .tar a final model there), DRY (print, run nothing).
 set -euo pipefail
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
-ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
+ARCHS=${ARCHS-ttt-linear ttt-mlp transformer lact lact-w1 gated-deltanet}; DISTILL=${DISTILL-ttt-linear ttt-mlp}
 GPUS=${GPUS:-1}; DATA=${DATA:-scratch/data}; WORK=${WORK:-/tmp/train}; DRY=${DRY:-}
-# the TTT models and their transformer: twice the 1.9M models' parameters, stored in bf16, dropout 0.1
+# the TTT models, their transformer and Gated DeltaNet: twice the 1.9M models' parameters, stored in bf16, dropout 0.1
 LARGE="--hidden 256 --layers 5 --store bfloat16 --dropout 0.1"
-declare -A SIZE_OF=([ttt-linear]=$LARGE [ttt-mlp]=$LARGE [transformer]=$LARGE [lact]="" [lact-w1]="")
+declare -A SIZE_OF=([ttt-linear]=$LARGE [ttt-mlp]=$LARGE [transformer]=$LARGE [lact]="" [lact-w1]="" [gated-deltanet]=$LARGE)
 # each arch's schedules, ';' between them: "steps lr eval-every [train_tiny.py options]"; every one after the
-# first continues the one before (--init); early stopping keeps the best validation weights of each. The last
-# TTT and transformer schedule is the docs-weighted tail: 15% of its windows from python-docs:train.
+# first continues the one before (--init); early stopping keeps the best validation weights of each. Gated
+# DeltaNet takes ttt-linear's. The last TTT and transformer schedule is the docs-weighted tail: 15% of its windows from python-docs:train.
 declare -A SCHEDULES_OF=(
   [ttt-linear]="2349 3e-3 500; 1146 1e-3 250; 5230 1.5e-3 500; 1222 3e-4 100 --docs-weight 0.15"
   [ttt-mlp]="430 3e-3 200 --compile; 782 2e-3 200 --compile; 831 1.5e-3 200 --compile;
              143 3e-4 40 --compile --docs-weight 0.15"
   [transformer]="4304 3e-3 250; 660 3e-4 50 --docs-weight 0.15"
-  [lact]="1507 3e-3 500" [lact-w1]="1681 3e-3 500")
+  [lact]="1507 3e-3 500" [lact-w1]="1681 3e-3 500"
+  [gated-deltanet]="2349 3e-3 500; 1146 1e-3 250; 5230 1.5e-3 500; 1222 3e-4 100 --docs-weight 0.15")
 # each TTT model's parallel form: the plain conversion, then benchmarks/mixed_distill.py stages (';' between
 # them), each continuing the last; @ stands for $DATA/. The first makes it a decayed form (--decay).
 declare -A DISTILL_OF=(

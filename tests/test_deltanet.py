@@ -304,3 +304,58 @@ def test_convert_says_a_deltanet_is_a_linear_attention_already(created, tmp_path
     assert not (tmp_path / "out").exists()
     model = edgettt.load(created / "deltanet")
     assert edgettt.convert(model, form="exact").config.form == "parallel"
+
+
+def fla_on_cuda() -> bool:
+    from edgettt.ops.delta_rule.fla_kernels import fla_ops
+
+    return torch.cuda.is_available() and fla_ops() is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not fla_on_cuda(), reason="needs a CUDA GPU and flash-linear-attention")
+@pytest.mark.parametrize("gated", [True, False])
+@pytest.mark.parametrize("length", [1, 37, 200])
+def test_fla_kernels_compute_the_reference_on_cuda(gated, length):
+    """Through fla's chunk kernel and its fused recurrence (`ops.delta_rule.fla_kernels`) the delta rule equals the
+    plain-torch reference, from a state, outputs and final state."""
+    from edgettt.ops.delta_rule import fla_kernels
+
+    gen = torch.Generator().manual_seed(length)
+    B, H, K, V = 2, 3, 64, 128
+    q, k = (torch.nn.functional.normalize(torch.randn(B, H, length, K, generator=gen), dim=-1) for _ in range(2))
+    v, beta = torch.randn(B, H, length, V, generator=gen), torch.rand(B, H, length, generator=gen)
+    g = -torch.rand(B, H, length, generator=gen) * 0.5 if gated else None
+    state = torch.randn(B, H, K, V, generator=gen) * 0.1
+    expected = delta_rule.recurrent(q.double(), k.double(), v.double(), beta.double(),
+                                    None if g is None else g.double(), state.double())
+    cuda = [t if t is None else t.cuda() for t in (q, k, v, beta, g, state)]
+    for form in (fla_kernels.chunk, fla_kernels.recurrent):
+        o, S = form(*cuda)
+        assert max_relative(o.cpu(), expected[0]) < 2e-3 and max_relative(S.cpu(), expected[1]) < 2e-3, form
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not fla_on_cuda(), reason="needs a CUDA GPU and flash-linear-attention")
+@pytest.mark.parametrize("name", ["gdn-grouped-sigmoid-tied", "dn-gate-relu-sum-negeig"])
+def test_a_model_through_fla_kernels_gives_fla_logits_and_gradients_on_cuda(name):
+    """`edgettt.prepare`'s kernel layers (fla's chunk kernel in a prefill, its recurrence in decode) give the logits
+    of fla's model and the plain layers' gradients: the recipe trains Gated DeltaNet through them."""
+    from edgettt.fast_paths import use_kernels
+
+    ref = load_file(FIXTURES / name / "reference.safetensors")
+    plain, fast = edgettt.load(FIXTURES / name).cuda(), edgettt.load(FIXTURES / name).cuda()
+    assert use_kernels(fast) == plain.config.num_hidden_layers
+    tokens = ref["tokens"].cuda()
+    losses = []
+    for model in (plain, fast):
+        logits = model(tokens).float()
+        assert max_relative(logits.detach().cpu(), ref["logits"]) < 2e-3
+        losses.append(torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten()))
+        losses[-1].backward()
+    for (name_, p), q in zip(plain.named_parameters(), fast.parameters()):
+        assert max_relative(q.grad.cpu(), p.grad.cpu()) < 1e-2, name_
+    with torch.no_grad():
+        _, state = fast.prefill(tokens[:, :50])
+        steps = [fast.step(tokens[:, t], state)[0] for t in range(50, 60)]
+    assert max_relative(torch.stack(steps, 1).float().cpu(), ref["logits"][:, 50:60]) < 2e-3

@@ -67,6 +67,9 @@ class DeltaRuleLayer(StateScales, nn.Module):
     state (`set_state_format`) is rounded as a decode step stores it, after every token: with one, or a
     calibration observer, a prefill runs the recurrence a token at a time (the rounding is sequential)."""
 
+    chunk = staticmethod(delta_rule.chunk)  # the delta rule's two forms (`families/deltanet/kernels.py`: fla's)
+    recurrent = staticmethod(delta_rule.recurrent)
+
     def __init__(self, config: DeltaRuleConfig):
         super().__init__()
         self.config = config
@@ -185,9 +188,9 @@ class DeltaRuleLayer(StateScales, nn.Module):
         stored = self._stored(start)
         v = v.to(state_dtype(v))
         if stored is not None or decode or x.shape[1] == 1:
-            o, state["recurrent_state"] = delta_rule.recurrent(q, k, v, beta, g, state["recurrent_state"], stored=stored)
+            o, state["recurrent_state"] = self.recurrent(q, k, v, beta, g, state["recurrent_state"], stored=stored)
         else:
-            o, state["recurrent_state"] = delta_rule.chunk(q, k, v, beta, g, state["recurrent_state"])
+            o, state["recurrent_state"] = self.chunk(q, k, v, beta, g, state["recurrent_state"])
         o = o.transpose(1, 2)  # [B, T, HV, V]
         gate = self.g_proj(x).reshape(o.shape) if c.use_gate else None
         o = self.o_norm(o, gate).to(x.dtype)
