@@ -306,8 +306,8 @@ def main():
         model = load_init(args.init, args.arch, model, config)
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
-    if device == "cuda":  # TTT-Linear trains through its exact-form kernel (it has a backward), Gated DeltaNet through fla's
-        # chunk kernel where fla is installed
+    if device == "cuda":  # TTT-Linear trains through its exact-form kernel (it has a backward); Gated DeltaNet's
+        # chunked form through plain torch (`ops.delta_rule.fla_kernels` says why not fla's)
         from edgettt.fast_paths import use_kernels
 
         use_kernels(model)

@@ -1,6 +1,6 @@
 """The delta-rule layer through flash-linear-attention's Triton kernels where fla is installed (`edgettt.prepare`,
-`fast_paths.layers.use_kernels`): its chunked prefill (with a backward: training) and its decode recurrence on
-CUDA (`ops.delta_rule.fla_kernels`); the plain-torch reference elsewhere."""
+`fast_paths.layers.use_kernels`): its chunked prefill and its decode recurrence on CUDA (`ops.delta_rule.fla_kernels`);
+the plain-torch reference elsewhere and in training."""
 
 from __future__ import annotations
 
