@@ -36,8 +36,8 @@ def _fla_call(op, q, k, v, beta, g, state, scale):
     if g is None:
         g = torch.zeros_like(beta)
     state = None if state is None else state.float().contiguous()
-    o, final = op(tokens_first(q), tokens_first(k), tokens_first(v), tokens_first(g.float()),
-                  tokens_first(beta.to(v.dtype)), scale=scale, initial_state=state, output_final_state=True)
+    o, final = op(tokens_first(q), tokens_first(k), tokens_first(v), g=tokens_first(g.float()),
+                  beta=tokens_first(beta.to(v.dtype)), scale=scale, initial_state=state, output_final_state=True)
     return o.transpose(1, 2).to(v.dtype), final.float()
 
 
