@@ -58,17 +58,16 @@ VARIANTS = {  # name: (family, quantize arguments, export arguments, ONNX ops th
     # int6: a 4-bit and a 2-bit MatMulNBits added (and two GatherBlockQuantized for the tied embedding's rows)
     "linear-int6-head": ("linear", ("--weights", "int6-rtn-g32", "--lm-head", "same"), (),
                          {"MatMulNBits", "GatherBlockQuantized"}),
-    "linear-int8-head": ("linear", ("--weights", "int8", "--lm-head", "same"), (),
-                         {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-bnb-int8": ("linear", ("--weights", "bnb-int8",), (), {"MatMulNBits"}),
     # the 4-bit default: int4 layers, an int8 lm_head whose rows the embedding gathers
     "linear-int4-default-head": ("linear", ("--weights", "int4-rtn-g32"), (), {"MatMulNBits", "GatherBlockQuantized"}),
     "linear-nf4-int8-tensor-state": ("linear", ("--weights", "nf4-b32", "--state", "int8-tensor"),
                                      (), {"MatMulBnb4", "DequantizeLinear"}),
     # a decayed parallel form: the prefill's lag weights (Exp of the lags times log gamma), and the int12
-    # state's commits with the decay in the Scan
-    "linear-decay-int8-state": ("linear-decay", ("--weights", "int8", "--state", "int12"), ("--activations", "float"),
-                                {"Scan", "Round", "Exp"}),
+    # state's commits with the decay in the Scan; int8 weights on int8 activations (the int4 variants' lm_head is
+    # int8 as well)
+    "linear-decay-int8-state": ("linear-decay", ("--weights", "int8", "--state", "int12"), (),
+                                {"Scan", "Round", "Exp", "DynamicQuantizeMatMul"}),
 }
 
 
@@ -108,7 +107,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
     assert check["passed"], check["summary"]
     # int8 activations: MatMulNBits' accuracy level 4, on by default for int4 / int8 / LLM.int8 layers
     # (beside 4-bit weights, an int8 lm_head: MatMulNBits too)
-    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-int8-head",
+    assert manifest["activations"] == ("int8" if name in ("mlp-int4-gptq-int8-state", "linear-decay-int8-state",
                                                           "linear-bnb-int8",
                                                           "linear-nf4-int8-tensor-state", "linear-int4-default-head",
                                                           "mlp-mixed")
@@ -117,7 +116,7 @@ def test_every_variant_matches_torch_in_onnxruntime(exported, name):
               if n.op_type == "MatMulNBits" for a in n.attribute if a.name == "accuracy_level"}
     assert levels <= ({4} if manifest["activations"] == "int8" else {0})
     # int8 activations in a prefill: DynamicQuantizeMatMul for the stacked q/k/v and gate/up of int4 / int8 layers
-    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-int8-head", "linear-int4-default-head", "mlp-mixed")
+    int8_rows = name in ("mlp-int4-gptq-int8-state", "linear-decay-int8-state", "linear-int4-default-head", "mlp-mixed")
     assert ("DynamicQuantizeMatMul" in op_types(directory / "prefill.onnx")) == int8_rows
     assert "DynamicQuantizeMatMul" not in op_types(directory / "decode.onnx")
     # the prefill graph's int8 layers (LLM.int8, an int8 lm_head beside 4-bit weights) take int8 activations too
@@ -437,6 +436,11 @@ def test_a_failed_verification_names_what_to_do(root, tmp_path, monkeypatch, act
     assert run("quantize", root / "linear", tmp_path / "q", "--weights", "int4-rtn-g32").exit_code == 0
     failed = {"passed": False, "summary": "prefill vs torch: KLD 1e-01", "rule": "KLD mean <= 0.005"}
     monkeypatch.setattr("edgettt.onnx.verify", lambda *args, **kwargs: failed)
+
+    def write_without_tracing(model, directory, name, opset, log, activations):  # (the variants test the graphs)
+        (directory / "prefill.onnx").write_bytes(b"")
+        return {"activations": activations}
+    monkeypatch.setattr("edgettt.onnx.write_export", write_without_tracing)
     result = run("export", tmp_path / "q", tmp_path / "x", "--activations", activations)
     assert result.exit_code == 1 and fix in result.output and "nothing written" in result.output
     assert not (tmp_path / "x").exists()
