@@ -83,6 +83,12 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --json {json} --markdown {md}",
      "the 125m int4 export decoded by onnxruntime-genai, by `edgettt run`'s runner and, in turns, genai's own "
      "Llama-125m int4 (its model builder's export) on this CPU"),
+    ("compare_tiny_cpu", "cpu",
+     "python benchmarks/anchor_llama.py --preset tiny --out {tmp}/anchors --precision int4 --max-positions 8448"
+     " && edgettt compare -o {tmp}/c --llama {tmp}/anchors/llama-tiny-int4"
+     " && cp {tmp}/c/compare.json {json} && cp {tmp}/c/compare.md {md}",
+     "the shipped tiny models side by side (`edgettt compare`, docs/compare.md): bits per byte by length, weight "
+     "and state drift, CPU decode of their int4 exports in turns beside a same-size Llama (genai's builder)"),
     ("mixed_precision_cpu", "cpu",
      "python benchmarks/mixed_precision.py --models ttt-linear-tiny-parallel ttt-mlp-tiny-parallel"
      " --factors 1.0 1.1 1.2 1.3 --json {json} --md {md}",

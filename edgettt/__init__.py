@@ -23,12 +23,12 @@ _LAZY = {"load": ("checkpoint", "load_model"), "ModelConfig": ("families.ttt.con
          "convert": ("conversion", "convert"), "CausalLM": ("families.ttt.model", "CausalLM"), "State": ("families.base", "State"),
          "random_model": ("families.ttt.random_init", "random_model"), "QuantConfig": ("quant.config", "QuantConfig"),
          "prepare": ("fast_paths", "prepare"), "FastPaths": ("fast_paths", "FastPaths"),
-         **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "save", "bench",
-                                        "convert_checkpoint", "quantize_checkpoint")}}
+         **{name: ("api", name) for name in ("calibrate", "quantize", "evaluate", "export", "report", "compare", "save",
+                                        "bench", "convert_checkpoint", "quantize_checkpoint")}}
 
 __version__ = "0.1.0"
 __all__ = ["load", "convert", "ModelConfig", "CausalLM", "State", "EdgetttError", "random_model", "QuantConfig",
-           "calibrate", "quantize", "evaluate", "export", "report", "save", "bench", "prepare", "FastPaths",
+           "calibrate", "quantize", "evaluate", "export", "report", "compare", "save", "bench", "prepare", "FastPaths",
            "convert_checkpoint", "quantize_checkpoint"]
 
 

@@ -6,6 +6,7 @@
     q = edgettt.quantize(fast, edgettt.QuantConfig("int4", 64, "gptq", state="int8"), cal)
     result = edgettt.evaluate(q, "python-docs", ctx=512, ref=fast)     # .ppl, .bits_per_byte, .drift
     result = edgettt.report(model, "report/", weights=["int8", "int4-gptq-g64"], ctx=512)
+    table = edgettt.compare(["ttt-linear-tiny-parallel", "lact-w1-tiny"], "compare/")  # .data, .table()
     exported = edgettt.export(parallel_model, "onnx/")                 # .path, .manifest, .runner()
     edgettt.save(q, "q4/")
     done = edgettt.convert_checkpoint("ttt-linear-tiny", "fast/", form="parallel")  # directories in and
@@ -26,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from edgettt import benchmark, evaluation
+from edgettt import benchmark, comparison, evaluation
 from edgettt.calibration.mixed import Budget, MixedPlan, search_mix_on_calibration_text
 from edgettt.checkpoint import load_model, save_model
 from edgettt.conversion import convert as convert_model
@@ -254,6 +255,39 @@ def report(model: LanguageModel, out, text="python-docs", calib_text="python-doc
                             max_tokens, form, onnx=onnx, log=log)
         write(data, tmp)
     return Report(planned.path, data)
+
+
+@dataclass
+class Comparison:
+    """Several models side by side (`comparison.compare`), written to `path`."""
+
+    path: Path
+    data: dict
+
+    def table(self) -> str:
+        return comparison.terminal(self.data)
+
+
+def compare(models=comparison.DEFAULT_MODELS, out="edgettt-compare", text="python-docs:test",
+            calib_text="python-docs:train", settings: comparison.CompareSettings | None = None, llama=None,
+            gpu_bench=None, force: bool = False, log=print) -> Comparison:
+    """Bits per byte at several lengths, weight and state drift, and CPU decode speed (int4 exports, beside the
+    onnxruntime-genai Llama folder `llama` where given) of each of `models` (names, directories or models), the
+    GPU rows of `gpu_bench` (an `edgettt bench --device cuda --json` file) where given; writes compare.json, .md,
+    .html and the plots to `out`."""
+    planned = as_output(out, "compare", force)
+    loaded, sources = {}, {}
+    for i, m in enumerate(models):
+        if isinstance(m, (str, Path)):
+            loaded[str(m)], sources[str(m)] = load_model(m), str(m)
+        else:
+            loaded[getattr(m, "name", f"model {i + 1}")] = m
+    with planned.write() as tmp:
+        data = comparison.compare(loaded, _text(text), _text(calib_text), settings or comparison.CompareSettings(),
+                                  None if llama is None else Path(llama), None if gpu_bench is None else Path(gpu_bench),
+                                  sources, log=log)
+        comparison.write(data, tmp)
+    return Comparison(planned.path, data)
 
 
 def save(model: LanguageModel, out, force: bool = False, store: torch.dtype | None = None) -> None:

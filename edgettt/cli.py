@@ -1040,6 +1040,80 @@ def count_list(ctx, param, value):
     return int_list(ctx, param, value, low=0)
 
 
+@cli.command(short_help="models side by side: text, 4-bit drift, state, CPU speed")
+@torch_threads
+@click.argument("models", nargs=-1, metavar="[MODEL]...")
+@click.option("-o", "--out", "output", default="edgettt-compare", show_default=True, type=click.Path(),
+              help="Folder for compare.json/.md/.html and the plots.")
+@click.option("--data", default="python-docs:test", show_default=True, metavar="TEXT", help="Text to measure on.")
+@click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT",
+              help="Text to calibrate on (GPTQ, the mix, int8 state scales).")
+@click.option("--ctx", default="512,2048,8192", show_default=True, callback=int_list,
+              help="Bits per byte at these window lengths.")
+@click.option("--max-tokens", default=8192, show_default=True, type=POSITIVE, help="Tokens measured a length.")
+@click.option("--depth", default="0,2048,8192", show_default=True, callback=count_list,
+              help="CPU decode after this many tokens.")
+@click.option("--llama", default=None, type=click.Path(), metavar="DIR",
+              help="An onnxruntime-genai folder of a same-size Llama to time beside (benchmarks/anchor_llama.py).")
+@click.option("--gpu-bench", default=None, type=click.Path(), metavar="JSON",
+              help="Decode rows of `edgettt bench --device cuda --json` to show.")
+@click.option("--no-speed", is_flag=True, help="Accuracy only: no exports, no timing.")
+@click.option("-r", "--repetitions", default=3, show_default=True, type=POSITIVE)
+@click.option("--force", is_flag=True, help="Overwrite OUT.")
+def compare(models, output, data, calib_data, ctx, max_tokens, depth, llama, gpu_bench, no_speed, repetitions, force):
+    """Each MODEL's held-out bits per byte by length, int8/int4/mixed weight drift, state formats' bytes and drift,
+    and CPU decode tokens/s through its int4 export, in one table and page (OUT/compare.html). MODEL: the shipped
+    tiny models unless given. docs/compare.md."""
+    from edgettt.api import compare as compare_models
+    from edgettt.comparison import DEFAULT_MODELS, CompareSettings, terminal
+    from edgettt.outputs import Output
+
+    models = list(models) or list(DEFAULT_MODELS)
+    Output.plan(output, "compare", force, inputs=[*(model_input(m) for m in models), text_input(data),
+                                                  text_input(calib_data), llama, gpu_bench])
+    for model in models:
+        check_comparable_model(model, speed=not no_speed)
+    check_llama_folder(llama)
+    check_bench_file(gpu_bench)
+    settings = CompareSettings(bpb_ctx=tuple(ctx), bpb_tokens=max_tokens, depths=tuple(depth),
+                               repetitions=repetitions, speed=not no_speed)
+    result = compare_models(models, output, data, calib_data, settings, llama, gpu_bench, force, log=click.echo)
+    click.echo(terminal(result.data))
+    click.echo(f"wrote {output}/compare.json, compare.md, compare.html")
+
+
+def check_comparable_model(model_path, speed: bool) -> None:
+    """Before any work: a float model (config.json read), of a form that exports where its speed is measured."""
+    from edgettt.checkpoint import stored_config
+    from edgettt.onnx import export_refusal
+
+    config = stored_config(model_path)
+    if config is None:
+        raise EdgetttError(f"{model_path}: no config.json; compare takes model directories or shipped names")
+    check_unquantized(model_path, "compare")
+    refusal = export_refusal(config) if speed else None
+    if refusal:
+        raise EdgetttError(f"{model_path}: {refusal} (or pass --no-speed)")
+
+
+def check_llama_folder(path) -> None:
+    if path is not None and not (Path(path) / "genai_config.json").is_file():
+        raise EdgetttError(f"--llama {path}: not an onnxruntime-genai folder (no genai_config.json); make one with "
+                           "`python benchmarks/anchor_llama.py --preset tiny --out DIR --precision int4`")
+
+
+def check_bench_file(path) -> None:
+    if path is None:
+        return
+    try:
+        data = json.loads(Path(path).read_text())
+        rows = data.get("result", data)["rows"]
+        assert all({"path", "test", "tokens_per_s"} <= set(r) for r in rows)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
+        raise EdgetttError(f"--gpu-bench {path}: not the JSON of `edgettt bench --json` (rows of path, test, "
+                           "tokens_per_s); write one with `edgettt bench MODEL... --device cuda --json FILE`") from None
+
+
 @cli.command(short_help="tokens/s of exports or models, llama-bench style")
 @click.argument("paths", nargs=-1, metavar="PATH...")
 @click.option("--pp", default="512", show_default=True, callback=int_list, help="Prefill lengths.")

@@ -55,6 +55,8 @@ DIRECTORY_FILES = {
                "ort-wasm-simd-threaded.wasm", "tokenizers.min.mjs", "tokenizers.LICENSE"},
     "report": {"report.json", "report.csv", "report.md", "report.html", "accuracy_vs_size.png",
                "kld_by_position.png", "state_vs_kld.png"},
+    "compare": {"compare.json", "compare.md", "compare.html", "bits_per_byte.png", "weights_kld.png", "state_kld.png",
+                "cpu_decode.png"},
 }
 FILE_PATTERNS = {"model": re.compile(r"model-\d{5}-of-\d{5}\.safetensors")}  # Hugging Face shards
 SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)

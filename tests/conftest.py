@@ -173,11 +173,23 @@ def check_genai_generates_what_edgettt_run_generates(directory, tmp_path) -> Non
     assert config["model"]["decoder"]["filename"] == "model.onnx"
 
 
-SHARED_EXPORTS = {  # name -> (shipped model, converted to this form or None, weights format or None, activations)
+def small_gated_deltanet():
+    """A one-layer Gated DeltaNet with random weights (every option on: short convolutions, the output gate)."""
+    from edgettt.families.deltanet.random_init import DEFAULTS, new_config, random_model
+
+    sizes = {**DEFAULTS["gated-deltanet"], "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1}
+    return random_model(new_config("gated-deltanet", sizes), seed=0)
+
+
+SHARED_EXPORTS = {  # name -> (shipped model or a function making one, converted to this form or None, weights
+    # format or None, activations)
     "linear": ("ttt-linear-tiny-parallel", None, None, "int8"), "mlp": ("ttt-mlp-tiny-parallel", None, None, "int8"),
     "lact-parallel": ("lact-w1-tiny", "parallel", None, "int8"),
     # int4 on float activations: what a browser computes (tests/test_web.py)
-    "linear-int4-float": ("ttt-linear-tiny-parallel", None, "int4-rtn-g64", "float")}
+    "linear-int4-float": ("ttt-linear-tiny-parallel", None, "int4-rtn-g64", "float"),
+    # verified on python-docs-sample (its manifest's "verification"): tests/test_deltanet.py checks it
+    "gated-deltanet": (small_gated_deltanet, None, None, "float")}
+VERIFIED_EXPORTS = {"gated-deltanet"}
 
 
 @pytest.fixture(scope="session")
@@ -187,6 +199,7 @@ def shared_export(tmp_path_factory, worker_id):
     from filelock import FileLock
 
     import edgettt
+    from edgettt.data import read_text
     from edgettt.onnx import export_model
     from edgettt.quant.config import QuantConfig, weight_variant
 
@@ -198,14 +211,15 @@ def shared_export(tmp_path_factory, worker_id):
         path = root / name
         with FileLock(str(root / f"{name}.lock")):
             if not path.exists():
-                model_name, form, weights, activations = SHARED_EXPORTS[name]
-                model = edgettt.load(model_name)
+                source, form, weights, activations = SHARED_EXPORTS[name]
+                model = edgettt.load(source) if isinstance(source, str) else source()
                 if form:
                     model = edgettt.convert(model, form=form)
                 if weights:
                     fmt, method, group = weight_variant(weights)
                     model = edgettt.quantize(model, QuantConfig(fmt, group, method))
-                export_model(model, path, model_name, activations=activations)
+                verify_text = read_text("python-docs-sample") if name in VERIFIED_EXPORTS else None
+                export_model(model, path, name, activations=activations, verify_text=verify_text)
         return path
 
     return get

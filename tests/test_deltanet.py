@@ -263,16 +263,16 @@ def test_quantized_states_follow_decode_and_calibrated_int8_is_measured(created,
         assert result.exit_code == 1 and message in result.output and not (tmp_path / state).exists()
 
 
-def test_the_export_verifies_genai_opens_it_and_a_saved_state_continues(created, tmp_path):
+def test_the_export_verifies_genai_opens_it_and_a_saved_state_continues(shared_export, tmp_path):
     """A Gated DeltaNet exported (the chunked prefill as one Scan over the chunks, the decode step, the state by
-    role): it verifies against torch in onnxruntime, onnxruntime-genai's loop gives `edgettt run`'s tokens, and a
-    state saved after a prompt continues as the whole text in one go."""
+    role; shared with tests/test_web.py, whose page runs it): it verifies against torch in onnxruntime,
+    onnxruntime-genai's loop gives `edgettt run`'s tokens, and a state saved after a prompt continues as the whole
+    text in one go."""
     from conftest import check_genai_generates_what_edgettt_run_generates
 
-    runner, export = CliRunner(), tmp_path / "export"
-    result = runner.invoke(cli, ["export", str(created / "gated-deltanet"), str(export)])
-    assert result.exit_code == 0 and "verified in onnxruntime" in result.output, result.output
+    runner, export = CliRunner(), shared_export("gated-deltanet")
     manifest = json.loads((export / "manifest.json").read_text())
+    assert manifest["verification"]["passed"], manifest["verification"]
     assert {s["role"] for s in manifest["state"]} == {"recurrent_state", "conv_state"}
     check_genai_generates_what_edgettt_run_generates(export, tmp_path)
     state, A, B = tmp_path / "a.st", "def main(args):\n    ", "return args."

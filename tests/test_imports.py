@@ -44,7 +44,7 @@ LAYERS = [
                                                      "edgettt.distill", "edgettt.calibration", "edgettt.onnx",
                                                      "edgettt.runner", "edgettt.reporting", "edgettt.fast_paths",
                                                      "edgettt.web", "edgettt.model_info"]),
-    ("tools", ["edgettt.benchmark", "edgettt.api"]),
+    ("tools", ["edgettt.benchmark", "edgettt.comparison", "edgettt.api"]),
     ("command line", ["edgettt.cli", "edgettt.__main__", "edgettt"]),
 ]
 MAX_FUNCTION_LEVEL_IMPORTS = 40  # outside the CLI

@@ -37,7 +37,7 @@ def site(tmp_path_factory, shared_export):
     """A folder of browser folders (made from the shared exports) and a local server of it on 127.0.0.1."""
     root = tmp_path_factory.mktemp("site")
     runtime = web.runtime_files()
-    for name in ("linear", "linear-int4-float", "lact-parallel"):
+    for name in ("linear", "linear-int4-float", "lact-parallel", "gated-deltanet"):
         web.copy_export(shared_export(name), root / name, runtime)
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
@@ -88,7 +88,7 @@ def run_text(folder: Path, prompt: str, n: int) -> str:
     return result.stdout[len(prompt):-1]
 
 
-@pytest.mark.parametrize("name", ["linear", "linear-int4-float", "lact-parallel"])
+@pytest.mark.parametrize("name", ["linear", "linear-int4-float", "lact-parallel", "gated-deltanet"])
 def test_the_page_generates_what_edgettt_run_generates(site, page, name):
     root, url = site
     shown = open_page(page, f"{url}/{name}", prompt=GENAI_PROMPT, max_new_tokens=NEW_TOKENS, temperature=0,
