@@ -85,7 +85,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "Llama-125m int4 (its model builder's export) on this CPU"),
     ("compare_tiny_cpu", "cpu",
      "python benchmarks/anchor_llama.py --preset tiny --out {tmp}/anchors --precision int4 --max-positions 8448"
-     " && edgettt compare -o {tmp}/c --llama {tmp}/anchors/llama-tiny-int4"
+     " && edgettt compare {tmp}/anchors/llama-tiny-int4 {tmp}/c"
      " && cp {tmp}/c/compare.json {json} && cp {tmp}/c/compare.md {md}",
      "the shipped tiny models side by side (`edgettt compare`, docs/compare.md): bits per byte by length, weight "
      "and state drift, CPU decode of their int4 exports in turns beside a same-size Llama (genai's builder)"),

@@ -1041,76 +1041,58 @@ def count_list(ctx, param, value):
 
 
 @cli.command(short_help="models side by side: text, 4-bit drift, state, CPU speed")
-@torch_threads
-@click.argument("models", nargs=-1, metavar="[MODEL]...")
-@click.option("-o", "--out", "output", default="edgettt-compare", show_default=True, type=click.Path(),
-              help="Folder for compare.json/.md/.html and the plots.")
-@click.option("--data", default="python-docs:test", show_default=True, metavar="TEXT", help="Text to measure on.")
-@click.option("--calib-data", default="python-docs:train", show_default=True, metavar="TEXT",
-              help="Text to calibrate on (GPTQ, the mix, int8 state scales).")
-@click.option("--ctx", default="512,2048,8192", show_default=True, callback=int_list,
-              help="Bits per byte at these window lengths.")
-@click.option("--max-tokens", default=8192, show_default=True, type=POSITIVE, help="Tokens measured a length.")
-@click.option("--depth", default="0,2048,8192", show_default=True, callback=count_list,
-              help="CPU decode after this many tokens.")
-@click.option("--llama", default=None, type=click.Path(), metavar="DIR",
-              help="An onnxruntime-genai folder of a same-size Llama to time beside (benchmarks/anchor_llama.py).")
-@click.option("--gpu-bench", default=None, type=click.Path(), metavar="JSON",
-              help="Decode rows of `edgettt bench --device cuda --json` to show.")
-@click.option("--no-speed", is_flag=True, help="Accuracy only: no exports, no timing.")
-@click.option("-r", "--repetitions", default=3, show_default=True, type=POSITIVE)
+@click.argument("paths", nargs=-1, metavar="[PATH]...")
+@click.argument("output", metavar="OUT", type=click.Path())
 @click.option("--force", is_flag=True, help="Overwrite OUT.")
-def compare(models, output, data, calib_data, ctx, max_tokens, depth, llama, gpu_bench, no_speed, repetitions, force):
-    """Each MODEL's held-out bits per byte by length, int8/int4/mixed weight drift, state formats' bytes and drift,
-    and CPU decode tokens/s through its int4 export, in one table and page (OUT/compare.html). MODEL: the shipped
-    tiny models unless given. docs/compare.md."""
+def compare(paths, output, force):
+    """Each model's held-out bits per byte at 512/2048/8192 tokens, int8/int4/mixed weight drift, state formats'
+    bytes and drift, and CPU decode tokens/s through its int4 export, in one table and page (OUT/compare.html).
+    PATH: a model (the shipped tiny models unless one is given), an onnxruntime-genai folder (a same-size Llama
+    timed beside them) or an `edgettt bench --device cuda --json` file (its decode rows shown). docs/compare.md."""
     from edgettt.api import compare as compare_models
-    from edgettt.comparison import DEFAULT_MODELS, CompareSettings, terminal
+    from edgettt.benchmark.plan import is_genai
+    from edgettt.comparison import DEFAULT_MODELS, terminal
     from edgettt.outputs import Output
 
-    models = list(models) or list(DEFAULT_MODELS)
-    Output.plan(output, "compare", force, inputs=[*(model_input(m) for m in models), text_input(data),
-                                                  text_input(calib_data), llama, gpu_bench])
+    llamas = [p for p in paths if Path(p).is_dir() and is_genai(p)]
+    bench_files = [p for p in paths if Path(p).suffix == ".json"]
+    models = [p for p in paths if p not in llamas + bench_files] or list(DEFAULT_MODELS)
+    Output.plan(output, "compare", force, inputs=[*(model_input(m) for m in models), *llamas, *bench_files])
+    if len(llamas) > 1 or len(bench_files) > 1:
+        raise EdgetttError(f"{output}: compare takes one onnxruntime-genai folder and one bench file at most, got "
+                           f"{len(llamas)} and {len(bench_files)}; give one of each")
     for model in models:
-        check_comparable_model(model, speed=not no_speed)
-    check_llama_folder(llama)
-    check_bench_file(gpu_bench)
-    settings = CompareSettings(bpb_ctx=tuple(ctx), bpb_tokens=max_tokens, depths=tuple(depth),
-                               repetitions=repetitions, speed=not no_speed)
-    result = compare_models(models, output, data, calib_data, settings, llama, gpu_bench, force, log=click.echo)
+        check_comparable_model(model)
+    for file in bench_files:
+        check_bench_file(file)
+    result = compare_models(models, output, llama=(llamas or [None])[0], gpu_bench=(bench_files or [None])[0],
+                            force=force, log=click.echo)
     click.echo(terminal(result.data))
     click.echo(f"wrote {output}/compare.json, compare.md, compare.html")
 
 
-def check_comparable_model(model_path, speed: bool) -> None:
-    """Before any work: a float model (config.json read), of a form that exports where its speed is measured."""
+def check_comparable_model(model_path) -> None:
+    """Before any work: a float model (config.json read) of a form that exports (its speed is measured)."""
     from edgettt.checkpoint import stored_config
     from edgettt.onnx import export_refusal
 
     config = stored_config(model_path)
     if config is None:
-        raise EdgetttError(f"{model_path}: no config.json; compare takes model directories or shipped names")
+        raise EdgetttError(f"{model_path}: no config.json; compare takes model directories, shipped names, an "
+                           "onnxruntime-genai folder and an `edgettt bench --json` file")
     check_unquantized(model_path, "compare")
-    refusal = export_refusal(config) if speed else None
+    refusal = export_refusal(config)
     if refusal:
-        raise EdgetttError(f"{model_path}: {refusal} (or pass --no-speed)")
-
-
-def check_llama_folder(path) -> None:
-    if path is not None and not (Path(path) / "genai_config.json").is_file():
-        raise EdgetttError(f"--llama {path}: not an onnxruntime-genai folder (no genai_config.json); make one with "
-                           "`python benchmarks/anchor_llama.py --preset tiny --out DIR --precision int4`")
+        raise EdgetttError(f"{model_path}: {refusal}")
 
 
 def check_bench_file(path) -> None:
-    if path is None:
-        return
     try:
         data = json.loads(Path(path).read_text())
         rows = data.get("result", data)["rows"]
         assert all({"path", "test", "tokens_per_s"} <= set(r) for r in rows)
     except (OSError, ValueError, KeyError, TypeError, AttributeError, AssertionError):
-        raise EdgetttError(f"--gpu-bench {path}: not the JSON of `edgettt bench --json` (rows of path, test, "
+        raise EdgetttError(f"{path}: not the JSON of `edgettt bench --json` (rows of path, test, "
                            "tokens_per_s); write one with `edgettt bench MODEL... --device cuda --json FILE`") from None
 
 

@@ -336,13 +336,14 @@ def test_create_preset_builds_the_published_size_with_any_backbone(tmp_path):
 
 
 def test_every_command_keeps_to_the_option_budget():
-    """At most 12 options a command and 90 in all (hidden old spellings counted too): the surface a user
+    """At most 12 options a command and 91 in all (hidden old spellings counted too; compare, the eleventh
+    command, takes one): the surface a user
     learns stays small; a research switch belongs in the lab's scripts."""
     counts = {name: sum(isinstance(p, click.Option) and p.name != "help" for p in command.params)
               for name, command in cli.commands.items()}
     group = sum(isinstance(p, click.Option) and p.name not in ("help", "version") for p in cli.params)
     assert max(counts.values()) <= 12, counts
-    assert sum(counts.values()) + group <= 90, counts
+    assert sum(counts.values()) + group <= 91, counts
 
 
 @pytest.mark.parametrize("args", [("convert", "a", "b", "--steps", "3"), ("calibrate", "a", "--seq-len", "8"),

@@ -29,16 +29,20 @@ def models(tmp_path_factory):
     return root
 
 
-def test_compare_measures_text_weights_and_states_of_each_model(models, tmp_path):
+def test_compare_measures_text_weights_states_and_speed_of_each_model(models, tmp_path):
+    """Two families side by side, with the decode rows of a bench file (a CPU run here: the file's kind is what
+    matters) among the paths."""
     a, b = models / "ttt-parallel", models / "gdn"
-    result = run("compare", a, b, "-o", tmp_path / "c", "--ctx", "32,64", "--max-tokens", "128", "--no-speed")
+    run("bench", a, "--pp", "8", "--tg", "4", "--depth", "0", "-r", "1", "--json", tmp_path / "bench.json")
+    result = run("compare", a, b, tmp_path / "bench.json", tmp_path / "c")
     data = json.loads((tmp_path / "c" / "compare.json").read_text())
     assert [m["model"] for m in data["models"]] == [str(a), str(b)]
     for m in data["models"]:
         model = edgettt.load(m["model"])
         assert m["parameters"] == sum(p.numel() for p in model.parameters())
-        expected = edgettt.evaluate(model, "python-docs:test", ctx=64, max_tokens=128).bits_per_byte
-        assert m["bits_per_byte"]["64"] == pytest.approx(expected, rel=1e-6)
+        expected = edgettt.evaluate(model, "python-docs:test", ctx=2048, max_tokens=8192).bits_per_byte
+        assert set(m["bits_per_byte"]) == {"512", "2048", "8192"}
+        assert m["bits_per_byte"]["2048"] == pytest.approx(expected, rel=1e-6)
         rows = {r["variant"].split()[0]: r for r in m["weights"]}
         int4 = rows["w-int4-rtn-g32"]
         mixed = next(r for name, r in rows.items() if name.startswith("w-mix"))
@@ -48,21 +52,12 @@ def test_compare_measures_text_weights_and_states_of_each_model(models, tmp_path
         states = {r["state"]: r for r in m["states"]}
         assert {"fp16", "int12", "int8"} <= set(states)
         assert all(r["state_bytes"] < m["float_state_bytes"] for r in states.values())
+        decode = data["cpu_decode"]["rows"][m["model"]]
+        assert set(decode) == {"0", "2048", "8192"} and all(v > 0 for v in decode.values())
     # the delta rule's state has no open mini-batch and starts at zero: formats built on those do not apply
     assert {"int12-kv8", "int8-tensor"} <= {r["state"] for r in data["models"][0]["states"]}
     assert not {"int12-kv8", "int8-tensor"} & {r["state"] for r in data["models"][1]["states"]}
-    assert "cpu_decode" not in data
+    assert data["gpu_decode"]["rows"][str(a)]["0"] > 0  # the bench file's row, matched by the model's folder
     page = (tmp_path / "c" / "compare.html").read_text()
-    assert page.count("<table>") == 3 and "data:image/png;base64" in page and "Held-out bits per byte" in result.output
-
-
-def test_compare_times_each_export_and_shows_the_gpu_rows_it_is_given(models, tmp_path):
-    model = models / "ttt-parallel"
-    run("bench", model, "--pp", "8", "--tg", "4", "--depth", "0", "-r", "1", "--json", tmp_path / "bench.json")
-    run("compare", model, "-o", tmp_path / "c", "--ctx", "32", "--max-tokens", "64", "--depth", "0,40", "-r", "1",
-        "--gpu-bench", tmp_path / "bench.json")
-    data = json.loads((tmp_path / "c" / "compare.json").read_text())
-    decode = data["cpu_decode"]["rows"][str(model)]
-    assert set(decode) == {"0", "40"} and all(v > 0 for v in decode.values())
-    assert data["gpu_decode"]["rows"][str(model)]["0"] > 0  # the bench file's row, matched by the model's folder
-    assert (tmp_path / "c" / "cpu_decode.png").exists()
+    assert page.count("<table>") == 5 and page.count("data:image/png;base64") == 4
+    assert "Held-out bits per byte" in result.output

@@ -51,7 +51,8 @@ def compare(ref: np.ndarray, got: np.ndarray) -> dict:
 def verify(model: LanguageModel, directory, text, windows: int = 2, length: int | None = None) -> dict:
     """Run both graphs on `windows` windows of `text` and compare (see the module docstring)."""
     b = model.config.mini_batch_size
-    length = length or 4 * b + 5  # several commits and an unfinished mini-batch
+    chunk = getattr(model.config, "prefill_chunk", b)  # (a prefill in chunks longer than the commits: DeltaNet's)
+    length = length or max(4 * b + 5, 2 * chunk + 5)  # several commits, chunks, and an unfinished one
     ids = torch.tensor(encode(model, text, "verify")[: windows * length]).reshape(windows, length)
     runner = Runner(directory)
     with torch.no_grad():

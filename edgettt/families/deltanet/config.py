@@ -95,6 +95,10 @@ class DeltaRuleConfig:
     def mlp_size(self) -> int:
         return fla_mlp_size(self)
 
+    # tokens a chunk of the prefill's chunked form (fla's chunk kernels' 64): what an export's verification must
+    # cross (`onnx.verify`)
+    prefill_chunk = 64
+
     @property
     def mini_batch_size(self) -> int:
         """Tokens between two updates of the state: every token (the name the export and runner give the commit

@@ -190,7 +190,8 @@ class DeltaRuleLayer(StateScales, nn.Module):
         if stored is not None or decode or x.shape[1] == 1:
             o, state["recurrent_state"] = self.recurrent(q, k, v, beta, g, state["recurrent_state"], stored=stored)
         else:
-            o, state["recurrent_state"] = self.chunk(q, k, v, beta, g, state["recurrent_state"])
+            o, state["recurrent_state"] = self.chunk(q, k, v, beta, g, state["recurrent_state"],
+                                                     chunk_size=c.prefill_chunk)
         o = o.transpose(1, 2)  # [B, T, HV, V]
         gate = self.g_proj(x).reshape(o.shape) if c.use_gate else None
         o = self.o_norm(o, gate).to(x.dtype)

@@ -41,9 +41,9 @@ def _fla_call(op, q, k, v, beta, g, state, scale):
     return o.transpose(1, 2).to(v.dtype), final.float()
 
 
-def chunk(q, k, v, beta, g=None, state=None, scale=None):
-    if not fla_runs_on(q, k, v, beta, g, state):
-        return reference.chunk(q, k, v, beta, g, state, scale)
+def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
+    if not fla_runs_on(q, k, v, beta, g, state) or chunk_size != 64:  # (fla's kernels chunk by 64)
+        return reference.chunk(q, k, v, beta, g, state, scale, chunk_size)
     return _fla_call(fla_ops()[0], q, k, v, beta, g, state, scale)
 
 

@@ -67,15 +67,19 @@ def recurrent(q, k, v, beta, g=None, state=None, scale=None, stored=None):
 def unit_lower_inverse(A: torch.Tensor) -> torch.Tensor:
     """(I + A)^-1 for A strictly lower triangular [..., C, C]: a triangular solve, or in an exported graph the
     product (I - A)(I + A^2)(I + A^4)... (A is nilpotent: A^C = 0, so the product is the whole series)."""
-    eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
     if not exporting():
+        eye = torch.eye(A.shape[-1], dtype=A.dtype, device=A.device)
         return torch.linalg.solve_triangular(A + eye, eye.expand_as(A), upper=False, unitriangular=True)
-    power, inverse, span = -A, eye - A, 2
+    # in float64: the powers of A grow before they vanish, and in float32 the product's cancellation moved a
+    # prefill's logits 2e-5 from torch's (the verification's bound: 1.7e-6)
+    A64 = A.double()
+    eye = torch.eye(A.shape[-1], dtype=A64.dtype, device=A.device)
+    power, inverse, span = -A64, eye - A64, 2
     while span < A.shape[-1]:
         power = power @ power
         inverse = inverse @ (eye + power)
         span *= 2
-    return inverse
+    return inverse.to(A.dtype)
 
 
 def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
@@ -88,8 +92,9 @@ def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
     q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
     beta, g = F.pad(beta, (0, pad)), F.pad(g, (0, pad))
     B, H, Tp, K = k.shape
+    V = v.shape[-1]  # (sizes, not -1, in the reshapes: an exported graph infers -1 wrongly past one chunk)
     n, C = Tp // chunk_size, chunk_size
-    q, k, v = (t.reshape(B, H, n, C, -1) for t in (q, k, v))
+    q, k, v = q.reshape(B, H, n, C, K), k.reshape(B, H, n, C, K), v.reshape(B, H, n, C, V)
     beta, gamma = beta.reshape(B, H, n, C), g.reshape(B, H, n, C).cumsum(-1)  # gamma: log decay since chunk start
     causal = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     decay = (gamma[..., :, None] - gamma[..., None, :]).masked_fill(~causal, float("-inf")).exp()  # [.., C, C]
@@ -117,4 +122,4 @@ def chunk(q, k, v, beta, g=None, state=None, scale=None, chunk_size: int = 64):
             S, o_i = one_chunk(S, tuple(x[:, :, i] for x in xs))
             outs.append(o_i)
         o = torch.stack(outs, dim=2)
-    return o.reshape(B, H, Tp, -1)[:, :, :T].to(out_dtype), S
+    return o.reshape(B, H, Tp, V)[:, :, :T].to(out_dtype), S
