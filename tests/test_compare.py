@@ -21,7 +21,8 @@ def run(*args):
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    """A TTT-Linear model in its parallel form and a Gated DeltaNet, one layer each."""
+    """A TTT-Linear model in its parallel form and a Gated DeltaNet, one layer each (the whole comparison of two
+    families: docs/compare.md's, with its command)."""
     root = tmp_path_factory.mktemp("compare")
     run("create", root / "ttt", *SMALL, "--set", "mini_batch_size=8")
     run("convert", root / "ttt", root / "ttt-parallel", "--form", "parallel", "--no-report")
@@ -29,35 +30,41 @@ def models(tmp_path_factory):
     return root
 
 
-def test_compare_measures_text_weights_states_and_speed_of_each_model(models, tmp_path):
-    """Two families side by side, with the decode rows of a bench file (a CPU run here: the file's kind is what
-    matters) among the paths."""
-    a, b = models / "ttt-parallel", models / "gdn"
+def test_compare_measures_text_weights_states_and_speed(models, tmp_path):
+    """A model measured at the defaults, with the decode rows of a bench file (a CPU run here: the file's kind is
+    what matters) among the paths."""
+    a = models / "ttt-parallel"
     run("bench", a, "--pp", "8", "--tg", "4", "--depth", "0", "-r", "1", "--json", tmp_path / "bench.json")
-    result = run("compare", a, b, tmp_path / "bench.json", tmp_path / "c")
+    result = run("compare", a, tmp_path / "bench.json", tmp_path / "c")
     data = json.loads((tmp_path / "c" / "compare.json").read_text())
-    assert [m["model"] for m in data["models"]] == [str(a), str(b)]
-    for m in data["models"]:
-        model = edgettt.load(m["model"])
-        assert m["parameters"] == sum(p.numel() for p in model.parameters())
-        expected = edgettt.evaluate(model, "python-docs:test", ctx=2048, max_tokens=8192).bits_per_byte
-        assert set(m["bits_per_byte"]) == {"512", "2048", "8192"}
-        assert m["bits_per_byte"]["2048"] == pytest.approx(expected, rel=1e-6)
-        rows = {r["variant"].split()[0]: r for r in m["weights"]}
-        int4 = rows["w-int4-rtn-g32"]
-        mixed = next(r for name, r in rows.items() if name.startswith("w-mix"))
-        assert {"float", "w-int8", "w-int4-gptq-g32"} <= set(rows)  # (the float row: "float (converted)")
-        assert 0 < int4["kld_mean"] and rows["w-int8"]["kld_mean"] < int4["kld_mean"]
-        assert mixed["size_mb"] <= MIX_OVER_INT4 * int4["size_mb"] + 1e-6
-        states = {r["state"]: r for r in m["states"]}
-        assert {"fp16", "int12", "int8"} <= set(states)
-        assert all(r["state_bytes"] < m["float_state_bytes"] for r in states.values())
-        decode = data["cpu_decode"]["rows"][m["model"]]
-        assert set(decode) == {"0", "2048", "8192"} and all(v > 0 for v in decode.values())
-    # the delta rule's state has no open mini-batch and starts at zero: formats built on those do not apply
-    assert {"int12-kv8", "int8-tensor"} <= {r["state"] for r in data["models"][0]["states"]}
-    assert not {"int12-kv8", "int8-tensor"} & {r["state"] for r in data["models"][1]["states"]}
+    [m] = data["models"]
+    assert m["model"] == str(a)
+    model = edgettt.load(a)
+    assert m["parameters"] == sum(p.numel() for p in model.parameters())
+    expected = edgettt.evaluate(model, "python-docs:test", ctx=2048, max_tokens=8192).bits_per_byte
+    assert set(m["bits_per_byte"]) == {"512", "2048", "8192"}
+    assert m["bits_per_byte"]["2048"] == pytest.approx(expected, rel=1e-6)
+    rows = {r["variant"].split()[0]: r for r in m["weights"]}
+    int4 = rows["w-int4-rtn-g32"]
+    mixed = next(r for name, r in rows.items() if name.startswith("w-mix"))
+    assert {"float", "w-int8", "w-int4-gptq-g32"} <= set(rows)  # (the float row: "float (converted)")
+    assert 0 < int4["kld_mean"] and rows["w-int8"]["kld_mean"] < int4["kld_mean"]
+    assert mixed["size_mb"] <= MIX_OVER_INT4 * int4["size_mb"] + 1e-6
+    states = {r["state"]: r for r in m["states"]}
+    assert set(states) == {"fp16", "int12", "int12-kv8", "int8", "int8-tensor"}
+    assert all(r["state_bytes"] < m["float_state_bytes"] for r in states.values())
+    decode = data["cpu_decode"]["rows"][str(a)]
+    assert set(decode) == {"0", "2048", "8192"} and all(v > 0 for v in decode.values())
     assert data["gpu_decode"]["rows"][str(a)]["0"] > 0  # the bench file's row, matched by the model's folder
     page = (tmp_path / "c" / "compare.html").read_text()
     assert page.count("<table>") == 5 and page.count("data:image/png;base64") == 4
     assert "Held-out bits per byte" in result.output
+
+
+def test_the_state_formats_compared_are_those_a_family_takes(models):
+    """The delta rule's state has no open mini-batch and starts at zero: the formats built on those do not apply."""
+    from edgettt.comparison import state_formats
+
+    assert state_formats(edgettt.load(models / "gdn")) == ["fp16", "int12", "int8"]
+    assert set(state_formats(edgettt.load(models / "ttt-parallel"))) == {"fp16", "int12", "int12-kv8", "int8",
+                                                                          "int8-tensor"}
