@@ -33,7 +33,7 @@ from edgettt.onnx import write_export
 from edgettt.progress import bar
 from edgettt.quant.apply import quantize_model
 from edgettt.quant.config import QuantConfig
-from edgettt.reporting import MARKERS, build_report, variants
+from edgettt.reporting import MARKERS, PAGE_STYLE, build_report, text_table, variants
 
 # the shipped tiny models of each family (about 3.4M parameters each), in their deployable forms
 DEFAULT_MODELS = ("ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel", "lact-w1-tiny")
@@ -61,11 +61,11 @@ def state_formats(model: LanguageModel) -> list[str]:
     return [name for name in STATE_FORMATS if name != "fp32" and model.state_format_refusal(name) is None]
 
 
-def int4_size_mb(model: LanguageModel) -> float:
-    """The weights' MB in the int4 default (RTN is fast, and stores what GPTQ stores)."""
+def int4_copy(model: LanguageModel) -> LanguageModel:
+    """A copy of `model` in the int4 default (RTN is fast, and stores what GPTQ stores)."""
     copy = convert(model, model.form)
     quantize_model(copy, INT4)
-    return model_facts(copy, "int4")["size_mb"]
+    return copy
 
 
 def accuracy(model: LanguageModel, name: str, text: Text, calib_text: Text, settings: CompareSettings,
@@ -73,15 +73,16 @@ def accuracy(model: LanguageModel, name: str, text: Text, calib_text: Text, sett
     """Bits per byte at each length, and the drift of each weight and state variant (`reporting.build_report`)."""
     bits = {str(ctx): evaluate(model, name, text, ctx, settings.bpb_tokens)[0]["bits_per_byte"]
             for ctx in settings.bpb_ctx}  # (string keys: as the JSON keeps them)
-    mix = f"mix:size={MIX_OVER_INT4 * int4_size_mb(model):.4f}"
+    mix = f"mix:size={MIX_OVER_INT4 * model_facts(int4_copy(model), 'int4')['size_mb']:.4f}"
     report = build_report(model, name, text, calib_text, variants([*WEIGHTS, mix], state_formats(model)),
                           settings.kld_ctx, settings.kld_tokens, form=model.form, calib_samples=settings.calib_samples,
                           log=log)
     if report["failed"]:
         raise EdgetttError(f"{name}: " + "; ".join(f"{f['variant']}: {f['error']}" for f in report["failed"]))
     rows = report["rows"]
-    for row in rows:
-        row.pop("kld_by_position", None), row.pop("frontier", None), row.pop("layer_variants", None)
+    for row in rows:  # (the report's by-position drift and the mix's search: not compared)
+        for key in ("kld_by_position", "frontier", "layer_variants"):
+            row.pop(key, None)
     return {"model": name, "family": model.config.family, "form": model.form,
             "parameters": sum(p.numel() for p in model.parameters()), "bits_per_byte": bits,
             "float_state_bytes": rows[0]["state_bytes"], "weights": [r for r in rows if r["state"] == "fp32"],
@@ -90,10 +91,8 @@ def accuracy(model: LanguageModel, name: str, text: Text, calib_text: Text, sett
 
 def export_int4(model: LanguageModel, directory: Path, name: str) -> Path:
     """The int4 default's graphs (unverified: they are timed; `edgettt export` verifies the same graphs)."""
-    copy = convert(model, model.form)
-    quantize_model(copy, INT4)
     directory.mkdir(parents=True)
-    write_export(copy, directory, name)
+    write_export(int4_copy(model), directory, name)
     return directory
 
 
@@ -209,12 +208,6 @@ def _fmt_state(m: dict, fmt: str) -> str:
     return f"{100 * row['state_bytes'] / m['float_state_bytes']:.0f}%, {row['kld_mean']:.2e}"
 
 
-def text_table(head: list[str], rows: list[list[str]]) -> str:
-    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
-    line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
-
-
 def terminal(data: dict) -> str:
     return "\n\n".join(f"{title}\n{text_table(head, rows)}" for title, head, rows in tables(data))
 
@@ -300,11 +293,8 @@ def html(data: dict, out: Path, images: list[str]) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgettt compare</title>
 <style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }}
-th, td {{ border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }}
-th:first-child, td:first-child {{ text-align: left; }}
-th {{ background: #f4f4f4; }} img {{ max-width: 100%; }}
+{PAGE_STYLE}
+img {{ max-width: 100%; }}
 </style></head><body>
 <h1>Models compared</h1>
 <p>Text {escape(data['text']['name'])}; drift against each model's own float weights on windows of

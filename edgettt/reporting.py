@@ -161,10 +161,14 @@ def table(report: dict) -> str:
     head = ["variant", "weights", "state", "MB", "bits/w", "PPL", "dPPL %", "KLD mean", "KLD p99", "top-1", "RMS dp"]
     if "onnx_decode_mb" in report["rows"][0]:
         head += ["decode.onnx MB", "ORT prefill tok/s", "ORT decode tok/s"]
-    body = [[fmt.format(row[key]) for key, fmt in columns(report)] for row in report["rows"]]
-    widths = [max(len(x) for x in col) for col in zip(head, *body)]
+    return text_table(head, [[fmt.format(row[key]) for key, fmt in columns(report)] for row in report["rows"]])
+
+
+def text_table(head: list[str], rows: list[list[str]]) -> str:
+    """A terminal table: the first column left-aligned, the others right-aligned, a rule under the head."""
+    widths = [max(len(x) for x in col) for col in zip(head, *rows)]
     line = lambda cells: "  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cells, widths)))  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in body])
+    return "\n".join([line(head), line(["-" * w for w in widths])] + [line(r) for r in rows])
 
 
 def write(report: dict, out: Path) -> None:
@@ -290,6 +294,14 @@ def plot_states(report: dict, out: Path, colours: dict) -> None:
     fig.savefig(out / "state_vs_kld.png", dpi=120, bbox_inches="tight")
 
 
+# the pages' tables (report.html, compare.html): numbers right-aligned, the first column left
+PAGE_STYLE = """body { font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }
+table { border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }
+th, td { border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }
+th:first-child, td:first-child { text-align: left; }
+th { background: #f4f4f4; }"""
+
+
 def html(report: dict, out: Path) -> str:
     """One self-contained page: the summary, the table, drift by position, the plots inlined (offline)."""
     colours = variant_colours(report)
@@ -316,11 +328,7 @@ def html(report: dict, out: Path) -> str:
     return f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>edgettt report: {escape(report['model'])}</title>
 <style>
-body {{ font: 14px/1.45 system-ui, sans-serif; margin: 2em auto; max-width: 1100px; color: #222; }}
-table {{ border-collapse: collapse; margin: 1em 0; font-variant-numeric: tabular-nums; }}
-th, td {{ border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }}
-th:first-child, td:first-child {{ text-align: left; }}
-th {{ background: #f4f4f4; }}
+{PAGE_STYLE}
 .sw {{ display: inline-block; width: 10px; height: 10px; margin-right: 6px; border-radius: 2px; }}
 figure {{ margin: 1.5em 0; }} img {{ max-width: 100%; }} figcaption {{ color: #666; font-size: 12px; }}
 </style></head><body>
