@@ -276,7 +276,7 @@ def main():
                          "second, shorter schedule (warm-up and cosine again) at --lr.")
     ap.add_argument("--eager", action="store_true", help="Do not capture the step as a CUDA graph.")
     ap.add_argument("--compile", action="store_true",
-                    help="torch.compile the TTT mini-batch steps (TTT-MLP: 1.5x a step on a CPU, benchmarks/results/"
+                    help="torch.compile the TTT mini-batch steps or the delta rule's chunked form (TTT-MLP: 1.5x a step on a CPU, benchmarks/results/"
                          "train_step_cpu.md; 1.8x on an H200 inside the CUDA graph, 232 ms instead of 420, "
                          "recipes/results/README.md).")
     ap.add_argument("--eval-every", type=int, default=500,
@@ -296,7 +296,11 @@ def main():
     device = "cuda" if torch.cuda.is_available() else "cpu"
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    if args.compile:
+    if args.compile and args.arch in DELTANET_ARCHS:
+        from edgettt.families.deltanet.kernels import compile_training_chunk
+
+        compile_training_chunk()
+    elif args.compile:
         from edgettt.families.ttt.kernels import compile_ttt_steps
 
         compile_ttt_steps()

@@ -4,8 +4,10 @@ the plain-torch reference elsewhere and in training."""
 
 from __future__ import annotations
 
+import torch
+
 from edgettt.families.deltanet.model import DeltaRuleLayer
-from edgettt.ops.delta_rule import fla_kernels
+from edgettt.ops.delta_rule import fla_kernels, reference
 
 
 class DeltaRuleLayerKernels(DeltaRuleLayer):
@@ -14,3 +16,11 @@ class DeltaRuleLayerKernels(DeltaRuleLayer):
 
 
 KERNEL_LAYERS = {DeltaRuleLayer: DeltaRuleLayerKernels}
+
+
+def compile_training_chunk() -> None:
+    """The chunked form compiled by torch.compile for every delta-rule layer from now on: training, where fla's
+    backward is refused, takes the plain-torch form, and inductor fuses its chains of small operations. The
+    first call of each shape compiles."""
+    compiled = staticmethod(torch.compile(reference.chunk, dynamic=False))
+    DeltaRuleLayer.chunk = DeltaRuleLayerKernels.chunk = compiled
