@@ -11,6 +11,7 @@ plots and compare.html (everything in one page).
 from __future__ import annotations
 
 import base64
+import contextlib
 import dataclasses
 import json
 import math
@@ -20,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from html import escape
 from pathlib import Path
 
+import torch
 from matplotlib.figure import Figure
 
 from edgettt import benchmark
@@ -134,9 +136,10 @@ def compare(models: dict[str, LanguageModel], text: Text, calib_text: Text, sett
         folder = {name: Path(tmp) / f"export{i}" for i, name in enumerate(models)}
         traced = {name: exporter.submit(export_from_source, str(source), str(folder[name]), name)
                   for name, source in (sources or {}).items() if settings.speed}
-        for name, model in bar(models.items(), desc="models", unit="model", leave=False):
-            log(f"{name}: bits per byte at {', '.join(map(str, settings.bpb_ctx))} tokens; weight and state drift")
-            out["models"].append(accuracy(model, name, text, calib_text, settings, log=lambda line: None))
+        with threads_beside(1 if traced else 0):
+            for name, model in bar(models.items(), desc="models", unit="model", leave=False):
+                log(f"{name}: bits per byte at {', '.join(map(str, settings.bpb_ctx))} tokens; weight and state drift")
+                out["models"].append(accuracy(model, name, text, calib_text, settings, log=lambda line: None))
         if settings.speed:
             for name, model in models.items():
                 if name not in traced:
@@ -150,6 +153,19 @@ def compare(models: dict[str, LanguageModel], text: Text, calib_text: Text, sett
     if gpu_bench is not None:
         out["gpu_decode"] = gpu_decode(gpu_bench, list(models))
     return out
+
+
+@contextlib.contextmanager
+def threads_beside(busy: int):
+    """torch's threads less `busy` (the exporter process's core) for a while: a thread that waits for a busy
+    core costs more than it gives (the four tiny models compared on 2 cores: 609 s with 2 threads beside the
+    exporter, 401 s with 1; docs/compare.md)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads - busy))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 def export_from_source(source: str, directory: str, name: str) -> str:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 import edgettt
 from edgettt.cli import cli
-from edgettt.comparison import MIX_OVER_INT4
+from edgettt.comparison import MIX_OVER_INT4, threads_beside
 
 SMALL = ("--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1")
 
@@ -68,3 +68,22 @@ def test_the_state_formats_compared_are_those_a_family_takes(models):
     assert state_formats(edgettt.load(models / "gdn")) == ["fp16", "int12", "int8"]
     assert set(state_formats(edgettt.load(models / "ttt-parallel"))) == {"fp16", "int12", "int12-kv8", "int8",
                                                                           "int8-tensor"}
+
+
+def test_the_models_are_measured_on_the_cores_the_exporter_leaves():
+    """While the exporter process traces, torch takes a thread less (never none), and its own count after."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with threads_beside(1):
+            assert torch.get_num_threads() == 2
+        torch.set_num_threads(1)
+        with threads_beside(1):
+            assert torch.get_num_threads() == 1
+        with pytest.raises(ValueError), threads_beside(0):
+            raise ValueError
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
