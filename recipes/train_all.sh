@@ -5,6 +5,7 @@
 #   python3 recipes/train_tiny.py --arch ttt-linear --out x --write-data scratch/data   # once, here
 #   GPUS=2 WORK=/tmp/train PACK=$OUT bash recipes/train_all.sh                          # on the GPUs
 #   DRY=1 bash recipes/train_all.sh                                                     # print the commands
+# A model to ship then gets its eval.json from recipes/eval_card.py (docs/models.md) and a MODEL_CARD.md.
 # With GPUS > 1 the archs run side by side, one a GPU; with one GPU, one at a time (processes sharing a
 # GPU are time-sliced, which slows the launch-heavy TTT training far more than it saves).
 # Environment: ARCHS (trained), DISTILL (distilled), DATA (the data parts), WORK (models and logs), PACK

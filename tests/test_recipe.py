@@ -161,6 +161,29 @@ def test_average_models_interpolates_every_weight_and_refuses_what_it_cannot_ave
     assert not (tmp_path / "x").exists()
 
 
+def test_eval_card_measures_a_shipped_models_eval_json_again(tmp_path, capsys):
+    """recipes/eval_card.py gives lact-w1-tiny's committed numbers (whole test part and slice, at 512) with the
+    commands that measure them; an existing OUT without --force and a length that is no number are refused in
+    one line, nothing written."""
+    spec = importlib.util.spec_from_file_location("eval_card", RECIPE.parent / "eval_card.py")
+    eval_card = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(eval_card)
+    out = tmp_path / "eval.json"
+    assert eval_card.main(["lact-w1-tiny", str(out), "--note", "trained on the fixed split"]) == 0
+    made = json.loads(out.read_text())
+    committed = json.loads((edgettt.checkpoint.SHIPPED_MODELS / "lact-w1-tiny" / "eval.json").read_text())
+    for key in ("test_bits_per_byte", "slice_bits_per_byte"):
+        assert made[key] == pytest.approx(committed[key], rel=1e-5), key
+    assert {k: made[k] for k in ("slice", "text", "held_out")} == {k: committed[k] for k in ("slice", "text", "held_out")}
+    assert made["commands"]["slice"] == "edgettt eval lact-w1-tiny --data python-docs:test --ctx 512 --max-tokens 8192"
+    for args in (["lact-w1-tiny", str(out), "--note", "x"], ["lact-w1-tiny", str(tmp_path / "y.json"), "--note", "x",
+                                                               "--ctx", "512,long"]):
+        capsys.readouterr()
+        assert eval_card.main(args) == 1
+        assert capsys.readouterr().err.startswith("error: ")
+    assert json.loads(out.read_text()) == made and not (tmp_path / "y.json").exists()
+
+
 def test_mixed_distill_saves_the_student_in_bfloat16_and_measures_what_it_saved(tmp_path):
     """benchmarks/mixed_distill.py --save --store bfloat16: the student's matrices stored in bfloat16, and
     the "after" numbers are the saved model's (loaded back), not the float32 one's in memory."""
