@@ -33,8 +33,8 @@ def card(model, name: str, ctx: list[int], note: str, ref=None, ref_name: str | 
     out = {"test_bits_per_byte": bits(whole[0].report)}
     if len(ctx) > 1:
         out["test_bits_per_byte_by_ctx"] = by_ctx(whole, bits)
-    if ref is not None:
-        original = by_ctx(edgettt.evaluate(ref, TEXT, ctx, WHOLE_TOKENS, name=ref_name), bits)
+    if ref is not None:  # (the drift holds the original's own numbers on the same windows)
+        original = by_ctx(whole, lambda r: bits(r["drift"]["ref"]))
         out["original_test_bits_per_byte_by_ctx"] = original
         out["ratio_to_original_by_ctx"] = {n: b / original[n] for n, b in by_ctx(whole, bits).items()}
         out["kld_mean_by_ctx"] = by_ctx(whole, lambda r: r["drift"]["kld_mean"])
@@ -52,6 +52,14 @@ def card(model, name: str, ctx: list[int], note: str, ref=None, ref_name: str | 
     return out
 
 
+def lengths(text: str) -> list[int]:
+    """--ctx's window lengths, the headline first."""
+    try:
+        return [int(n) for n in text.split(",")]
+    except ValueError:
+        raise EdgetttError(f"--ctx {text}: give window lengths as numbers, e.g. 512,2048,8192") from None
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
@@ -62,11 +70,11 @@ def main(argv=None) -> int:
     ap.add_argument("--force", action="store_true")
     args = ap.parse_args(argv)
     try:
-        ctx = [int(n) for n in args.ctx.split(",")]
+        ctx = lengths(args.ctx)
         out = Output.plan(args.out, "json", args.force, inputs=[args.model], option="OUT")
         ref = edgettt.load(args.ref) if args.ref else None
         write_json(out, card(edgettt.load(args.model), args.model, ctx, args.note, ref, args.ref))
-    except (EdgetttError, ValueError) as exc:
+    except EdgetttError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"wrote {args.out}")
