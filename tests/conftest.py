@@ -46,6 +46,17 @@ def compiled_recording(fn):
     return torch.compile(fn, backend=recording, dynamic=False), graphs
 
 
+def cli_ok(*args):
+    """`edgettt ARGS` through click's runner, which must succeed; its result."""
+    from click.testing import CliRunner
+
+    from edgettt.cli import cli
+
+    result = CliRunner().invoke(cli, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return result
+
+
 def tiny_config(**overrides) -> ModelConfig:
     base = dict(vocab_size=61, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
                 num_attention_heads=4, mini_batch_size=8)

@@ -4,19 +4,12 @@ shipped models' comparison is docs/compare.md's, with its command)."""
 import json
 
 import pytest
-from click.testing import CliRunner
+from conftest import cli_ok
 
 import edgettt
-from edgettt.cli import cli
 from edgettt.comparison import MIX_OVER_INT4, threads_beside
 
 SMALL = ("--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "num_hidden_layers=1")
-
-
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +17,9 @@ def models(tmp_path_factory):
     """A TTT-Linear model in its parallel form and a Gated DeltaNet, one layer each (the whole comparison of two
     families: docs/compare.md's, with its command)."""
     root = tmp_path_factory.mktemp("compare")
-    run("create", root / "ttt", *SMALL, "--set", "mini_batch_size=8")
-    run("convert", root / "ttt", root / "ttt-parallel", "--form", "parallel", "--no-report")
-    run("create", root / "gdn", "--family", "gated-deltanet", *SMALL)
+    cli_ok("create", root / "ttt", *SMALL, "--set", "mini_batch_size=8")
+    cli_ok("convert", root / "ttt", root / "ttt-parallel", "--form", "parallel", "--no-report")
+    cli_ok("create", root / "gdn", "--family", "gated-deltanet", *SMALL)
     return root
 
 
@@ -34,8 +27,8 @@ def test_compare_measures_text_weights_states_and_speed(models, tmp_path):
     """A model measured at the defaults, with the decode rows of a bench file (a CPU run here: the file's kind is
     what matters) among the paths."""
     a = models / "ttt-parallel"
-    run("bench", a, "--pp", "8", "--tg", "4", "--depth", "0", "-r", "1", "--json", tmp_path / "bench.json")
-    result = run("compare", a, tmp_path / "bench.json", tmp_path / "c")
+    cli_ok("bench", a, "--pp", "8", "--tg", "4", "--depth", "0", "-r", "1", "--json", tmp_path / "bench.json")
+    result = cli_ok("compare", a, tmp_path / "bench.json", tmp_path / "c")
     data = json.loads((tmp_path / "c" / "compare.json").read_text())
     [m] = data["models"]
     assert m["model"] == str(a)

@@ -7,6 +7,7 @@ import subprocess
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from conftest import cli_ok
 from PIL import Image
 
 from edgettt.cli import cli
@@ -14,18 +15,12 @@ from edgettt.cli import cli
 BROWSER = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
 
-def run(*args):
-    result = CliRunner().invoke(cli, [str(a) for a in args])
-    assert result.exit_code == 0, result.output
-    return result
-
-
 @pytest.fixture(scope="module")
 def report_dir(tmp_path_factory):
     root = tmp_path_factory.mktemp("report")
-    run("create", root / "ttt", "--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "mini_batch_size=8")
-    run("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report")
-    run("report", root / "par", "--weights", "int8,int4-rtn-g32", "--state", "fp16", "--ctx", 64,
+    cli_ok("create", root / "ttt", "--set", "hidden_size=32", "--set", "intermediate_size=64", "--set", "mini_batch_size=8")
+    cli_ok("convert", root / "ttt", root / "par", "--form", "parallel", "--no-report")
+    cli_ok("report", root / "par", "--weights", "int8,int4-rtn-g32", "--state", "fp16", "--ctx", 64,
         "--max-tokens", 400, "--data", "python-docs-sample", "--calib-data", "python-docs-sample", root / "r")
     return root / "r"
 
@@ -58,10 +53,10 @@ def test_a_headless_browser_draws_the_tables_and_plots(report_dir, tmp_path):
 
 def test_report_on_the_default_created_model_falls_back_per_layer_or_refuses_up_front(tmp_path):
     """`edgettt create`'s default width gives intermediate 176, which no int4 group divides."""
-    run("create", tmp_path / "m")
+    cli_ok("create", tmp_path / "m")
     common = ["--weights", "int4-rtn", "--state", "fp16", "--ctx", 64, "--max-tokens", 300, "--data",
               "python-docs-sample", "--calib-data", "python-docs-sample", "--skip", "o_proj"]
-    run("report", tmp_path / "m", *common, tmp_path / "r")
+    cli_ok("report", tmp_path / "m", *common, tmp_path / "r")
     rows = {r["variant"]: r for r in json.loads((tmp_path / "r" / "report.json").read_text())["rows"]}
     assert rows["w-int4-rtn-g64 s-fp32"]["fallback_layers"] == 2  # down_proj of both layers, in int8
     result = CliRunner().invoke(cli, ["report", str(tmp_path / "m"), *map(str, common), "--fallback", "refuse",
