@@ -16,6 +16,11 @@ budget, batch 256 x 512 bytes (the TTT step is launch-bound: a larger batch cost
 step), fp32 with TF32 matmuls. The docs' train part is small (373 KB) and over-fits within minutes
 (recipes/results/README.md): the validation bits per byte are measured every `--eval-every` steps
 and the best weights are kept (early stopping on val; the test part stays unseen).
+
+`--pause-after SECONDS` stops a schedule at a step and writes `OUT.resume/` (weights, AdamW's moments, the data
+stream's position, the best weights so far, the log: safetensors and JSON, each file under 16 MB at the shipped
+sizes); the same command with `--resume` goes on from there, so a schedule longer than one machine lease trains
+in pieces with the same steps, data and learning rates (the dropout masks after the pause are drawn afresh).
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import argparse
 import json
 import math
 import platform
+import shutil
 import time
 from pathlib import Path
 
@@ -223,6 +229,76 @@ def bits_per_byte(model, data: bytes, ctx: int, device, batch: int = 16) -> floa
     return total / count / math.log(2)
 
 
+def resume_folder(out: Path) -> Path:
+    """Where a paused schedule waits: beside OUT (OUT itself is written whole at the end)."""
+    return out.with_name(out.name + ".resume")
+
+PAUSED = 75  # the exit status of a paused schedule (EX_TEMPFAIL)
+
+
+def save_resume(out: Path, model, opt, gen: torch.Generator, best: BestWeights, progress: dict) -> None:
+    """Writes OUT.resume/ whole or not at all (a temporary folder renamed when complete)."""
+    folder = resume_folder(out)
+    tmp = folder.with_name(f".{folder.name}.{time.time_ns()}")
+    tmp.mkdir(parents=True)
+    try:
+        write_resume(tmp, model, opt, gen, best, progress)
+    except BaseException:
+        shutil.rmtree(tmp)
+        raise
+    if folder.exists():  # paused again after a resume: the older pause goes once the new one is whole
+        folder.rename(old := tmp.with_name(tmp.name + ".old"))
+        shutil.rmtree(old)
+    tmp.rename(folder)
+
+
+def write_resume(folder: Path, model, opt, gen: torch.Generator, best: BestWeights, progress: dict) -> None:
+    """A paused schedule's state: the weights, AdamW's moments and step count, the data stream's generator,
+    the best weights so far (unless they are the current ones) and the step, time and log in JSON."""
+    from safetensors.torch import save_file
+
+    cpu = lambda t: t.detach().float().cpu().clone()  # noqa: E731  (a clone: tied weights are saved apart)
+    params = list(model.parameters())
+    save_file({k: cpu(v) for k, v in model.state_dict().items()}, folder / "model.safetensors")
+    for moment in ("exp_avg", "exp_avg_sq"):
+        save_file({str(i): cpu(opt.state[p][moment]) for i, p in enumerate(params)}, folder / f"{moment}.safetensors")
+    save_file({"generator": gen.get_state(), "adam_step": cpu(opt.state[params[0]]["step"]).reshape(1)},
+              folder / "position.safetensors")
+    if best.weights is not None and best.step != progress["step"]:
+        save_file({k: cpu(v) for k, v in best.weights.items()}, folder / "best.safetensors")
+    progress = {**progress, "best_val": best.val, "best_step": best.step}
+    (folder / "progress.json").write_text(json.dumps(progress, indent=1) + "\n")
+
+
+@torch.no_grad()
+def load_resume(out: Path, model, opt, gen: torch.Generator, best: BestWeights) -> dict:
+    """Puts a paused schedule's state back into the same tensors (a captured CUDA graph stays valid)."""
+    from safetensors.torch import load_file
+
+    folder = resume_folder(out)
+    model.load_state_dict(load_file(folder / "model.safetensors"))
+    params = list(model.parameters())
+    position = load_file(folder / "position.safetensors")
+    for p in params:  # AdamW makes its state at the first step: without a captured step it is not there yet
+        if not opt.state[p]:
+            step_device = p.device if opt.defaults["capturable"] else "cpu"
+            opt.state[p].update(step=torch.zeros((), device=step_device), exp_avg=torch.zeros_like(p),
+                                exp_avg_sq=torch.zeros_like(p))
+    for moment in ("exp_avg", "exp_avg_sq"):
+        for i, value in load_file(folder / f"{moment}.safetensors").items():
+            opt.state[params[int(i)]][moment].copy_(value)
+    for p in params:
+        opt.state[p]["step"].copy_(position["adam_step"].reshape(()))
+    gen.set_state(position["generator"])
+    progress = json.loads((folder / "progress.json").read_text())
+    best.val, best.step = progress["best_val"], progress["best_step"]
+    if (folder / "best.safetensors").exists():
+        best.weights = {k: v.to(model.state_dict()[k]) for k, v in load_file(folder / "best.safetensors").items()}
+    elif best.step:
+        best.weights = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return progress
+
+
 def make_step(model, opt, example: torch.Tensor, graph: bool):
     """One training step as a function of the batch. On CUDA the whole step (forward, backward,
     clipping, AdamW) is captured once as a CUDA graph: the TTT layers' per-mini-batch loop is
@@ -281,9 +357,15 @@ def main():
                          "recipes/results/README.md).")
     ap.add_argument("--eval-every", type=int, default=500,
                     help="Measure the validation bits per byte every this many steps (its time is not counted) and keep the weights that scored best: the docs are small and over-fit.")
+    ap.add_argument("--pause-after", type=float, default=None,
+                    help="Stop after this many seconds of the process and write OUT.resume/ to go on from.")
+    ap.add_argument("--resume", action="store_true", help="Go on from OUT.resume/ (written by --pause-after).")
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
     args = ap.parse_args()
+    started = time.time()
+    if args.resume and not (resume_folder(args.out) / "progress.json").exists():
+        ap.error(f"--resume: {resume_folder(args.out)} holds no paused schedule; run without --resume")
     if args.dropout and args.arch in LACT_ARCHS:
         ap.error(f"--dropout: TTT, Gated DeltaNet and transformer archs only, not {args.arch}")
 
@@ -306,7 +388,8 @@ def main():
         compile_ttt_steps()
     sizes = {k: v for k, v in (("hidden_size", args.hidden), ("intermediate_size", args.intermediate)) if v}
     model, config = build(args.arch, args.layers, args.seed, sizes)
-    if args.init is not None:
+    previous = None  # the schedule this one continues (its train_log.json)
+    if args.init is not None and not args.resume:
         model = load_init(args.init, args.arch, model, config)
         previous = json.loads((args.init / "train_log.json").read_text())
     model.to(device).train()
@@ -324,10 +407,15 @@ def main():
     sources = [(as_tensor(parts["train"]), 1 - args.docs_weight)]
     if args.docs_weight > 0:  # the held-out parts are docs: let the docs' own train part weigh more
         sources.append((as_tensor(parts["docs_train"]), args.docs_weight))
-    stream = batches(sources, args.batch, args.ctx, torch.Generator().manual_seed(args.seed))
+    gen = torch.Generator().manual_seed(args.seed)
+    stream = batches(sources, args.batch, args.ctx, gen)
     step_fn = make_step(model, opt, next(stream).to(device).long(), graph=device == "cuda" and not args.eager)
     budget, warmup, step, t0, log = args.minutes * 60, 0.03, 0, time.time(), []
     best = BestWeights()
+    if args.resume:
+        progress = load_resume(args.out, model, opt, gen, best)
+        step, t0, log, previous = progress["step"], t0 - progress["elapsed"], progress["log"], progress["previous"]
+        print(f"resumed at step {step}", flush=True)
     while (elapsed := time.time() - t0) < budget and (args.steps is None or step < args.steps):
         frac = max(elapsed / budget, step / args.steps if args.steps else 0.0)
         lr = args.lr * (frac / warmup if frac < warmup else 0.5 * (1 + math.cos(math.pi * (frac - warmup) / (1 - warmup))))
@@ -344,6 +432,11 @@ def main():
                 t0 += time.time() - paused
             print(f"{args.arch} step {step} {elapsed:.0f}s loss {loss.item():.4f}"
                   + (f" val {log[-1]['val_bits_per_byte']:.4f}" if "val_bits_per_byte" in log[-1] else ""), flush=True)
+        if args.pause_after is not None and time.time() - started > args.pause_after and step < (args.steps or 0):
+            progress = {"step": step, "elapsed": time.time() - t0, "log": log, "arch": args.arch, "previous": previous}
+            save_resume(args.out, model, opt, gen, best, progress)
+            print(f"paused at step {step}: go on with the same command and --resume", flush=True)
+            raise SystemExit(PAUSED)
     wall = time.time() - t0
     last_val = bits_per_byte(model, parts["val"], EVAL_CTX, device)
     kept_val, kept_step = best.restore(model, last_val, step)
@@ -351,7 +444,7 @@ def main():
         "arch": args.arch, "parameters": n_params, "steps": step, "wall_seconds": round(wall, 1),
         "tokens_seen": step * args.batch * args.ctx, "batch": args.batch, "ctx": args.ctx, "lr": args.lr,
         "docs_weight": args.docs_weight, "dropout": args.dropout, "compiled": args.compile,
-        "continued_from": None if args.init is None else {k: v for k, v in previous.items() if k != "log"},
+        "continued_from": None if previous is None else {k: v for k, v in previous.items() if k != "log"},
         "device": torch.cuda.get_device_name() if device == "cuda" else platform.processor(),
         "torch": torch.__version__, "data_bytes": {k: len(v) for k, v in parts.items()},
         "eval_ctx": EVAL_CTX,  # the model cards' convention, whatever the training window
@@ -374,6 +467,8 @@ def main():
     else:
         save_model(model.cpu().eval(), args.out, force=True, store=getattr(torch, args.store))
     (args.out / "train_log.json").write_text(json.dumps(result, indent=2) + "\n")
+    if args.resume:
+        shutil.rmtree(resume_folder(args.out))
 
 
 if __name__ == "__main__":
