@@ -38,7 +38,7 @@ from edgettt.quant.config import QuantConfig
 from edgettt.reporting import MARKERS, PAGE_STYLE, build_report, text_table, variants
 
 # the shipped tiny models of each family (about 3.4M parameters each), in their deployable forms
-DEFAULT_MODELS = ("ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel", "lact-w1-tiny")
+DEFAULT_MODELS = ("ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel", "lact-w1-tiny", "gated-deltanet-tiny")
 WEIGHTS = ("int8", "int4-rtn-g32", "int4-gptq-g32")
 INT4 = QuantConfig("int4", 32, "rtn")  # the deployed default: the mix's budget and the export that is timed
 MIX_OVER_INT4 = 1.1  # the mixed-precision budget: this many times the int4 model's bytes

@@ -19,14 +19,15 @@ LARGE="--hidden 256 --layers 5 --store bfloat16 --dropout 0.1"
 declare -A SIZE_OF=([ttt-linear]=$LARGE [ttt-mlp]=$LARGE [transformer]=$LARGE [lact]="" [lact-w1]="" [gated-deltanet]=$LARGE)
 # each arch's schedules, ';' between them: "steps lr eval-every [train_tiny.py options]"; every one after the
 # first continues the one before (--init); early stopping keeps the best validation weights of each. Gated
-# DeltaNet takes ttt-linear's. The last TTT and transformer schedule is the docs-weighted tail: 15% of its windows from python-docs:train.
+# DeltaNet takes ttt-linear's, its delta rule compiled (0.126 s a step on an H100 against 0.168 eager). The last TTT and transformer schedule is the docs-weighted tail: 15% of its windows from python-docs:train.
 declare -A SCHEDULES_OF=(
   [ttt-linear]="2349 3e-3 500; 1146 1e-3 250; 5230 1.5e-3 500; 1222 3e-4 100 --docs-weight 0.15"
   [ttt-mlp]="430 3e-3 200 --compile; 782 2e-3 200 --compile; 831 1.5e-3 200 --compile;
              143 3e-4 40 --compile --docs-weight 0.15"
   [transformer]="4304 3e-3 250; 660 3e-4 50 --docs-weight 0.15"
   [lact]="1507 3e-3 500" [lact-w1]="1681 3e-3 500"
-  [gated-deltanet]="2349 3e-3 500; 1146 1e-3 250; 5230 1.5e-3 500; 1222 3e-4 100 --docs-weight 0.15")
+  [gated-deltanet]="2349 3e-3 500 --compile; 1146 1e-3 250 --compile; 5230 1.5e-3 500 --compile;
+                   1222 3e-4 100 --compile --docs-weight 0.15")
 # each TTT model's parallel form: the plain conversion, then benchmarks/mixed_distill.py stages (';' between
 # them), each continuing the last; @ stands for $DATA/. The first makes it a decayed form (--decay).
 declare -A DISTILL_OF=(

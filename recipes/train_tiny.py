@@ -324,7 +324,7 @@ def make_step(model, opt, example: torch.Tensor, graph: bool):
     return replay
 
 
-def main():
+def main(argv: list[str] | None = None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--arch", choices=[*ARCHS, *LACT_ARCHS, *DELTANET_ARCHS], required=True)
     ap.add_argument("--out", type=Path, required=True)
@@ -362,7 +362,7 @@ def main():
     ap.add_argument("--resume", action="store_true", help="Go on from OUT.resume/ (written by --pause-after).")
     ap.add_argument("--data-dir", type=Path, default=None)
     ap.add_argument("--write-data", type=Path, default=None, help="Write the three parts as files and exit.")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     started = time.time()
     if args.resume and not (resume_folder(args.out) / "progress.json").exists():
         ap.error(f"--resume: {resume_folder(args.out)} holds no paused schedule; run without --resume")

@@ -131,6 +131,15 @@ def check_documented_slice(model, name: str, documented: dict) -> dict[int, floa
 
 
 
+def schedules(log: dict) -> list[dict]:
+    """A train_log.json's schedules, first first (each nests the one it continued)."""
+    chain = []
+    while isinstance(log, dict):
+        chain.insert(0, log)
+        log = log.get("continued_from")
+    return chain
+
+
 def word_tokenizer(path, size: int):
     """A tokenizer.json of `size` tokens ("[UNK]", then "w1", "w2", ...: text "w3 w4" is ids 3, 4) at `path`."""
     from tokenizers import Tokenizer

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import edgettt
-from conftest import stored_dtypes
+from conftest import schedules, stored_dtypes
 from edgettt.data import read_text
 
 RECIPE = Path(__file__).parent.parent / "recipes" / "train_tiny.py"
@@ -47,6 +47,37 @@ def test_recipe_trains_and_writes_its_log_and_weights(tmp_path, arch, weights):
     continued = json.loads((more / "train_log.json").read_text())
     assert continued["steps"] == 0 and continued["continued_from"]["steps"] == 3
     assert continued["test_bits_per_byte"] == pytest.approx(log["test_bits_per_byte"], abs=1e-6)
+
+
+def test_a_paused_schedule_resumed_trains_as_one_that_was_not(tmp_path):
+    """--pause-after writes OUT.resume/ (before any best weights, with the best at the current step, and with an
+    older best: its own file) and exits 75; --resume goes on with the same steps, data and learning rates: the
+    same losses, validations and model as an uninterrupted run (within CPU float noise), the folder gone."""
+    write_parts(tmp_path)
+    recipe = load_recipe()
+
+    def train(out, *more):  # in this process: the recipe's main, its exit status (0 when it returns)
+        try:
+            recipe.main(["--arch", "gated-deltanet", "--out", str(out), "--minutes", "30", "--steps", "5", "--layers",
+                         "1", "--hidden", "64", "--batch", "2", "--ctx", "64", "--data-dir", str(tmp_path),
+                         "--eval-every", "2", *more])
+        except SystemExit as exit_:
+            return exit_.code
+        return 0
+
+    assert train(tmp_path / "whole") == 0
+    paused, written = tmp_path / "paused", []
+    for resume in ([], ["--resume"], ["--resume"]):
+        assert train(paused, "--pause-after", "0", *resume) == recipe.PAUSED
+        written.append(sorted(f.name for f in (tmp_path / "paused.resume").iterdir()))
+    assert "best.safetensors" not in written[1] and "best.safetensors" in written[2]  # steps 2 (best) and 3
+    assert train(paused, "--resume") == 0 and not (tmp_path / "paused.resume").exists()
+    whole, resumed = (json.loads((tmp_path / name / "train_log.json").read_text()) for name in ("whole", "paused"))
+    assert resumed["steps"] == whole["steps"] == 5 and resumed["kept_step"] == whole["kept_step"]
+    for key in ("loss", "val_bits_per_byte"):
+        assert [e.get(key) for e in resumed["log"]] == pytest.approx([e.get(key) for e in whole["log"]], rel=1e-4)
+    assert resumed["test_bits_per_byte"] == pytest.approx(whole["test_bits_per_byte"], rel=1e-4)
+    assert train(tmp_path / "nothing", "--resume") == 2  # argparse's error: nothing to resume
 
 
 def load_recipe():
@@ -218,17 +249,9 @@ def option(args: list[str], name: str) -> str | None:
     return args[args.index(name) + 1] if name in args else None
 
 
-def schedules(log: dict) -> list[dict]:
-    """A train_log.json's schedules, first first (each nests the one it continued)."""
-    chain = []
-    while isinstance(log, dict):
-        chain.insert(0, log)
-        log = log.get("continued_from")
-    return chain
-
-
 @pytest.mark.parametrize("arch, log", [("ttt-linear", "ttt-linear-tiny"), ("ttt-mlp", "ttt-mlp-tiny"),
-                                       ("transformer", "transformer-baseline")])
+                                       ("transformer", "transformer-baseline"),
+                                       ("gated-deltanet", "gated-deltanet-tiny")])
 def test_train_all_makes_the_schedules_of_the_shipped_logs(arch, log):
     """Each schedule train_all.sh runs has the steps, rate, docs weight, compile flag and dropout of the committed
     log's schedules (the shipped runs'), at the larger size, each continuing the one before."""

@@ -7,19 +7,20 @@ import pytest
 import torch
 
 import edgettt
-from conftest import check_documented_slice, stored_dtypes
+from conftest import check_documented_slice, schedules, stored_dtypes
 from edgettt.checkpoint import SHIPPED_MODELS, shipped_models
 from edgettt.data import read_text
 
 NAMES = ["ttt-linear-tiny", "ttt-mlp-tiny"]
 PARALLEL_NAMES = ["ttt-linear-tiny-parallel", "ttt-mlp-tiny-parallel"]  # the distilled parallel forms
 LACT_NAMES = ["lact-tiny", "lact-w1-tiny"]
+DELTANET_NAMES = ["gated-deltanet-tiny"]  # trained as ttt-linear-tiny was, to compare the layers
 PREVIOUS_PARAMETERS = 1_864_208  # ttt-linear-tiny until 2026-12-03 (about twice that)
 TRANSFORMER_LOG = Path(__file__).parent.parent / "recipes" / "results" / "transformer-baseline.train_log.json"
 
 
 def test_shipped_models_are_listed():
-    assert set(NAMES + PARALLEL_NAMES + LACT_NAMES) <= set(shipped_models())
+    assert set(NAMES + PARALLEL_NAMES + LACT_NAMES + DELTANET_NAMES) <= set(shipped_models())
 
 
 @pytest.mark.parametrize("name", LACT_NAMES)
@@ -50,13 +51,13 @@ def test_loads_by_name_within_size_and_with_a_byte_tokenizer(name):
     assert model.tokenizer.decode(model.tokenizer.encode(text)) == text
 
 
-@pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES + LACT_NAMES)
+@pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES + LACT_NAMES + DELTANET_NAMES)
 def test_reaches_its_documented_bits_per_byte_on_a_slice_of_the_test_split(name):
     """Every slice number in eval.json: at the slice's context, and for the distilled parallel forms at 2048
     and 8192 tokens too (within 3% of the original on the whole test part, MODEL_CARD.md)."""
     documented = json.loads((SHIPPED_MODELS / name / "eval.json").read_text())
     measured = check_documented_slice(edgettt.load(name), name, documented)
-    assert (len(measured) == 3) == (name in NAMES + PARALLEL_NAMES)
+    assert (len(measured) == 3) == (name in NAMES + PARALLEL_NAMES + DELTANET_NAMES)
 
 
 @pytest.mark.parametrize("name", NAMES + PARALLEL_NAMES)
@@ -83,6 +84,25 @@ def test_documented_numbers_meet_issue_23(name):
     assert set(parallel["test_bits_per_byte_by_ctx"]) == {"512", "2048", "8192"}
     for ctx, bits in parallel["test_bits_per_byte_by_ctx"].items():
         assert bits <= 1.03 * original["test_bits_per_byte_by_ctx"][ctx], ctx
+
+
+def test_gated_deltanet_tiny_is_trained_as_ttt_linear_tiny_and_documents_its_place():
+    """Issue 73 item 3: the same recipe (the schedules of ttt-linear-tiny's committed log), parameters within 5%
+    of ttt-linear-tiny's, bf16 within 8 MB with a card; its held-out numbers at every length in eval.json."""
+    model = edgettt.load("gated-deltanet-tiny")
+    assert model.config.family == "gated_deltanet" and model.config.vocab_size == 256
+    files = SHIPPED_MODELS / "gated-deltanet-tiny"
+    assert sum(f.stat().st_size for f in files.iterdir()) <= 8 * 2**20 and stored_dtypes(files) == {"BF16"}
+    assert (files / "MODEL_CARD.md").exists()
+    ttt = sum(p.numel() for p in edgettt.load("ttt-linear-tiny").parameters())
+    assert sum(p.numel() for p in model.parameters()) == pytest.approx(ttt, rel=0.05)
+    results = Path(__file__).parent.parent / "recipes" / "results"
+    recipe = lambda log: [(s["steps"], s["lr"], s["docs_weight"], s["dropout"], s["batch"], s["ctx"])  # noqa: E731
+                          for s in schedules(json.loads((results / f"{log}.train_log.json").read_text()))]
+    assert recipe("gated-deltanet-tiny") == recipe("ttt-linear-tiny")
+    documented = json.loads((files / "eval.json").read_text())
+    assert set(documented["test_bits_per_byte_by_ctx"]) == {"512", "2048", "8192"}
+    assert documented["held_out"] and documented["test_bits_per_byte"] < 1.32
 
 
 def test_exact_conversion_of_a_shipped_model_is_exact():
