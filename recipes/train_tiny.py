@@ -233,6 +233,7 @@ def resume_folder(out: Path) -> Path:
     """Where a paused schedule waits: beside OUT (OUT itself is written whole at the end)."""
     return out.with_name(out.name + ".resume")
 
+
 PAUSED = 75  # the exit status of a paused schedule (EX_TEMPFAIL)
 
 
@@ -366,6 +367,9 @@ def main(argv: list[str] | None = None):
     started = time.time()
     if args.resume and not (resume_folder(args.out) / "progress.json").exists():
         ap.error(f"--resume: {resume_folder(args.out)} holds no paused schedule; run without --resume")
+    if args.resume and (paused := json.loads((resume_folder(args.out) / "progress.json").read_text()))["arch"] != args.arch:
+        ap.error(f"--resume: {resume_folder(args.out)} paused a {paused['arch']} schedule, not {args.arch}; "
+                 "resume with its own command")
     if args.dropout and args.arch in LACT_ARCHS:
         ap.error(f"--dropout: TTT, Gated DeltaNet and transformer archs only, not {args.arch}")
 

@@ -78,6 +78,10 @@ def test_a_paused_schedule_resumed_trains_as_one_that_was_not(tmp_path):
         assert [e.get(key) for e in resumed["log"]] == pytest.approx([e.get(key) for e in whole["log"]], rel=1e-4)
     assert resumed["test_bits_per_byte"] == pytest.approx(whole["test_bits_per_byte"], rel=1e-4)
     assert train(tmp_path / "nothing", "--resume") == 2  # argparse's error: nothing to resume
+    assert train(paused, "--pause-after", "0") == recipe.PAUSED
+    with pytest.raises(SystemExit) as refused:  # another arch's command on this pause: refused before any work
+        recipe.main(["--arch", "transformer", "--out", str(paused), "--resume", "--data-dir", str(tmp_path)])
+    assert refused.value.code == 2
 
 
 def load_recipe():

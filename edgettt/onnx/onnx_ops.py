@@ -24,6 +24,7 @@ import torch
 from onnxscript import opset18 as op
 
 from edgettt import ort_schemas
+from edgettt.ops.delta_rule import reference as _delta_rule  # noqa: F401  (defines edgettt::delta_rule_token)
 from edgettt.formats.state_formats import STATE_CLIP, int8_state_codes, int8_state_values
 from edgettt.quant.weight_formats import onnx_translations
 
@@ -104,6 +105,24 @@ def rotary_onnx(x, positions, theta: float, period: int, head_dim: int):
     return op.Reshape(rotated, op.Shape(x))
 
 
+def causal_conv_onnx(x, weight, bias, tail, silu: bool):
+    """x [B, T, C], weight [C, 1, K], tail [B, K - 1, C] as ONNX Runtime's CausalConvWithState (channels last), its
+    SiLU fused."""
+    return ort_schemas.msft().CausalConvWithState(x, weight, bias, tail, ndim=1, channels_last=1,
+                                                  activation="silu" if silu else "none")
+
+
+def delta_rule_token_onnx(q, k, v, beta, g, S):
+    """q, k [B, H, 1, K], v [B, H, 1, V], beta, g [B, H, 1], S [B, H, K, V] (one token) as ONNX Runtime's
+    LinearAttention (gated_delta: S <- exp(g) S + beta k (v - exp(g) S^T k), o = q^T S), on [B, 1, H * D] (q already
+    scaled): with one token [B, H, 1, D] and [B, 1, H * D] are the same memory, a Reshape apart."""
+    heads = S.shape[1]
+    packed = [op.Reshape(t, op.Constant(value_ints=[0, 1, -1])) for t in (q, k, v, g, beta)]
+    o, state = ort_schemas.msft().LinearAttention(*packed[:3], S, *packed[3:], q_num_heads=heads, kv_num_heads=heads,
+                                                  scale=1.0, update_rule="gated_delta")
+    return op.Reshape(o, op.Shape(v)), state
+
+
 def tokens_from_onnx(h, start):
     begin = op.Reshape(start, op.Constant(value_ints=[1]))
     return op.Slice(h, begin, op.Constant(value_ints=[2**62]), op.Constant(value_ints=[1]))
@@ -113,6 +132,8 @@ TRANSLATIONS = {
     torch.ops.edgettt.tokens_from.default: tokens_from_onnx,
     torch.ops.edgettt.rms_norm.default: rms_norm_onnx,
     torch.ops.edgettt.rotary.default: rotary_onnx,
+    torch.ops.edgettt.delta_rule_token.default: delta_rule_token_onnx,
+    torch.ops.edgettt.causal_conv.default: causal_conv_onnx,
     torch.ops.aten.sigmoid.default: sigmoid_onnx,
     torch.ops.aten.silu.default: silu_onnx,
     torch.ops.edgettt.quantize_state.default: quantize_state_onnx,

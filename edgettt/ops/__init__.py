@@ -20,10 +20,11 @@ reference beside its fast paths (Triton kernels) with one signature, as flash-li
 A model computes the references; `edgettt.prepare` (`fast_paths`) gives its layers the fast paths.
 This module holds the pointwise and per-row building blocks of the models (DESIGN 3.3-3.4).
 
-While edgettt's ONNX export traces a model (`exporting()`), the norms and the rotary
-embedding are written as the ops ONNX Runtime fuses them into (`edgettt::rms_norm` and
-`edgettt::rotary`, custom ops whose ONNX nodes `onnx/onnx_ops.py` makes; `native_layer_norm`): one
-node where the plain formula takes ten (the rotary one in the decode graph only). They compute the same function, up to fp32 rounding.
+While edgettt's ONNX export traces a model (`exporting()`), the norms, the rotary embedding and the short
+causal convolution are written as the ops ONNX Runtime fuses them into (`edgettt::rms_norm`,
+`edgettt::rotary`, `edgettt::causal_conv`, custom ops whose ONNX nodes `onnx/onnx_ops.py` makes;
+`native_layer_norm`): one node where the plain formula takes five to ten (the rotary one in the decode graph
+only). They compute the same function, up to fp32 rounding.
 """
 
 from __future__ import annotations
@@ -152,17 +153,26 @@ def _rotary(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
 
 
 def causal_conv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor,
-                tail: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Causal depthwise conv1d over time, continuing from `tail` (the last K-1 inputs, zeros at start).
+                tail: torch.Tensor | None, silu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal depthwise conv1d over time, continuing from `tail` (the last K-1 inputs, zeros at start), and
+    with `silu` the SiLU of its output.
 
     x: [B, T, C]; weight: [C, 1, K]; tail: [B, K-1, C] or None. Returns (y [B, T, C], new tail).
     """
     kernel = weight.shape[-1]
     if tail is None:
         tail = x.new_zeros(x.shape[0], kernel - 1, x.shape[2])
+    if exporting():  # one node: ONNX Runtime's CausalConvWithState (`onnx/onnx_ops.py`)
+        return torch.ops.edgettt.causal_conv(x, weight, weight.new_zeros(x.shape[2]) if bias is None else bias, tail,
+                                             silu)
+    return _causal_conv(x, weight, bias, tail, silu)
+
+
+def _causal_conv(x, weight, bias, tail, silu):
+    kernel = weight.shape[-1]
     full = torch.cat((tail, x), dim=1)  # [B, K-1+T, C]
     y = F.conv1d(full.transpose(1, 2), weight, bias, groups=x.shape[2]).transpose(1, 2)
-    return y, full[:, full.shape[1] - (kernel - 1):]
+    return F.silu(y) if silu else y, full[:, full.shape[1] - (kernel - 1):]
 
 
 def row_product(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -220,6 +230,17 @@ def rotary_op(x: torch.Tensor, positions: torch.Tensor, theta: float, period: in
 @rotary_op.register_fake
 def _(x, positions, theta, period, head_dim):
     return torch.empty_like(x)
+
+
+@torch.library.custom_op("edgettt::causal_conv", mutates_args=())
+def causal_conv_op(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, tail: torch.Tensor,
+                   silu: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return tuple(t.clone() for t in _causal_conv(x, weight, bias, tail, silu))
+
+
+@causal_conv_op.register_fake
+def _(x, weight, bias, tail, silu):
+    return torch.empty_like(x), torch.empty_like(tail)
 
 
 @torch.library.custom_op("edgettt::tokens_from", mutates_args=())

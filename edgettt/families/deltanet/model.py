@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from edgettt.families.base import FlaBackbone, LanguageModel, State
+from edgettt.families.base import FlaBackbone, FusableInputs, LanguageModel, State
 from edgettt.families.deltanet.config import DeltaRuleConfig
 from edgettt.formats.state_roles import CONV, RECURRENT, StateRole
 from edgettt.ops import causal_conv, rms_norm
@@ -38,6 +38,11 @@ def state_dtype(t: torch.Tensor) -> torch.dtype:
 
 def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
+
+
+def _token_major(t: torch.Tensor) -> torch.Tensor:
+    """[B, T, H] -> [B, H, T] (one token: a reshape, no transpose in an exported graph)."""
+    return t.reshape(t.shape[0], -1, 1) if t.shape[1] == 1 else t.transpose(1, 2)
 
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
@@ -62,7 +67,7 @@ class GatedRMSNorm(nn.Module):
         return y * (torch.sigmoid(gate) if self.activation == "sigmoid" else F.silu(gate))
 
 
-class DeltaRuleLayer(StateScales, nn.Module):
+class DeltaRuleLayer(StateScales, FusableInputs, nn.Module):
     """fla's `GatedDeltaNet` layer (config.gated) or its `DeltaNet` layer, with their parameter names. A quantized
     state (`set_state_format`) is rounded as a decode step stores it, after every token: with one, or a
     calibration observer, a prefill runs the recurrence a token at a time (the rounding is sequential)."""
@@ -137,22 +142,31 @@ class DeltaRuleLayer(StateScales, nn.Module):
                 state[f"{name}_conv"] = weight.new_zeros(batch_size, c.conv_size - 1, width)
         return state
 
-    def _features(self, x: torch.Tensor, state: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def input_projection_names(self) -> tuple[str, ...]:
+        """Every projection of the layer's input (an export makes them one product: `FusableInputs`)."""
+        c = self.config
+        kept = {"a_proj": c.gated, "b_proj": c.gated or c.use_beta, "g_proj": c.use_gate}
+        return ("q_proj", "k_proj", "v_proj", *(name for name, kept in kept.items() if kept))
+
+    def _features(self, proj: dict, state: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """q, k, v [B, T, width] after the short convolutions and activations."""
         c = self.config
         qk_act = F.silu if c.gated else QK_ACTIVATIONS[c.qk_activation]
-        q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
-        if c.use_short_conv:
-            convolved = []
-            for name, t in zip(CONVS, (q, k, v)):
-                y, state[f"{name}_conv"] = causal_conv(t, getattr(self, f"{name}_conv1d").weight, None,
-                                                       state[f"{name}_conv"])
-                convolved.append(y)
-            q, k, v = convolved
-        return qk_act(q), qk_act(k), F.silu(v)
+        q, k, v = proj["q_proj"], proj["k_proj"], proj["v_proj"]
+        if not c.use_short_conv:
+            return qk_act(q), qk_act(k), F.silu(v)
+        out = []
+        for name, t, act in zip(CONVS, (q, k, v), (qk_act, qk_act, F.silu)):
+            silu = act is F.silu  # the convolution's own SiLU (one node in an exported graph)
+            y, state[f"{name}_conv"] = causal_conv(t, getattr(self, f"{name}_conv1d").weight, None,
+                                                   state[f"{name}_conv"], silu=silu)
+            out.append(y if silu else act(y))
+        return tuple(out)
 
     def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         B, T, _ = x.shape  # [B, T, H * dim] -> [B, H, T, dim]
+        if T == 1:  # one token (a decode step): the same memory, no transpose in an exported graph
+            return x.reshape(B, -1, 1, dim)
         return x.reshape(B, T, -1, dim).transpose(1, 2)
 
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
@@ -160,11 +174,11 @@ class DeltaRuleLayer(StateScales, nn.Module):
             return t / t.abs().sum(-1, keepdim=True).clamp_min(SUM_EPS)
         return l2_normalize(t.to(state_dtype(t)))
 
-    def _step_sizes(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _step_sizes(self, x: torch.Tensor, proj: dict) -> tuple[torch.Tensor, torch.Tensor | None]:
         """beta and the log decay g (None without a gate), [B, value heads, T], in float32."""
         c = self.config
         if c.gated or c.use_beta:
-            beta = torch.sigmoid(self.b_proj(x).to(state_dtype(x)))
+            beta = torch.sigmoid(proj["b_proj"].to(state_dtype(x)))
         else:
             beta = x.new_ones(x.shape[:2] + (c.num_value_heads,), dtype=state_dtype(x))
         if c.allow_neg_eigval:
@@ -172,19 +186,20 @@ class DeltaRuleLayer(StateScales, nn.Module):
         g = None
         if c.gated:
             dtype = state_dtype(x)
-            g = -self.A_log.to(dtype).exp() * F.softplus(self.a_proj(x).to(dtype) + self.dt_bias.to(dtype))
-            g = g.transpose(1, 2)
-        return beta.transpose(1, 2), g
+            g = -self.A_log.to(dtype).exp() * F.softplus(proj["a_proj"].to(dtype) + self.dt_bias.to(dtype))
+            g = _token_major(g)
+        return _token_major(beta), g
 
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
         c = self.config
-        q, k, v = self._features(x, state)
+        proj = dict(zip(self.input_projection_names(), self.project_inputs(x)))
+        q, k, v = self._features(proj, state)
         q, k = (self._normalize(self._heads(t, c.head_k_dim)) for t in (q, k))
         v = self._heads(v, c.head_v_dim)
         groups = c.num_value_heads // c.num_k_heads
         if groups > 1:  # grouped values: key head i serves value heads i * groups .. (i + 1) * groups - 1
             q, k = q.repeat_interleave(groups, dim=1), k.repeat_interleave(groups, dim=1)
-        beta, g = self._step_sizes(x)
+        beta, g = self._step_sizes(x, proj)
         stored = self._stored(start)
         v = v.to(state_dtype(v))
         if stored is not None or decode or x.shape[1] == 1:
@@ -192,8 +207,8 @@ class DeltaRuleLayer(StateScales, nn.Module):
         else:
             o, state["recurrent_state"] = self.chunk(q, k, v, beta, g, state["recurrent_state"],
                                                      chunk_size=c.prefill_chunk)
-        o = o.transpose(1, 2)  # [B, T, HV, V]
-        gate = self.g_proj(x).reshape(o.shape) if c.use_gate else None
+        o = o.reshape(o.shape[0], 1, -1, o.shape[-1]) if o.shape[2] == 1 else o.transpose(1, 2)  # [B, T, HV, V]
+        gate = proj["g_proj"].reshape(o.shape) if c.use_gate else None
         o = self.o_norm(o, gate).to(x.dtype)
         return self.o_proj(o.flatten(2))
 
