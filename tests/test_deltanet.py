@@ -6,10 +6,12 @@ naive delta-rule references on random inputs. edgettt's logits must equal fla's 
 its recurrent and chunked delta rule fla's naive ones.
 """
 
+import collections
 import json
 import shutil
 from pathlib import Path
 
+import onnx
 import pytest
 import torch
 from click.testing import CliRunner
@@ -274,6 +276,12 @@ def test_the_export_verifies_genai_opens_it_and_a_saved_state_continues(shared_e
     manifest = json.loads((export / "manifest.json").read_text())
     assert manifest["verification"]["passed"], manifest["verification"]
     assert {s["role"] for s in manifest["state"]} == {"recurrent_state", "conv_state"}
+    # the decode step at ONNX Runtime's operators: the delta rule's token one LinearAttention, each short convolution
+    # one CausalConvWithState, the input projections one product, no transposes (docs/export.md)
+    decode = onnx.load(str(export / "decode.onnx"), load_external_data=False)
+    ops = collections.Counter(node.op_type for node in decode.graph.node)
+    assert ops["LinearAttention"] == 1 and ops["CausalConvWithState"] == 3 and ops["Transpose"] == 0, ops
+    assert ops["MatMul"] == 5 and sum(ops.values()) <= 64, ops  # (the fused inputs, o_proj, gate/up, down, lm_head)
     check_genai_generates_what_edgettt_run_generates(export, tmp_path)
     state, A, B = tmp_path / "a.st", "def main(args):\n    ", "return args."
     assert runner.invoke(cli, ["run", str(export), "--prompt", A, "--max-new-tokens", "0",
