@@ -57,6 +57,9 @@ DIRECTORY_FILES = {
                "kld_by_position.png", "state_vs_kld.png"},
     "compare": {"compare.json", "compare.md", "compare.html", "bits_per_byte.png", "weights_kld.png", "state_kld.png",
                 "cpu_decode.png"},
+    # a training schedule paused by recipes/train_tiny.py --pause-after, to go on from with --resume
+    "resume": {"model.safetensors", "exp_avg.safetensors", "exp_avg_sq.safetensors", "position.safetensors",
+               "best.safetensors", "progress.json"},
 }
 FILE_PATTERNS = {"model": re.compile(r"model-\d{5}-of-\d{5}\.safetensors")}  # Hugging Face shards
 SUBDIRECTORIES = {"report": ("exports", "export")}  # report/exports/* are exports (`report --onnx --keep-exports`)
@@ -64,7 +67,7 @@ FILE_KINDS = {"json", "markdown", "calibration", "logits", "state"}
 KIND_NAMES = {"model": "an edgettt or TTT model directory", "export": "an edgettt export directory",
               "report": "an edgettt report directory", "json": "a JSON file", "markdown": "a text file",
               "calibration": "an edgettt calibration file", "logits": "an edgettt reference-logits file",
-              "state": "an edgettt state file"}
+              "state": "an edgettt state file", "resume": "a paused training schedule"}
 
 
 def _read_json(path: Path):
@@ -119,6 +122,9 @@ def recognise(path: Path, kind: str) -> bool:
         if kind == "export":
             manifest = _read_json(path / "manifest.json")
             return isinstance(manifest, dict) and "edgettt_export" in manifest
+        if kind == "resume":
+            progress = _read_json(path / "progress.json")
+            return isinstance(progress, dict) and "step" in progress
         report = _read_json(path / "report.json")
         return isinstance(report, dict) and "rows" in report
     if not path.is_file():

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from edgettt.checkpoint import save_model
+from edgettt.outputs import Output
 from edgettt.families.ttt.config import ModelConfig
 from edgettt.cuda_graph import graphed
 from edgettt.data import builtin_text
@@ -238,19 +239,9 @@ PAUSED = 75  # the exit status of a paused schedule (EX_TEMPFAIL)
 
 
 def save_resume(out: Path, model, opt, gen: torch.Generator, best: BestWeights, progress: dict) -> None:
-    """Writes OUT.resume/ whole or not at all (a temporary folder renamed when complete)."""
-    folder = resume_folder(out)
-    tmp = folder.with_name(f".{folder.name}.{time.time_ns()}")
-    tmp.mkdir(parents=True)
-    try:
-        write_resume(tmp, model, opt, gen, best, progress)
-    except BaseException:
-        shutil.rmtree(tmp)
-        raise
-    if folder.exists():  # paused again after a resume: the older pause goes once the new one is whole
-        folder.rename(old := tmp.with_name(tmp.name + ".old"))
-        shutil.rmtree(old)
-    tmp.rename(folder)
+    """Writes OUT.resume/ whole or not at all, over an older pause (`outputs.Output`: staged, then renamed)."""
+    with Output.plan(resume_folder(out), "resume", force=True).write() as folder:
+        write_resume(folder, model, opt, gen, best, progress)
 
 
 def write_resume(folder: Path, model, opt, gen: torch.Generator, best: BestWeights, progress: dict) -> None:
