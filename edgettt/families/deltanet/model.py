@@ -40,9 +40,12 @@ def l2_normalize(x: torch.Tensor) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + L2_EPS)
 
 
-def _token_major(t: torch.Tensor) -> torch.Tensor:
-    """[B, T, H] -> [B, H, T] (one token: a reshape, no transpose in an exported graph)."""
-    return t.reshape(t.shape[0], -1, 1) if t.shape[1] == 1 else t.transpose(1, 2)
+def swap_axes_1_2(t: torch.Tensor) -> torch.Tensor:
+    """t.transpose(1, 2); where one of the two axes has length 1 (a decode step's one token), a reshape of the same
+    memory: no Transpose node in an exported graph."""
+    if t.shape[1] == 1 or t.shape[2] == 1:
+        return t.reshape(t.shape[0], t.shape[2], t.shape[1], *t.shape[3:])
+    return t.transpose(1, 2)
 
 
 def elu_plus_one(x: torch.Tensor) -> torch.Tensor:
@@ -165,9 +168,7 @@ class DeltaRuleLayer(StateScales, FusableInputs, nn.Module):
 
     def _heads(self, x: torch.Tensor, dim: int) -> torch.Tensor:
         B, T, _ = x.shape  # [B, T, H * dim] -> [B, H, T, dim]
-        if T == 1:  # one token (a decode step): the same memory, no transpose in an exported graph
-            return x.reshape(B, -1, 1, dim)
-        return x.reshape(B, T, -1, dim).transpose(1, 2)
+        return swap_axes_1_2(x.reshape(B, T, -1, dim))
 
     def _normalize(self, t: torch.Tensor) -> torch.Tensor:
         if not self.config.gated and self.config.qk_norm == "sum":
@@ -187,8 +188,8 @@ class DeltaRuleLayer(StateScales, FusableInputs, nn.Module):
         if c.gated:
             dtype = state_dtype(x)
             g = -self.A_log.to(dtype).exp() * F.softplus(proj["a_proj"].to(dtype) + self.dt_bias.to(dtype))
-            g = _token_major(g)
-        return _token_major(beta), g
+            g = swap_axes_1_2(g)
+        return swap_axes_1_2(beta), g
 
     def forward(self, x: torch.Tensor, state: dict, start: int, decode: bool = False) -> torch.Tensor:
         c = self.config
@@ -207,7 +208,7 @@ class DeltaRuleLayer(StateScales, FusableInputs, nn.Module):
         else:
             o, state["recurrent_state"] = self.chunk(q, k, v, beta, g, state["recurrent_state"],
                                                      chunk_size=c.prefill_chunk)
-        o = o.reshape(o.shape[0], 1, -1, o.shape[-1]) if o.shape[2] == 1 else o.transpose(1, 2)  # [B, T, HV, V]
+        o = swap_axes_1_2(o)  # [B, T, HV, V]
         gate = proj["g_proj"].reshape(o.shape) if c.use_gate else None
         o = self.o_norm(o, gate).to(x.dtype)
         return self.o_proj(o.flatten(2))
