@@ -67,7 +67,8 @@ FILE_KINDS = {"json", "markdown", "calibration", "logits", "state"}
 KIND_NAMES = {"model": "an edgettt or TTT model directory", "export": "an edgettt export directory",
               "report": "an edgettt report directory", "json": "a JSON file", "markdown": "a text file",
               "calibration": "an edgettt calibration file", "logits": "an edgettt reference-logits file",
-              "state": "an edgettt state file", "resume": "a paused training schedule"}
+              "state": "an edgettt state file", "resume": "a paused training schedule",
+              "compare": "an edgettt compare directory"}
 
 
 def _read_json(path: Path):
@@ -122,6 +123,9 @@ def recognise(path: Path, kind: str) -> bool:
         if kind == "export":
             manifest = _read_json(path / "manifest.json")
             return isinstance(manifest, dict) and "edgettt_export" in manifest
+        if kind == "compare":
+            compared = _read_json(path / "compare.json")
+            return isinstance(compared, dict) and "models" in compared
         if kind == "resume":
             progress = _read_json(path / "progress.json")
             return isinstance(progress, dict) and "step" in progress

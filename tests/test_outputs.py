@@ -159,6 +159,23 @@ def test_recognise_only_what_edgettt_writes(tmp_path):
     assert not recognise(tmp_path / "link", "json")
 
 
+def test_force_replaces_a_compare_directory_and_refuses_a_report(tmp_path):
+    """`edgettt compare ... OUT --force` over an earlier comparison (its compare.json names the models); a folder
+    of another kind is refused in one line (a compare folder once fell through to the report's check)."""
+    compared = tmp_path / "c"
+    compared.mkdir()
+    (compared / "compare.json").write_text(json.dumps({"models": []}))
+    assert recognise(compared, "compare") and not recognise(compared, "report")
+    with Output.plan(compared, "compare", force=True).write() as tmp:
+        (tmp / "compare.json").write_text(json.dumps({"models": [{"model": "x"}]}))
+    assert json.loads((compared / "compare.json").read_text())["models"] == [{"model": "x"}]
+    report = tmp_path / "r"
+    report.mkdir()
+    (report / "report.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(EdgetttError, match="is not an edgettt compare directory"):
+        Output.plan(report, "compare", force=True)
+
+
 def test_outputs_of_one_command_must_differ(tmp_path):
     with pytest.raises(EdgetttError, match="its own path"):
         plan_outputs((tmp_path / "a", "json", False, "--json"), (tmp_path / "a", "logits", False, "--save-logits"))
