@@ -89,6 +89,17 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " && cp {tmp}/c/compare.json {json} && cp {tmp}/c/compare.md {md}",
      "the shipped tiny models side by side (`edgettt compare`, docs/compare.md): bits per byte by length, weight "
      "and state drift, CPU decode of their int4 exports in turns beside a same-size Llama (genai's builder)"),
+    ("compare_tiny_gpu", "cuda",
+     "edgettt bench ttt-linear-tiny-parallel ttt-mlp-tiny-parallel lact-w1-tiny gated-deltanet-tiny --device cuda"
+     " --pp 512 --tg 64 --depth 8192 -r 3 --json {json} --markdown {md}",
+     "the shipped tiny models' decode at depth 8192 on the GPU, as `edgettt.prepare` makes them (the GPU row of "
+     "`edgettt compare benchmarks/results/compare_tiny_gpu.json ...`, docs/compare.md)"),
+    ("gated_deltanet_340m_gpu", "cuda",
+     "python -c 'import fla.ops.gated_delta_rule' && edgettt create {tmp}/G --family gated-deltanet --preset 340m"
+     " && edgettt bench llama:350m {tmp}/G --device cuda --pp 2048,8192 --tg 128 --depth 0,8192 -r 3"
+     " --json {json} --markdown {md}",
+     "fla's 340m Gated DeltaNet shape (random weights) through fla's Triton kernels (chunked prefill, fused "
+     "recurrent decode) against the same-width Llama (TTT's 350m preset: 1024 wide, 24 layers), batch 1"),
     ("mixed_precision_cpu", "cpu",
      "python benchmarks/mixed_precision.py --models ttt-linear-tiny-parallel ttt-mlp-tiny-parallel"
      " --factors 1.0 1.1 1.2 1.3 --json {json} --md {md}",

@@ -28,7 +28,7 @@ from torch import nn
 from edgettt.families.base import FlaBackbone, LanguageModel, RMSNorm, State
 from edgettt.ops.lact import fast_weights as fw
 from edgettt.ops.lact import parallel as linear_attention
-from edgettt.ops.lact.reference import LowRank
+from edgettt.ops.lact.reference import LowRank, wide
 from edgettt.formats.state_roles import (FAST_WEIGHT_SUMS, FAST_WEIGHTS, GATE_SUM, GRADIENT_SUMS, MOMENTUM,
                                           WINDOW_KEYS, WINDOW_VALUES, StateRole)
 from edgettt.quant.state_scales import StateScales
@@ -151,8 +151,8 @@ class LaCTLayer(StateScales, nn.Module):
         initial = self.initial_weights()
         rounding = self._rounding()
         state = {}
-        for level, i in enumerate(fw.learned(c), start=1):
-            state[f"w{i}"] = initial[i].unsqueeze(0).repeat(batch_size, 1, 1, 1)
+        for level, i in enumerate(fw.learned(c), start=1):  # fast weights in float32 at least, as they are computed
+            state[f"w{i}"] = wide(initial[i]).unsqueeze(0).repeat(batch_size, 1, 1, 1)
             if rounding is not None:
                 state[f"w{i}"] = rounding(level, state[f"w{i}"], 0)
             state[f"g{i}"] = torch.zeros_like(state[f"w{i}"])
@@ -161,7 +161,7 @@ class LaCTLayer(StateScales, nn.Module):
             if c.use_momentum:
                 state[f"m{i}"] = torch.zeros_like(state[f"w{i}"])
         if c.use_momentum:
-            state["gate"] = self.w1.new_zeros(batch_size, c.num_lact_heads)
+            state["gate"] = wide(self.w1.new_zeros(batch_size, c.num_lact_heads))
         ring = (batch_size, c.num_attn_heads, c.window_size, c.attn_head_dim)
         state["wk"], state["wv"] = self.w1.new_zeros(ring), self.w1.new_zeros(ring)
         return state
@@ -218,18 +218,26 @@ class LaCTLayer(StateScales, nn.Module):
         gates = self.momentum_proj(x).float().transpose(1, 2) if c.use_momentum else None  # [B, H, T]
         initial = self.initial_weights()
         fixed = {i: w for i, w in initial.items() if i not in fw.learned(c)}
-        norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
         rounding = self._rounding()
-        if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
-            out = fw.step(state, fixed, c, norms, q, k, v, lr, gates, start, rounding)
-        elif c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
+        if c.form == "parallel" and T > 1 and rounding is None and self.observer is None and not torch.is_tensor(start):
+            norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
             out = self.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
-        else:
-            out = fw.exact(state, fixed, c, norms, q, k, v, lr, gates, start, rounding, self.observer)
+        else:  # the chunk-recurrent computation on the fast weights (the state), in float32 at least
+            out = self._chunk_recurrent(state, fixed, initial, q, k, v, lr, gates, start, rounding).to(v.dtype)
         out = self.ttt_norm(out)
         if c.learnable_ttt_scale:
             out = out * F.silu(self.ttt_scale_proj(x)).transpose(1, 2)[..., None]
         return self._merge(out)
+
+
+    def _chunk_recurrent(self, state, fixed, initial, q, k, v, lr, gates, start, rounding):
+        c = self.config
+        q, k, v = wide(q), wide(k), wide(v)
+        fixed = {i: wide(w) for i, w in fixed.items()}
+        norms = {i: wide(w).norm(dim=-1, keepdim=True) for i, w in initial.items()}
+        if torch.is_tensor(start):  # one token at a position given as a tensor (an exported decode graph)
+            return fw.step(state, fixed, c, norms, q, k, v, lr, gates, start, rounding)
+        return fw.exact(state, fixed, c, norms, q, k, v, lr, gates, start, rounding, self.observer)
 
 
 class LaCTForCausalLM(LanguageModel):
