@@ -96,7 +96,7 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      "`edgettt compare benchmarks/results/compare_tiny_gpu.json ...`, docs/compare.md)"),
     ("gated_deltanet_340m_gpu", "cuda",
      "python -c 'import fla.ops.gated_delta_rule' && edgettt create {tmp}/G --family gated-deltanet --preset 340m"
-     " && edgettt bench llama:350m {tmp}/G --device cuda --pp 2048,8192 --tg 128 --depth 0,8192 -r 3"
+     " && edgettt bench llama:350m {tmp}/G --device cuda --pp 8192 --tg 128 --depth 0,8192 -r 3"
      " --json {json} --markdown {md}",
      "fla's 340m Gated DeltaNet shape (random weights) through fla's Triton kernels (chunked prefill, fused "
      "recurrent decode) against the same-width Llama (TTT's 350m preset: 1024 wide, 24 layers), batch 1"),
