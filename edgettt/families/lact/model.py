@@ -219,7 +219,8 @@ class LaCTLayer(StateScales, nn.Module):
         initial = self.initial_weights()
         fixed = {i: w for i, w in initial.items() if i not in fw.learned(c)}
         rounding = self._rounding()
-        if c.form == "parallel" and T > 1 and rounding is None and self.observer is None and not torch.is_tensor(start):
+        one_token = torch.is_tensor(start)  # (one token at a position given as a tensor: an exported decode graph)
+        if not one_token and c.form == "parallel" and T > 1 and rounding is None and self.observer is None:
             norms = {i: w.norm(dim=-1, keepdim=True) for i, w in initial.items()}
             out = self.chunk(state, self._feature_weights(fixed), c, norms, q, k, v, lr, gates, start)
         else:  # the chunk-recurrent computation on the fast weights (the state), in float32 at least
@@ -228,7 +229,6 @@ class LaCTLayer(StateScales, nn.Module):
         if c.learnable_ttt_scale:
             out = out * F.silu(self.ttt_scale_proj(x)).transpose(1, 2)[..., None]
         return self._merge(out)
-
 
     def _chunk_recurrent(self, state, fixed, initial, q, k, v, lr, gates, start, rounding):
         c = self.config
