@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from edgettt import benchmark, comparison, evaluation
+from edgettt import benchmark, comparison, distributed, evaluation
 from edgettt.calibration.mixed import Budget, MixedPlan, search_mix_on_calibration_text
 from edgettt.checkpoint import load_model, save_model
 from edgettt.conversion import convert as convert_model
@@ -90,7 +91,9 @@ def convert_checkpoint(src, out, form: str = "exact", decay: float | None = None
     """`edgettt convert`: the checkpoint `src` (a model directory, a shipped name, a ttt-lm-jax checkpoint) as a
     linear-attention model directory `out`, with its drift from `src` measured on `text` in windows of `ctx`
     (`measure`). `distill` (a `DistillSettings`) first tunes a parallel form towards `src` on `train_text`, the
-    report then holding the drift before and after. `tokenizer`: a tokenizer.json to write with the model."""
+    report then holding the drift before and after. `tokenizer`: a tokenizer.json to write with the model.
+    Started by torchrun, the processes distil together (`edgettt.distributed`) and rank 0 measures and writes; with
+    `distill.save_every`, checkpoints go to `out`.distill/, which `distill.resume` continues from."""
     out = as_output(out, "model", force, [src])
     measure_text = _text(text) if measure else None
     train = _text(train_text) if distill else None
@@ -105,17 +108,22 @@ def convert_checkpoint(src, out, form: str = "exact", decay: float | None = None
     if measure:
         report = evaluation.conversion_report(original, converted, measure_text, ctx, max_tokens)
     seconds = time.perf_counter() - started
+    ranks = distributed.current()
     if distill:
-        record = distill_towards(original, converted, train, distill, ctx, source=str(src))
-        if measure:
+        checkpoints = out.path.with_name(out.path.name + ".distill")
+        record = distill_towards(original, converted, train, distill, ctx, source=str(src), ranks=ranks,
+                                 checkpoints=checkpoints)
+        if measure and ranks.main:
             record["before"] = report
             report = evaluation.conversion_report(original, converted, measure_text, ctx, max_tokens)
         report["distill"] = record
     if report:
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
-    # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
-    save_model(converted, out, extra_files=extra, store=None if distill else saved_float_dtype(original))
+    if ranks.main:  # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
+        save_model(converted, out, extra_files=extra, store=None if distill else saved_float_dtype(original))
+        if distill:
+            shutil.rmtree(checkpoints, ignore_errors=True)  # (the model is written: they served their purpose)
     return Conversion(out.path, converted, report, seconds)
 
 

@@ -266,6 +266,34 @@ def cli(no_progress):
     failed run, 2 a malformed command line, 130 interrupted. The manual: docs/cli.md."""
     if no_progress:
         os.environ["TQDM_DISABLE"] = "1"  # progress.bar reads it for every bar
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # started by torchrun: one of several processes
+        command = click.get_current_context().invoked_subcommand
+        if command not in DISTRIBUTED_COMMANDS:
+            raise EdgetttError(f"torchrun runs {' and '.join(DISTRIBUTED_COMMANDS)} over several processes; run "
+                               f"`edgettt {command}` on its own")
+        if os.environ.get("RANK", "0") != "0":  # rank 0 speaks for the job; the others only report their errors
+            os.environ["TQDM_DISABLE"] = "1"
+            sys.stdout = open(os.devnull, "w")
+
+
+DISTRIBUTED_COMMANDS = ("convert", "calibrate")
+
+
+def distributed_command(command):
+    """A command torchrun may start several times: join the job's processes before it runs (`edgettt.distributed`;
+    EDGETTT_BACKEND=gloo|nccl picks their communication, else NCCL on GPUs and gloo on the CPU), so that a lost
+    rank ends it in a line, and leave the process group when it ends."""
+    @functools.wraps(command)
+    def run_distributed(*args, **kwargs):
+        from edgettt import distributed
+
+        ranks = distributed.start(os.environ.get("EDGETTT_BACKEND") or None)
+        try:
+            with distributed.collectives(ranks):
+                return command(*args, **kwargs)
+        finally:
+            distributed.stop()
+    return run_distributed
 
 
 @cli.command(short_help="a random checkpoint, to try the pipeline")
@@ -323,6 +351,7 @@ def create(out, kind, preset, settings, tokenizer_file, seed, weights_format, fo
 
 @cli.command(short_help="TTT checkpoint -> linear-attention model (+ drift)")
 @torch_threads
+@distributed_command
 @click.argument("src", type=click.Path())
 @click.argument("out", type=click.Path())
 @click.option("--form", type=click.Choice(["exact", "parallel"]), default="exact", show_default=True,
@@ -337,7 +366,8 @@ def create(out, kind, preset, settings, tokenizer_file, seed, weights_format, fo
 @click.option("--ctx", default=256, show_default=True, type=POSITIVE, help="Tokens a window.")
 @click.option("--max-tokens", default=4096, show_default=True, type=POSITIVE, help="Tokens measured at most.")
 @click.option("--distill", "distill_spec", is_flag=False, flag_value="", default=None, metavar="[SETTINGS]",
-              help="Tune towards SRC: steps=,lr=,batch=,ctx=512/2048,minutes=,hard_weight=,pool= (docs/cli.md).")
+              help="Tune towards SRC: steps=,lr=,batch=,ctx=512/2048,minutes=,hard_weight=,pool=,shard=,save_every=,"
+                   "resume= (docs/cli.md).")
 @click.option("--tokenizer", "tokenizer_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="A tokenizer.json to write with the model [default: SRC's].")
 @click.option("--no-report", is_flag=True, help="Convert without measuring.")
@@ -360,6 +390,7 @@ def convert(src, out, form, decay, data, eval_data, ctx, max_tokens, distill_spe
                                  inputs=[model_input(src), text_input(data), text_input(eval_data),
                                          tokenizer_file and Path(tokenizer_file)])
     check_convertible(src, form, distill is not None or decay is not None)
+    check_distill_run(out.path, distill, force)
     measure_text = read_text(eval_data if distill else data)  # texts first: a bad one fails before any work
     train_text = read_text(data or "python-docs:train") if distill else None
     done = convert_checkpoint(src, out, form, decay, measure_text, ctx, max_tokens, measure=not no_report,
@@ -399,6 +430,19 @@ def check_convertible(src, form: str, tunes: bool) -> None:
         what = f"the {form} form" if own == form else f"in its own form ({own}, what --form {form} gives)"
         raise EdgetttError(f"{src}: already {what}, so converting it changes nothing; convert the original "
                            "checkpoint, or add --distill to tune this one further")
+
+
+def check_distill_run(out: Path, distill, force: bool) -> None:
+    """Before any work: torchrun's processes have a distillation to share, and an earlier run's checkpoints
+    (OUT.distill/) are continued (resume=1) or replaced (--force), never mixed with a new run's."""
+    from edgettt.distributed import launched_world
+
+    checkpoints = out.with_name(out.name + ".distill")
+    if launched_world() > 1 and distill is None:
+        raise EdgetttError("torchrun's processes share a distillation: add --distill, or run convert on its own")
+    if distill is not None and checkpoints.exists() and not distill.resume and not force:
+        raise EdgetttError(f"{checkpoints}: checkpoints of an earlier distillation to {out.name}; add resume=1 to "
+                           "--distill to continue it, or --force to start over")
 
 
 def check_exportable_form(model_path) -> None:
@@ -486,6 +530,7 @@ def format_conversion_report(r: dict) -> str:
 
 @cli.command(short_help="statistics for quantization (layer inputs, the state)")
 @torch_threads
+@distributed_command
 @click.argument("model_path", metavar="MODEL", type=click.Path())
 @click.argument("output", metavar="OUT", type=click.Path())
 @click.option("--data", default="python-docs:train", show_default=True, metavar="TEXT",
@@ -502,16 +547,20 @@ def calibrate(model_path, data, ctx, samples, seed, percentile, output, force):
     statistics of every linear layer (GPTQ Hessians) and the accumulated state's per-row magnitudes
     along the positions (LaCT: how far the fast weights kept between chunks move from their initial
     values), with the chosen int8 state scales."""
-    from edgettt import load
+    from edgettt import distributed, load
     from edgettt.data import read_text
     from edgettt.outputs import Output
     from edgettt.calibration.statistics import calibrate as run_calibration
 
     out = Output.plan(output, "calibration", force, inputs=[model_input(model_path), text_input(data)])
     check_unquantized(model_path, "calibrate")
+    ranks = distributed.current()
+    ranks.share(samples, "calibrate --samples")  # (under torchrun: refused before any work)
     text = read_text(data)
     model = load(model_path)
     cal = run_calibration(model, text, ctx, samples, seed, percentile)
+    if not ranks.main:  # rank 0 writes the file
+        return
     cal.save(out)
     click.echo(f"wrote {output}: {len(cal.hessians)} layer input statistics, state scales for "
                f"{len(cal.state_scales)} layer levels; {cal.samples} x {cal.seq_len} tokens of {cal.text['name']} "

@@ -87,13 +87,13 @@ def test_mixed_length_distillation_trains_at_each_length_in_turn(tiny_model, mon
 def test_a_teacher_pool_runs_the_teacher_once_a_batch_and_the_steps_reuse_it(tiny_model):
     """distill(pool=P): the teacher runs P times a length, before the first step; its logits are kept
     (bfloat16) and the steps take them in turn; the student still learns."""
-    from edgettt.distill import teacher_pool, window_plan
+    from edgettt.distill import teacher_forward, teacher_pool, window_plan
 
     teacher = tiny_model("linear", seed=11, vocab_size=256, mini_batch_size=4)
     train = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(2)).tolist()
     data = torch.tensor(train)
     plan = window_plan([8, 32], 2, data.numel())
-    pools = teacher_pool(teacher, data, plan, 3, torch.Generator().manual_seed(0), "cpu")
+    pools = teacher_pool(teacher_forward(teacher, "cpu"), data, plan, 3, torch.Generator().manual_seed(0), "cpu")
     assert [len(p) for p in pools] == [3, 3]
     for (length, windows), kept in zip(plan, pools):
         for ids, logits in kept:

@@ -25,6 +25,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from torch import nn
 
+from edgettt import distributed
 from edgettt.checkpoint import model_fingerprint
 from edgettt.data import Text, token_windows
 from edgettt.errors import EdgetttError
@@ -201,6 +202,8 @@ def calibrate(model: LanguageModel, text: Text, ctx: int = 2048, samples: int = 
     windows = token_windows(ids, ctx)
     pick = torch.randperm(windows.shape[0], generator=torch.Generator().manual_seed(seed))[:samples]
     windows = windows[pick, :-1]
+    ranks = distributed.current()  # under torchrun: each rank its share of the windows, the sums added up after
+    mine = windows[ranks.share(windows.shape[0], "calibrate --samples")]
     hessians, counts, hooks = {}, {}, []
     for name, module in model.named_modules():
         if isinstance(module, nn.Linear) and module.bias is None and name != "lm_head":
@@ -210,15 +213,17 @@ def calibrate(model: LanguageModel, text: Text, ctx: int = 2048, samples: int = 
     for i, mixer in enumerate(mixers):
         mixer.observer = mixer.calibration_observer(i, rowmax)
     try:
-        for w in bar(windows, desc="calibrate", unit="window"):
+        for w in bar(mine, desc="calibrate", unit="window"):
             model(w[None])
     finally:
         for h in hooks:
             h.remove()
         for mixer in mixers:
             mixer.observer = None
-    return _summarise(model, text, ctx, windows.shape[0], seed, percentile,
-                      {k: hessians[k] / counts[k] for k in hessians}, rowmax)
+    hessians = {k: distributed.sum_(hessians[k], ranks) / distributed.sum_(torch.tensor(float(counts[k])), ranks)
+                for k in sorted(hessians)}
+    rowmax = {k: [distributed.gather(torch.cat(rowmax[k], dim=-1), ranks)] for k in sorted(rowmax)}  # rank order:
+    return _summarise(model, text, ctx, windows.shape[0], seed, percentile, hessians, rowmax)  # whole samples
 
 
 def _hessian_hook(name, hessians, counts):
