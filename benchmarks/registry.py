@@ -100,6 +100,12 @@ BENCHMARKS = [Benchmark(*entry) for entry in [
      " --json {json} --markdown {md}",
      "fla's 340m Gated DeltaNet shape (random weights) through fla's Triton kernels (chunked prefill, fused "
      "recurrent decode) against the same-width Llama (TTT's 350m preset: 1024 wide, 24 layers), batch 1"),
+    ("distill_scaling_gpu", "cuda",
+     "for n in 1 2 4 8; do [ $(nvidia-smi -L | wc -l) -ge $n ] || break; PYTHONPATH=benchmarks torchrun --standalone"
+     " --nproc-per-node $n benchmarks/distill_scaling.py --preset 1b --lengths 2048,8192 --calibrate 8"
+     " --json {json} --md {md} $([ $n = 1 ] || echo --append) || exit 1; done",
+     "`convert --distill` of the 1b preset over 1, 2, 4, 8 GPUs (as many as the machine has): data parallel and "
+     "FSDP2 (shard=1) at 2048 and 8192 tokens, tokens/s and peak memory, and calibrate split over the ranks"),
     ("mixed_precision_cpu", "cpu",
      "python benchmarks/mixed_precision.py --models ttt-linear-tiny-parallel ttt-mlp-tiny-parallel"
      " --factors 1.0 1.1 1.2 1.3 --json {json} --md {md}",

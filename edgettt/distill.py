@@ -8,6 +8,7 @@ Runs on the GPU when there is one, else on the CPU.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -182,11 +183,11 @@ def distill(teacher: LanguageModel, student: LanguageModel, tokens: list[int], s
     plan = window_plan(ctx, batch, data.numel())
     parts = [ranks.share(windows, "distill batch") for _, windows in plan]  # (refused before any work)
     gen = torch.Generator().manual_seed(seed)
+    # sharded: a copy (the caller's teacher stays whole: convert measures with it after)
+    teacher = distributed.shard(copy.deepcopy(teacher), ranks, device, checkpointing=False) if shard else teacher
     teacher.to(device).eval()
     if torch.device(device).type == "cuda":  # the original TTT-Linear teacher through its exact-form kernel
         use_kernels(teacher)
-    if shard:
-        distributed.shard(teacher, ranks, device, checkpointing=False)
     forward = teacher_forward(teacher, device, graphs=not shard)  # (a CUDA graph holds no collective)
     trainee = distributed.trainee(student, device, ranks, shard)
     opt = torch.optim.AdamW(trainee.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
