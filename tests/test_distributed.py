@@ -61,7 +61,7 @@ def root(tmp_path_factory):
     (root / "train.txt").write_text(" ".join(words[i] for i in torch.randint(0, len(words), (6000,), generator=gen)))
     cli_ok("create", root / "M", "--set", "hidden_size=32", "--set", "intermediate_size=64", "--set",
            "num_hidden_layers=2", "--set", "mini_batch_size=8")
-    cli_ok("--no-progress", *distill_args(root, "A"))
+    cli_ok(*distill_args(root, "A"))
     succeeded(torchrun(*distill_args(root, "B")))
     return root
 
@@ -103,13 +103,13 @@ def test_a_killed_rank_ends_the_job_and_the_resumed_run_equals_the_uninterrupted
     assert max_difference(root / "B", root / "D") == 0
     assert not (root / "D.distill").exists()  # (the model written: the checkpoints removed)
 
-    cli_ok("--no-progress", *distill_args(root, "E", "save_every=4", "resume=1"))
+    cli_ok(*distill_args(root, "E", "save_every=4", "resume=1"))
     assert max_difference(root / "B", root / "E") < 1e-5
 
 
 def test_calibration_over_two_processes_equals_one_process(root):
     """Each rank its share of the windows; the Hessians and the state's maxima added up: the same file."""
-    cli_ok("--no-progress", "calibrate", root / "A", root / "one.st", "--data", root / "train.txt", "--ctx", "64",
+    cli_ok("calibrate", root / "A", root / "one.st", "--data", root / "train.txt", "--ctx", "64",
            "--samples", "4")
     done = succeeded(torchrun("calibrate", root / "A", root / "two.st", "--data", root / "train.txt", "--ctx", "64",
                               "--samples", "4"))
