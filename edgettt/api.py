@@ -120,7 +120,7 @@ def convert_checkpoint(src, out, form: str = "exact", decay: float | None = None
     if report:
         report["source"] = str(src)
     extra = {"convert_report.json": json.dumps(report, indent=2) + "\n"} if report else None
-    if ranks.main:  # bfloat16 in, bfloat16 out (a distilled model's trained weights keep the float32 they were tuned in)
+    if ranks.main:  # bfloat16 in, bfloat16 out (a distilled model keeps the float32 it was tuned in)
         save_model(converted, out, extra_files=extra, store=None if distill else saved_float_dtype(original))
         if distill:
             shutil.rmtree(checkpoints, ignore_errors=True)  # (the model is written: they served their purpose)

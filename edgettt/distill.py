@@ -74,7 +74,8 @@ class DistillSettings:
             try:
                 values[key] = (tuple(int(n) for n in raw.split("/")) if key == "ctx" else kinds[key](raw))
             except ValueError:
-                raise ValueError(f"{part!r}: {raw!r} is not {'0 or 1' if key in ('shard', 'resume') else 'a number'}") from None
+                expected = "0 or 1" if kinds.get(key) is _switch else "a number"
+                raise ValueError(f"{part!r}: {raw!r} is not {expected}") from None
         return cls(**values)
 
     def to_dict(self) -> dict:
@@ -272,5 +273,6 @@ def run_identity(teacher: LanguageModel, student: LanguageModel, text, settings:
     world size: a run may change them)."""
     fixed = {k: v for k, v in settings.to_dict().items() if k not in ("save_every", "minutes", "shard", "resume")}
     shapes = json.dumps(sorted((k, list(t.shape)) for k, t in student.weights().items()))
-    return {"teacher": model_fingerprint(teacher), "student": f"{student.form}:{hashlib.sha256(shapes.encode()).hexdigest()[:16]}",
+    shapes_digest = hashlib.sha256(shapes.encode()).hexdigest()[:16]
+    return {"teacher": model_fingerprint(teacher), "student": f"{student.form}:{shapes_digest}",
             "text": text.fingerprint()["sha256"], "ctx": ctx, "settings": fixed}

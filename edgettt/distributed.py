@@ -104,29 +104,37 @@ def current() -> Ranks:
     return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
 
 
+def _sendable(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """`tensor` where the backend takes it (NCCL: on this rank's GPU; gloo: anywhere), as a fresh copy."""
+    return tensor.detach().to(ranks.device() if dist.get_backend() == "nccl" else tensor.device, copy=True)
+
+
 def mean(value: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-    """The mean of a scalar over the ranks (every rank gets it)."""
+    """The mean of a scalar over the ranks (every rank gets it, on `value`'s device)."""
     if ranks.world == 1:
         return value
-    total = value.detach().clone().reshape(1)
-    dist.all_reduce(total)
-    return total[0] / ranks.world
+    total_ = _sendable(value.reshape(1), ranks)
+    dist.all_reduce(total_)
+    return (total_[0] / ranks.world).to(value.device)
 
 
-def sum_(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
-    """`tensor` summed over the ranks, in place."""
-    if ranks.world > 1:
-        dist.all_reduce(tensor)
-    return tensor
+def total(tensor: torch.Tensor, ranks: Ranks) -> torch.Tensor:
+    """`tensor` summed over the ranks (every rank gets it, on `tensor`'s device)."""
+    if ranks.world == 1:
+        return tensor
+    summed = _sendable(tensor, ranks)
+    dist.all_reduce(summed)
+    return summed.to(tensor.device)
 
 
 def gather(tensor: torch.Tensor, ranks: Ranks, dim: int = -1) -> torch.Tensor:
     """Every rank's `tensor` (the same shape on each), concatenated along `dim` in rank order."""
     if ranks.world == 1:
         return tensor
-    parts = [torch.empty_like(tensor) for _ in range(ranks.world)]
-    dist.all_gather(parts, tensor.contiguous())
-    return torch.cat(parts, dim=dim)
+    sent = _sendable(tensor.contiguous(), ranks)
+    parts = [torch.empty_like(sent) for _ in range(ranks.world)]
+    dist.all_gather(parts, sent)
+    return torch.cat(parts, dim=dim).to(tensor.device)
 
 
 def barrier(ranks: Ranks) -> None:
@@ -138,7 +146,7 @@ def random_suffix(ranks: Ranks) -> str:
     """A random name part, the same on every rank (rank 0's): the staging folder they write into together."""
     draw = torch.tensor([secrets.randbits(62)])
     if ranks.world > 1:
-        draw = draw.to(ranks.device()) if dist.get_backend() == "nccl" else draw
+        draw = _sendable(draw, ranks)
         dist.broadcast(draw, src=0)
     return format(int(draw.item()), "x")
 

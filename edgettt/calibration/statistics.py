@@ -220,8 +220,8 @@ def calibrate(model: LanguageModel, text: Text, ctx: int = 2048, samples: int = 
             h.remove()
         for mixer in mixers:
             mixer.observer = None
-    hessians = {k: distributed.sum_(hessians[k], ranks) / distributed.sum_(torch.tensor(float(counts[k])), ranks)
-                for k in sorted(hessians)}
+    hessians = {k: distributed.total(hessians[k], ranks) / distributed.total(torch.tensor(float(counts[k])),
+                                                                                  ranks) for k in sorted(hessians)}
     rowmax = {k: [distributed.gather(torch.cat(rowmax[k], dim=-1), ranks)] for k in sorted(rowmax)}  # rank order:
     return _summarise(model, text, ctx, windows.shape[0], seed, percentile, hessians, rowmax)  # whole samples
 
