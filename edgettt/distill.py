@@ -44,7 +44,7 @@ class DistillSettings:
     minutes: float | None = None  # also end after this many minutes (the schedule follows the clock)
     hard_weight: float = 0.0  # share of the plain next-token loss on the text (the rest: KL to the original)
     pool: int = 0  # the original's logits of this many batches a length computed first and reused (0: every step)
-    shard: bool = False  # FSDP2 over the ranks (torchrun) with activation checkpointing, else data parallel
+    shard: bool | None = None  # FSDP2 (with activation checkpointing), or data parallel; None: by size (`fits`)
     save_every: int = 0  # a checkpoint (OUT.distill/) every this many steps, for resume (0: none)
     resume: bool = False  # continue from OUT.distill/'s newest checkpoint
 
@@ -255,16 +255,19 @@ def distill_towards(teacher: LanguageModel, student: LanguageModel, text, settin
                              run_identity(teacher, student, text, settings, ctx), ranks)
         if settings.resume:
             saving.check()  # (before any work)
+    shard = settings.shard
+    if shard is None:  # FSDP2 where data parallel would not fit the GPU
+        shard = not distributed.fits(teacher, student, ranks.device() if ranks.world > 1 else best_device())
     losses = distill(teacher, student, encode(teacher, text, source), steps=settings.steps, lr=settings.lr,
                      ctx=lengths, batch=settings.batch, hard_weight=settings.hard_weight, minutes=settings.minutes,
-                     pool=settings.pool, ranks=ranks, shard=settings.shard, checkpoints=saving,
+                     pool=settings.pool, ranks=ranks, shard=shard, checkpoints=saving,
                      resume=settings.resume)
     student.config.extra["distilled_ctx"] = max(lengths)
     return {"train_text": text.fingerprint(), "steps_asked": settings.steps, "minutes": settings.minutes,
             "steps": len(losses),  # fewer than asked when minutes ended it
             "lr": settings.lr, "ctx": lengths if len(lengths) > 1 else lengths[0], "batch": settings.batch,
             "hard_weight": settings.hard_weight, "pool": settings.pool, "processes": ranks.world,
-            "shard": settings.shard, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
+            "shard": shard, "loss_first": losses[0], "loss_last": losses[-1], "losses": losses}
 
 
 def run_identity(teacher: LanguageModel, student: LanguageModel, text, settings: DistillSettings, ctx: int) -> dict:

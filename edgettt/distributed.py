@@ -186,6 +186,8 @@ def shard(model: torch.nn.Module, ranks: Ranks, device, checkpointing: bool) -> 
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     kind = torch.device(device).type
+    if not dist.is_initialized():  # one process (sharding still buys its mixed precision and checkpointing)
+        dist.init_process_group("nccl" if kind == "cuda" else "gloo", store=dist.HashStore(), rank=0, world_size=1)
     mesh = init_device_mesh(kind, (ranks.world,))
     precision = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if kind == "cuda" \
         else MixedPrecisionPolicy()
@@ -214,6 +216,20 @@ def recompute_blocks(model: torch.nn.Module) -> None:
             layer_state.update(left)
             return out
         block.forward = forward
+
+
+ADAMW_BYTES = 16  # a trained float32 weight: itself, its gradient and AdamW's two moments
+HEADROOM = 0.5  # of the GPU's memory: the rest for activations, logits and the allocator's slack
+
+
+def fits(teacher: torch.nn.Module, student: torch.nn.Module, device) -> bool:
+    """Whether data parallel fits: each rank holds the whole teacher and the student with its gradients and AdamW
+    moments, within HEADROOM of its GPU's memory (the CPU: always)."""
+    if torch.device(device).type != "cuda":
+        return True
+    needed = sum(p.numel() * p.element_size() for p in teacher.parameters()) + \
+        sum(p.numel() for p in student.parameters()) * ADAMW_BYTES
+    return needed <= HEADROOM * torch.cuda.get_device_properties(torch.device(device)).total_memory
 
 
 def trainee(student: torch.nn.Module, device, ranks: Ranks, sharded: bool) -> torch.nn.Module:

@@ -186,3 +186,38 @@ def test_bad_input_is_one_line_and_nothing_is_written(root, case, monkeypatch):
     assert result.exit_code in (1, 2) and message in result.output, result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert sorted(p.name for p in root.iterdir()) == before
+
+
+def test_fsdp2_is_chosen_where_data_parallel_would_not_fit_the_gpu(monkeypatch, tiny_model):
+    """shard left out: the teacher, the student and its gradients and AdamW moments against half the GPU."""
+    from types import SimpleNamespace
+
+    from edgettt.conversion import convert
+    from edgettt.distributed import fits
+
+    teacher = tiny_model()
+    student = convert(teacher, "parallel")
+    needed = sum(p.numel() * 4 for p in teacher.parameters()) + sum(p.numel() for p in student.parameters()) * 16
+    for memory, expected in ((2 * needed, True), (2 * needed - 1, False)):
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=memory))
+        assert fits(teacher, student, "cuda") is expected
+    assert fits(teacher, student, "cpu")
+
+
+def test_one_process_can_shard_for_fsdp2s_checkpointing_and_trains_as_data_parallel(tiny_model):
+    """shard=1 without torchrun: a process group of one, FSDP2 and activation checkpointing; the same weights."""
+    from edgettt import distributed
+    from edgettt.conversion import convert
+    from edgettt.distill import distill
+
+    teacher = tiny_model(vocab_size=256, mini_batch_size=4)
+    tokens = torch.randint(0, 256, (3000,), generator=torch.Generator().manual_seed(2)).tolist()
+    plain, sharded = convert(teacher, "parallel"), convert(teacher, "parallel")
+    try:
+        a = distill(teacher, plain, tokens, steps=3, batch=2, ctx=16, device="cpu")
+        b = distill(teacher, sharded, tokens, steps=3, batch=2, ctx=16, device="cpu", shard=True)
+    finally:
+        distributed.stop()
+    assert max(abs(x - y) / abs(x) for x, y in zip(a, b)) < 1e-5
+    for (name, p), q in zip(plain.state_dict().items(), sharded.state_dict().values()):
+        assert torch.allclose(p, q, atol=1e-6), name
