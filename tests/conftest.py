@@ -218,8 +218,8 @@ def first_blocks(name: str, blocks: int = 2):
 
 SHARED_EXPORTS = {  # name -> (shipped model or a function making one, converted to this form or None, weights
     # format or None, activations)
-    # (whole: cut to 2 blocks, genai's continuation of a second prompt parts from the runner's at its 6th token;
-    # not examined whether at a near tie)
+    # (whole: cut to 2 blocks, the second prompt's 6th token is a near tie, log-probabilities -1.598 / -1.618 in
+    # float torch, which int8 activations break one way in genai's loop and the other in the runner)
     "linear": ("ttt-linear-tiny-parallel", None, None, "int8"),
     "mlp": (first_blocks("ttt-mlp-tiny-parallel"), None, None, "int8"),
     "lact-parallel": (first_blocks("lact-w1-tiny"), "parallel", None, "int8"),
