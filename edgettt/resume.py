@@ -19,6 +19,7 @@ import shutil
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._traverse import set_element
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
@@ -118,7 +119,7 @@ class Checkpoints:
         staging = self.directory / f".step-{step:06d}.partial-{random_suffix(self.ranks)}"
         model_state, optim_state = get_state_dict(model, optimizer)
         dcp.save({"model": model_state, "optim": optim_state, "run": _run_state(step, generator, losses)},
-                 storage_writer=dcp.FileSystemWriter(staging))
+                 storage_writer=dcp.FileSystemWriter(staging), no_dist=not dist.is_initialized())
         barrier(self.ranks)
         if self.ranks.main:
             (staging / MANIFEST).write_text(json.dumps({"format": CHECKPOINT_FORMAT, "step": step,
@@ -137,7 +138,7 @@ class Checkpoints:
         meta = json.loads((found / MANIFEST).read_text())
         run = _run_state(0, generator, [0.0] * meta["step"])
         state = {"model": model_state, "optim": optim_state, "run": run}
-        dcp.load(state, storage_reader=SafeReader(found), planner=SafeLoadPlanner())
+        dcp.load(state, storage_reader=SafeReader(found), planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         generator.set_state(state["run"]["generator"])
         return int(state["run"]["step"].item()), state["run"]["losses"].tolist()
