@@ -11,11 +11,13 @@ and nothing else, and the tensors with `torch.load(weights_only=True)`, so a res
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import json
 import pickle
 import shutil
+import warnings
 from pathlib import Path
 
 import torch
@@ -118,15 +120,19 @@ class Checkpoints:
         """Every rank writes its shards into one staging folder; rank 0 names it and removes the older one."""
         staging = self.directory / f".step-{step:06d}.partial-{random_suffix(self.ranks)}"
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save({"model": model_state, "optim": optim_state, "run": _run_state(step, generator, losses)},
-                 storage_writer=dcp.FileSystemWriter(staging), no_dist=not dist.is_initialized())
+        with one_process_quiet():
+            dcp.save({"model": model_state, "optim": optim_state, "run": _run_state(step, generator, losses)},
+                     storage_writer=dcp.FileSystemWriter(staging), no_dist=not dist.is_initialized())
         barrier(self.ranks)
         if self.ranks.main:
             (staging / MANIFEST).write_text(json.dumps({"format": CHECKPOINT_FORMAT, "step": step,
                                                          "world": self.ranks.world, "identity": self.identity},
                                                         indent=1) + "\n")
-            older = [p for p in self.directory.glob("step-*")]
-            staging.rename(self.directory / f"step-{step:06d}")
+            older = list(self.directory.glob("step-*"))
+            target = self.directory / f"step-{step:06d}"
+            if target.exists():  # (an earlier run's, replaced with --force)
+                older[older.index(target)] = target.rename(staging.with_name(staging.name + ".replaced"))
+            staging.rename(target)
             for path in older:
                 shutil.rmtree(path, ignore_errors=True)
         barrier(self.ranks)
@@ -138,17 +144,22 @@ class Checkpoints:
         meta = json.loads((found / MANIFEST).read_text())
         run = _run_state(0, generator, [0.0] * meta["step"])
         state = {"model": model_state, "optim": optim_state, "run": run}
-        dcp.load(state, storage_reader=SafeReader(found), planner=SafeLoadPlanner(), no_dist=not dist.is_initialized())
+        with one_process_quiet():
+            dcp.load(state, storage_reader=SafeReader(found), planner=SafeLoadPlanner(),
+                     no_dist=not dist.is_initialized())
         set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
         generator.set_state(state["run"]["generator"])
         return int(state["run"]["step"].item()), state["run"]["losses"].tolist()
-
-    def remove(self) -> None:
-        """After the model is written: the checkpoints served their purpose."""
-        if self.ranks.main:
-            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _run_state(step: int, generator: torch.Generator, losses: list[float]) -> dict:
     return {"step": torch.tensor(step), "generator": generator.get_state(),
             "losses": torch.tensor(losses, dtype=torch.float64)}
+
+
+@contextlib.contextmanager
+def one_process_quiet():
+    """DCP's warning that it runs in one process (as asked) kept off the user's terminal."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield

@@ -221,3 +221,14 @@ def test_one_process_can_shard_for_fsdp2s_checkpointing_and_trains_as_data_paral
     assert max(abs(x - y) / abs(x) for x, y in zip(a, b)) < 1e-5
     for (name, p), q in zip(plain.state_dict().items(), sharded.state_dict().values()):
         assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_force_replaces_an_earlier_runs_checkpoints(root):
+    """--force starts over where OUT.distill/ holds another run's checkpoints (one of the same step among them):
+    the new run's replace them, and go once OUT is written."""
+    stale = root / "H.distill" / "step-000004"
+    stale.mkdir(parents=True)
+    (stale / "checkpoint.json").write_text("{}")
+    cli_ok(*distill_args(root, "H", "save_every=4"), "--force")
+    assert (root / "H" / "model.safetensors").exists() and not (root / "H.distill").exists()
+    assert max_difference(root / "A", root / "H") < 1e-6
