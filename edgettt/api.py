@@ -33,6 +33,7 @@ from edgettt.calibration.mixed import Budget, MixedPlan, search_mix_on_calibrati
 from edgettt.checkpoint import load_model, save_model
 from edgettt.conversion import convert as convert_model
 from edgettt.distill import DistillSettings, distill_towards
+from edgettt.resume import checkpoint_folder
 from edgettt.data import Text, read_text
 from edgettt.errors import EdgetttError
 from edgettt.families.base import LanguageModel
@@ -110,7 +111,7 @@ def convert_checkpoint(src, out, form: str = "exact", decay: float | None = None
     seconds = time.perf_counter() - started
     ranks = distributed.current()
     if distill:
-        checkpoints = out.path.with_name(out.path.name + ".distill")
+        checkpoints = checkpoint_folder(out.path)
         record = distill_towards(original, converted, train, distill, ctx, source=str(src), ranks=ranks,
                                  checkpoints=checkpoints)
         if measure and ranks.main:

@@ -436,8 +436,9 @@ def check_distill_run(out: Path, distill, force: bool) -> None:
     """Before any work: torchrun's processes have a distillation to share, and an earlier run's checkpoints
     (OUT.distill/) are continued (resume=1) or replaced (--force), never mixed with a new run's."""
     from edgettt.distributed import launched_world
+    from edgettt.resume import checkpoint_folder
 
-    checkpoints = out.with_name(out.name + ".distill")
+    checkpoints = checkpoint_folder(out)
     if launched_world() > 1 and distill is None:
         raise EdgetttError("torchrun's processes share a distillation: add --distill, or run convert on its own")
     if distill is not None and checkpoints.exists() and not distill.resume and not force:

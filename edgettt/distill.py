@@ -25,7 +25,7 @@ from edgettt import distributed
 from edgettt.checkpoint import model_fingerprint
 from edgettt.cuda_graph import graphed
 from edgettt.distributed import SINGLE, Ranks
-from edgettt.evaluation import best_device, encode
+from edgettt.evaluation import encode
 from edgettt.fast_paths import use_kernels
 from edgettt.families.base import LanguageModel
 from edgettt.progress import bar
@@ -179,7 +179,7 @@ def distill(teacher: LanguageModel, student: LanguageModel, tokens: list[int], s
     the teacher's logits of them itself; the gradients are averaged (data parallel, or FSDP2 with `shard`:
     `distributed.trainee`), so the job trains as one process would on the whole batch. `checkpoints`: saved every
     K steps; `resume` continues from the newest. The student is written back whole on rank 0."""
-    device = device or (ranks.device() if ranks.world > 1 or shard else best_device())
+    device = device or ranks.device()
     data = torch.tensor(tokens, dtype=torch.int64)
     plan = window_plan(ctx, batch, data.numel())
     parts = [ranks.share(windows, "distill batch") for _, windows in plan]  # (refused before any work)
@@ -257,7 +257,7 @@ def distill_towards(teacher: LanguageModel, student: LanguageModel, text, settin
             saving.check()  # (before any work)
     shard = settings.shard
     if shard is None:  # FSDP2 where data parallel would not fit the GPU
-        shard = not distributed.fits(teacher, student, ranks.device() if ranks.world > 1 else best_device())
+        shard = not distributed.fits(teacher, student, ranks.device())
     losses = distill(teacher, student, encode(teacher, text, source), steps=settings.steps, lr=settings.lr,
                      ctx=lengths, batch=settings.batch, hard_weight=settings.hard_weight, minutes=settings.minutes,
                      pool=settings.pool, ranks=ranks, shard=shard, checkpoints=saving,

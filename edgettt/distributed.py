@@ -79,17 +79,16 @@ def start(backend: str | None = None, timeout_s: float = TIMEOUT_S) -> Ranks:
     if world == 1:
         return SINGLE
     if dist.is_initialized():
-        return Ranks(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
+        return current()
     missing = [name for name in ("RANK", "MASTER_ADDR", "MASTER_PORT") if name not in os.environ]
     if missing:
         raise EdgetttError(f"WORLD_SIZE={world} without {', '.join(missing)}: start the job with torchrun "
                            "(`torchrun --nproc-per-node N -m edgettt ...`), which sets them")
     backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
-    ranks = Ranks(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
     if backend == "nccl":
-        torch.cuda.set_device(ranks.local)
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
-    return ranks
+    return current()
 
 
 def stop() -> None:
@@ -247,7 +246,7 @@ def trainee(student: torch.nn.Module, device, ranks: Ranks, sharded: bool) -> to
 
 def write_back(trainee: torch.nn.Module, student: torch.nn.Module, ranks: Ranks) -> None:
     """A sharded trainee's weights gathered whole into `student` on rank 0 (the rank that writes the model)."""
-    if trainee is student or not hasattr(trainee, "reshard"):  # (data parallel trained the student itself)
+    if not hasattr(trainee, "reshard"):  # (not an FSDP module: the student itself was trained)
         return
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 

@@ -34,6 +34,11 @@ CHECKPOINT_FORMAT = 1
 MANIFEST = "checkpoint.json"
 
 
+def checkpoint_folder(out: Path) -> Path:
+    """Where a distillation into the model directory `out` keeps its checkpoints: OUT.distill/, beside it."""
+    return out.with_name(out.name + ".distill")
+
+
 class _MetadataUnpickler(pickle.Unpickler):
     """DCP's metadata classes, torch's sizes and dtypes; anything else is refused."""
 
@@ -94,8 +99,9 @@ class Checkpoints:
         done = sorted(self.directory.glob("step-*")) if self.directory.is_dir() else []
         return done[-1] if done else None
 
-    def check(self) -> Path:
-        """Before any work: the newest checkpoint, made by this distillation (or a one-line refusal)."""
+    def check(self) -> tuple[Path, dict]:
+        """Before any work: the newest checkpoint, made by this distillation (or a one-line refusal), and its
+        checkpoint.json."""
         found = self.latest()
         if found is None:
             raise EdgetttError(f"{self.directory}: no checkpoint to resume from; start without resume=1 (with "
@@ -114,7 +120,7 @@ class Checkpoints:
             raise EdgetttError(f"{found}: a checkpoint of another distillation ({', '.join(differ)} differ); resume "
                                "with the model, text and --distill settings it was made with, or start without "
                                "resume=1")
-        return found
+        return found, meta
 
     def save(self, step: int, model, optimizer, generator: torch.Generator, losses: list[float]) -> None:
         """Every rank writes its shards into one staging folder; rank 0 names it and removes the older one."""
@@ -139,9 +145,8 @@ class Checkpoints:
 
     def load(self, model, optimizer, generator: torch.Generator) -> tuple[int, list[float]]:
         """The newest checkpoint into `model`, `optimizer` and `generator`; returns (its step, the losses so far)."""
-        found = self.check()
+        found, meta = self.check()
         model_state, optim_state = get_state_dict(model, optimizer)
-        meta = json.loads((found / MANIFEST).read_text())
         run = _run_state(0, generator, [0.0] * meta["step"])
         state = {"model": model_state, "optim": optim_state, "run": run}
         with one_process_quiet():
