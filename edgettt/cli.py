@@ -290,7 +290,9 @@ def distributed_command(command):
         ranks = distributed.start(os.environ.get("EDGETTT_BACKEND") or None)
         try:
             with distributed.collectives(ranks):
-                return command(*args, **kwargs)
+                result = command(*args, **kwargs)
+                distributed.barrier(ranks)  # every rank done before any leaves the group (not after a failure)
+                return result
         finally:
             distributed.stop()
     return run_distributed
